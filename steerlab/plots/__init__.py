@@ -1,0 +1,28 @@
+"""Figures for steering experiments: pure functions of plain data returning plotly figures.
+
+Imported lazily (``steerlab.plots`` pulls in plotly); the core package never imports it.
+"""
+
+from steerlab.plots import theme
+from steerlab.plots.activations import activation_heatmap, top_dims
+from steerlab.plots.compare import token_comparison
+from steerlab.plots.export_button import export_button
+from steerlab.plots.norms import mean_norms, residual_norms
+from steerlab.plots.projection import project, projection_heatmap
+from steerlab.plots.sweep import sweep_grid, sweep_heatmaps
+from steerlab.plots.theme import use_paper_theme
+
+__all__ = [
+    "activation_heatmap",
+    "export_button",
+    "mean_norms",
+    "project",
+    "projection_heatmap",
+    "residual_norms",
+    "sweep_grid",
+    "sweep_heatmaps",
+    "theme",
+    "token_comparison",
+    "top_dims",
+    "use_paper_theme",
+]

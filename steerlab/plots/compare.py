@@ -1,0 +1,91 @@
+"""Steered vs baseline continuations, token by token, with the log-prob change."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from steerlab.plots._data import display_token
+
+DIFF_OUTLINE = "#000000"
+
+
+def token_comparison(
+    baseline_tokens: Sequence[str],
+    steered_tokens: Sequence[str],
+    logprob_change: Sequence[float],
+    *,
+    title: str | None = None,
+) -> go.Figure:
+    """Two aligned rows of tokens, baseline above steered, coloured by the log-prob change.
+
+    The steered row is coloured by ``logprob_change`` (diverging, centred on 0); the baseline
+    row stays neutral. Positions where the two tokens differ are outlined in black.
+
+    Args:
+        baseline_tokens: Token strings generated without steering.
+        steered_tokens: Token strings generated with steering.
+        logprob_change: Per steered token, log p(steered) − log p(baseline) of that token.
+        title: Figure title; a count of differing tokens when ``None``.
+
+    Returns:
+        A one-trace heatmap figure with the tokens written in its cells.
+
+    >>> fig = token_comparison([" a", " cat"], [" a", " dog"], [0.0, 1.5])
+    >>> len(fig.layout.shapes)
+    1
+    """
+    if len(logprob_change) != len(steered_tokens):
+        raise ValueError(
+            f"{len(logprob_change)} log-prob changes for {len(steered_tokens)} steered tokens"
+        )
+    width = max(len(baseline_tokens), len(steered_tokens))
+    base = [*baseline_tokens, *[""] * (width - len(baseline_tokens))]
+    steer = [*steered_tokens, *[""] * (width - len(steered_tokens))]
+    change = [*map(float, logprob_change), *[math.nan] * (width - len(steered_tokens))]
+    differs = [i for i in range(width) if base[i] != steer[i]]
+
+    z = [[0.0] * width, change]  # baseline row stays at the neutral middle colour
+    text = [
+        [display_token(t) if t else "" for t in base],
+        [display_token(t) if t else "" for t in steer],
+    ]
+    hover = [
+        [f"baseline {t!r}" for t in base],
+        [f"steered {t!r}<br>Δ log p = {c:+.3f}" for t, c in zip(steer, change, strict=True)],
+    ]
+    limit = max((abs(c) for c in change if not math.isnan(c)), default=1.0) or 1.0
+    heat = go.Heatmap(
+        z=z,
+        x=list(range(width)),
+        y=["baseline", "steered"],
+        text=text,
+        texttemplate="%{text}",
+        hovertext=hover,
+        hovertemplate="%{hovertext}<extra></extra>",
+        colorscale="RdBu",
+        zmin=-limit,
+        zmax=limit,
+        xgap=2,
+        ygap=2,
+        colorbar={"title": {"text": "Δ log p"}},
+    )
+    fig = go.Figure(heat)
+    for i in differs:
+        fig.add_shape(
+            type="rect",
+            x0=i - 0.5,
+            x1=i + 0.5,
+            y0=-0.5,
+            y1=1.5,
+            line={"color": DIFF_OUTLINE, "width": 2},
+        )
+    fig.update_layout(
+        title_text=title if title is not None else f"{len(differs)} of {width} tokens differ",
+        height=260,
+    )
+    fig.update_xaxes(title_text="generated token position", dtick=1)
+    fig.update_yaxes(autorange="reversed")
+    return fig
