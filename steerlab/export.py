@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,7 +91,10 @@ def export(
         )
         return path
     _start_kaleido()
-    fig.write_image(path, format=fmt, scale=scale, width=width, height=height)
+    with warnings.catch_warnings():
+        # plotly passes per-call browser options that the shared server rightly ignores.
+        warnings.filterwarnings("ignore", message="The kopts argument is ignored")
+        fig.write_image(path, format=fmt, scale=scale, width=width, height=height)
     return path
 
 

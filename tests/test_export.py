@@ -1,0 +1,105 @@
+"""Export writes real PDF/SVG/PNG/HTML files, and fails clearly without a browser."""
+
+from __future__ import annotations
+
+import struct
+
+import plotly.graph_objects as go
+import pytest
+
+from steerlab import export as export_module
+from steerlab.export import export, find_browser
+
+needs_browser = pytest.mark.skipif(
+    find_browser() is None,
+    reason="no Chrome/Chromium for kaleido: run scripts/install_browser.sh or set BROWSER_PATH",
+)
+
+
+@pytest.fixture
+def fig() -> go.Figure:
+    return go.Figure(go.Scatter(x=[0, 1, 2], y=[2, 0, 1], name="line"), layout={"title": "t"})
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@needs_browser
+@pytest.mark.parametrize(
+    ("suffix", "magic"), [(".pdf", b"%PDF-"), (".svg", b"<svg"), (".png", b"\x89PNG")]
+)
+def test_static_export_writes_a_file_of_its_type(fig, tmp_path, suffix, magic):
+    path = export(fig, tmp_path / "sub" / f"figure{suffix}")
+    data = path.read_bytes()
+    assert path == tmp_path / "sub" / f"figure{suffix}"
+    assert data.startswith(magic)
+    assert len(data) > 2000  # a real drawing, not an empty shell
+    if suffix == ".svg":
+        assert b"</svg>" in data and b"scatterlayer" in data
+
+
+@needs_browser
+@pytest.mark.parametrize(
+    ("scale", "width", "height"), [(1, 400, 300), (2, None, None), (3, 200, 100)]
+)
+def test_png_pixels_follow_size_and_scale(fig, tmp_path, scale, width, height):
+    path = export(fig, tmp_path / "f.png", scale=scale, width=width, height=height)
+    # plotly's default layout size is 700 x 500 CSS pixels.
+    assert _png_size(path.read_bytes()) == (scale * (width or 700), scale * (height or 500))
+
+
+@needs_browser
+def test_suffix_is_case_insensitive(fig, tmp_path):
+    assert export(fig, tmp_path / "f.PDF").read_bytes().startswith(b"%PDF-")
+
+
+def test_html_export_is_self_contained(fig, tmp_path):
+    html = export(fig, tmp_path / "f.html").read_text()
+    assert "Plotly.newPlot" in html
+    assert '<script src="https://cdn' not in html  # plotly.js inlined: opens offline
+    assert len(html) > 1_000_000
+
+
+def test_unknown_suffix_is_refused_before_any_work(fig, tmp_path, monkeypatch):
+    monkeypatch.setattr(export_module, "_start_kaleido", _must_not_run)
+    with pytest.raises(ValueError, match=r"\.jpg.*\.pdf, \.svg, \.png, \.html"):
+        export(fig, tmp_path / "new" / "f.jpg")
+    with pytest.raises(ValueError, match="suffix"):
+        export(fig, tmp_path / "f")
+    assert not (tmp_path / "new").exists()
+
+
+def test_missing_browser_is_a_clear_error_and_html_still_works(fig, tmp_path, monkeypatch):
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-chrome"))
+    assert find_browser() is None
+    for suffix in (".pdf", ".svg", ".png"):
+        with pytest.raises(RuntimeError) as error:
+            export(fig, tmp_path / f"f{suffix}")
+        message = str(error.value)
+        assert "apt-get install -y chromium" in message and "BROWSER_PATH" in message
+        assert str(tmp_path / "no-such-chrome") in message
+        assert not (tmp_path / f"f{suffix}").exists()
+    assert export(fig, tmp_path / "f.html").stat().st_size > 1_000_000
+
+
+def test_no_browser_on_path_is_reported(fig, tmp_path, monkeypatch):
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_browser() is None
+    with pytest.raises(RuntimeError, match="none of chromium.*is on PATH"):
+        export(fig, tmp_path / "f.svg")
+
+
+def test_browser_path_override_wins(tmp_path, monkeypatch):
+    fake = tmp_path / "my-chrome"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("BROWSER_PATH", str(fake))
+    assert find_browser() == str(fake)
+
+
+def _must_not_run() -> None:
+    raise AssertionError("kaleido started for a refused suffix")
