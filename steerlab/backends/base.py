@@ -1,0 +1,55 @@
+"""The small Protocol every backend implements.
+
+A backend knows three things about its model: how to attach a function to a
+canonical site, how to start a KV cache, and how to run one forward pass.
+Everything else (steering, capture, the decode loop) is backend-agnostic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from steerlab.sites import Site
+
+# Receives an activation [batch, pos, d_model]; returns a replacement or None.
+ActivationFn = Callable[[torch.Tensor], torch.Tensor | None]
+
+
+class Backend(Protocol):
+    kind: str  # "bridge" | "hooked" | "hf"
+    model: nn.Module
+    n_layers: int
+    d_model: int
+    n_ctx: int | None
+    input_device: torch.device
+
+    def sites(self) -> list[str]: ...
+
+    def attach(self, site: Site, fn: ActivationFn) -> list[RemovableHandle]: ...
+
+    def new_cache(self, batch: int) -> Any: ...
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [batch, new_pos]
+        attention_mask: torch.Tensor,  # [batch, cached_pos + new_pos]
+        cache: Any | None,
+        *,
+        last_only: bool = False,
+    ) -> torch.Tensor:  # logits [batch, new_pos or 1, vocab]
+        ...
+
+
+def position_ids(attention_mask: torch.Tensor, new_pos: int) -> torch.Tensor:
+    """Positions counted from each row's first real token, for the last ``new_pos`` columns.
+
+    Pads get position 1, as HuggingFace ``generate`` gives them; they are masked anyway.
+    """
+    positions = attention_mask.long().cumsum(-1) - 1
+    positions = positions.masked_fill(attention_mask == 0, 1)
+    return positions[:, -new_pos:]

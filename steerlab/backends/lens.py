@@ -1,0 +1,97 @@
+"""TransformerLens models: HookedTransformer and TransformerBridge.
+
+Both already expose the canonical sites as ``HookPoint`` modules in ``hook_dict``,
+so attaching is a plain forward hook on that module. They differ only in their
+KV cache and in how a forward pass takes positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+from transformers import DynamicCache
+
+from steerlab.backends.base import ActivationFn, position_ids
+from steerlab.hooks import tag
+from steerlab.sites import Site, all_sites
+
+
+class _LensBackend:
+    model: Any
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.n_layers = model.cfg.n_layers
+        self.d_model = model.cfg.d_model
+        self.n_ctx = model.cfg.n_ctx
+
+    def sites(self) -> list[str]:
+        return [name for name in all_sites(self.n_layers) if name in self.model.hook_dict]
+
+    def attach(self, site: Site, fn: ActivationFn) -> list[RemovableHandle]:
+        def hook(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor | None:
+            return fn(output)
+
+        return [self.model.hook_dict[site.name].register_forward_hook(tag(hook))]
+
+
+class HookedBackend(_LensBackend):
+    """A ``transformer_lens.HookedTransformer``, decoded with its own KV cache."""
+
+    kind = "hooked"
+
+    @property
+    def input_device(self) -> torch.device:
+        return self.model.embed.W_E.device
+
+    def new_cache(self, batch: int) -> Any:
+        from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+        return TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, batch)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any | None,
+        *,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        # The TL cache keeps the mask of earlier steps itself and derives positions from it.
+        new_mask = attention_mask[:, -input_ids.shape[1] :]
+        logits = self.model(input_ids, attention_mask=new_mask, past_kv_cache=cache)
+        return logits[:, -1:] if last_only else logits
+
+
+class BridgeBackend(_LensBackend):
+    """A ``transformer_lens.model_bridge.TransformerBridge`` over a HuggingFace model."""
+
+    kind = "bridge"
+
+    @property
+    def input_device(self) -> torch.device:
+        return self.model.original_model.get_input_embeddings().weight.device
+
+    def new_cache(self, batch: int) -> DynamicCache:
+        return DynamicCache(config=self.model.original_model.config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any | None,
+        *,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        return self.model(
+            input_ids,
+            return_type="logits",
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask, input_ids.shape[1]),
+            past_key_values=cache,
+            use_cache=cache is not None,
+            logits_to_keep=1 if last_only else 0,
+        )

@@ -1,0 +1,134 @@
+"""The decode loop: prefill once, then one token per step through the KV cache.
+
+Steering is not in here: hooks attached around the loop see every forward pass,
+and the loop only keeps ``TokenLayout`` up to date for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from steerlab.backends.base import Backend
+from steerlab.generation.prompts import Batch, token_positions
+from steerlab.generation.result import Generation, Step
+from steerlab.generation.sampling import sample_next
+from steerlab.intervene import Recorder, TokenLayout
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+class _Builder:
+    """Accumulates new tokens per row and turns them into a ``Generation``."""
+
+    def __init__(self, tokenizer: Any, batch: Batch, meta: dict[str, Any], stop: list[str]):
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.stop = stop
+        rows = batch.input_ids.shape[0]
+        self.prompt_tokens = [
+            ids[mask.bool()].tolist() for ids, mask in zip(batch.input_ids, batch.attention_mask)
+        ]
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]
+        self.logprobs: list[list[float]] = [[] for _ in range(rows)]
+        self.reasons = ["length"] * rows
+        self.done = [False] * rows
+        self.recorder: Recorder | None = None
+
+    def text(self, row: int) -> str:
+        text = self.tokenizer.decode(self.tokens[row], skip_special_tokens=True)
+        if self.reasons[row] == "stop":
+            cut = min((text.find(s) for s in self.stop if s in text), default=len(text))
+            text = text[:cut]
+        return text
+
+    def texts(self) -> list[str]:
+        return [self.text(r) for r in range(len(self.tokens))]
+
+    def add(self, tokens: list[int], logprobs: list[float], eos: set[int], stop_at_eos: bool):
+        for row, (token, logprob) in enumerate(zip(tokens, logprobs)):
+            if self.done[row]:
+                continue
+            if stop_at_eos and token in eos:
+                self.done[row], self.reasons[row] = True, "eos"
+                continue
+            self.tokens[row].append(token)
+            self.logprobs[row].append(logprob)
+            if self.stop and any(s in self.text_raw(row) for s in self.stop):
+                self.done[row], self.reasons[row] = True, "stop"
+
+    def text_raw(self, row: int) -> str:
+        return self.tokenizer.decode(self.tokens[row], skip_special_tokens=True)
+
+    def result(self) -> Generation:
+        activations = self.recorder.stacked() if self.recorder else None
+        return Generation(
+            text=self.texts(),
+            tokens=[list(t) for t in self.tokens],
+            prompt_tokens=self.prompt_tokens,
+            finish_reasons=list(self.reasons),
+            activations=activations,
+            logprobs=[list(lp) for lp in self.logprobs],
+            **self.meta,
+        )
+
+
+def decode(
+    backend: Backend,
+    batch: Batch,
+    layout: TokenLayout,
+    builder: _Builder,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    uniform_rows: torch.Tensor,  # [batch]: which random stream each row draws from
+    eos_ids: set[int],
+    pad_id: int,
+    stop_at_eos: bool = True,
+    use_cache: bool = True,
+) -> Iterator[Step]:
+    """Yield one ``Step`` per new token; hooks must already be attached."""
+    device = backend.input_device
+    ids = batch.input_ids.to(device)  # [batch, prompt]
+    mask = batch.attention_mask.to(device)  # [batch, prompt]
+    cache = backend.new_cache(ids.shape[0]) if use_cache else None
+    generator = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else 0)
+    n_streams = int(uniform_rows.max()) + 1
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
+
+    layout.update(token_positions(mask))
+    logits = backend.forward(ids, mask, cache, last_only=True)[:, -1]  # [batch, vocab]
+    for step in range(max_new_tokens):
+        uniform = torch.rand(n_streams, generator=generator)[uniform_rows]
+        token = sample_next(
+            logits,
+            uniform,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+        ).to(device)  # [batch]
+        logprob = logits.float().log_softmax(-1).gather(-1, token[:, None].to(logits.device))
+        token = token.masked_fill(finished, pad_id)
+        builder.add(token.tolist(), logprob.squeeze(-1).tolist(), eos_ids, stop_at_eos)
+        yield Step(step, token.tolist(), list(builder.done), builder)
+        finished = torch.tensor(builder.done, device=device)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            return
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        if use_cache:
+            feed = token[:, None]  # [batch, 1]
+            layout.update(token_positions(mask)[:, -1:])
+        else:  # recompute the whole sequence: the reference the cache is tested against
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            feed = ids
+            layout.update(token_positions(mask))
+        logits = backend.forward(feed, mask, cache, last_only=True)[:, -1]

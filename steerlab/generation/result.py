@@ -1,0 +1,78 @@
+"""What a generation returns: one row per prompt x alpha, new tokens only."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The result of ``lm.generate``.
+
+    Attributes:
+        text: completion of each row (new tokens only, special tokens dropped).
+        tokens: new token ids of each row, without padding.
+        prompt_tokens: the token ids actually fed for each row's prompt.
+        finish_reasons: ``"eos"``, ``"stop"`` (a stop string) or ``"length"``.
+        prompt_index: which input prompt each row came from.
+        alphas: the alpha of each steer on each row (empty tuple when unsteered).
+        logprobs: log-probability of each new token under the (steered) model.
+        activations: site -> [row, pos, d_model] over prompt and new tokens, when captured.
+    """
+
+    text: list[str]
+    tokens: list[list[int]]
+    prompt_tokens: list[list[int]]
+    finish_reasons: list[str]
+    prompt_index: list[int]
+    alphas: list[tuple[float, ...]]
+    logprobs: list[list[float]]
+    prompts: list[Any] = field(repr=False)
+    activations: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def __repr__(self) -> str:
+        lines = [f"Generation({len(self)} rows)"]
+        for i, text in enumerate(self.text):
+            alpha = f" alpha={list(self.alphas[i])}" if self.alphas[i] else ""
+            lines.append(f"  [{i}]{alpha} ({self.finish_reasons[i]}) {text[:80]!r}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            "<tr>"
+            f"<td>{i}</td><td>{html.escape(str(self.prompts[self.prompt_index[i]])[:60])}</td>"
+            f"<td>{', '.join(f'{a:g}' for a in self.alphas[i])}</td>"
+            f"<td style='text-align:left'>{html.escape(t)}</td><td>{self.finish_reasons[i]}</td>"
+            "</tr>"
+            for i, t in enumerate(self.text)
+        )
+        return (
+            "<table><thead><tr><th>row</th><th>prompt</th><th>alpha</th>"
+            f"<th>completion</th><th>finish</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decode step of ``lm.stream``: the token each row just produced."""
+
+    index: int
+    token_ids: list[int]  # the new token of each row (the pad id for rows already done)
+    done: list[bool]
+    _builder: Any = field(repr=False)
+
+    @property
+    def text(self) -> list[str]:
+        """Each row's completion so far."""
+        return self._builder.texts()
+
+    def result(self) -> Generation:
+        """The generation as it stands after this step."""
+        return self._builder.result()

@@ -1,0 +1,283 @@
+"""``SteerableModel``: one steerable language model, whatever the backend."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from typing import Any, Protocol
+
+import torch
+
+from steerlab.activations import Activations
+from steerlab.backends.base import Backend
+from steerlab.generation.loop import Sampling, _Builder, decode
+from steerlab.generation.prompts import (
+    Batch,
+    Prompt,
+    PromptError,
+    encode,
+    normalise,
+    token_positions,
+)
+from steerlab.generation.result import Generation, Step
+from steerlab.hooks import count_hooks, scoped_hooks
+from steerlab.intervene import Recorder, TokenLayout, attach_steer, check_steers, expand_rows
+from steerlab.interventions import Steer
+from steerlab.sites import resolve
+
+
+class SteersLike(Protocol):
+    def steers(self) -> list[Steer]: ...
+
+
+SteerArg = Steer | SteersLike | Sequence[Steer] | None
+
+
+def _steers(steer: SteerArg) -> list[Steer]:
+    if steer is None:
+        return []
+    if hasattr(steer, "steers"):
+        return steer.steers()
+    return [s for item in steer for s in _steers(item)]
+
+
+class SteerableModel:
+    """A model plus tokenizer behind one API: ``generate``, ``stream``, ``run_with_cache``.
+
+    Build one with ``steerlab.load`` or ``steerlab.wrap``.
+
+    >>> lm = steerlab.load("steerlab-tiny")  # doctest: +SKIP
+    >>> lm.generate("Once upon a time", max_new_tokens=5).text  # doctest: +SKIP
+    """
+
+    def __init__(self, backend: Backend, tokenizer: Any, name: str = "") -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.name = name
+        self._sites = backend.sites()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.backend.model
+
+    @property
+    def n_layers(self) -> int:
+        return self.backend.n_layers
+
+    @property
+    def d_model(self) -> int:
+        return self.backend.d_model
+
+    def sites(self) -> list[str]:
+        """Canonical TransformerLens site names available on this model, in forward order."""
+        return list(self._sites)
+
+    def hook_count(self) -> int:
+        """Steerlab hooks currently on the model: 0 whenever no call is running."""
+        return count_hooks(self.backend.model)
+
+    @property
+    def pad_id(self) -> int:
+        for candidate in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0):
+            if candidate is not None:
+                return candidate
+        return 0
+
+    def _encode(self, prompts: Sequence[Prompt], chat: bool) -> list[list[int]]:
+        rows = [encode(self.tokenizer, p, chat=chat) for p in prompts]
+        for i, row in enumerate(rows):
+            if not row:
+                raise PromptError(f"Prompt {i} encodes to no tokens.")
+        return rows
+
+    def _check_length(self, rows: list[list[int]], new: int) -> None:
+        n_ctx = self.backend.n_ctx
+        longest = max(len(r) for r in rows)
+        if n_ctx is not None and longest + new > n_ctx:
+            raise PromptError(
+                f"The longest prompt has {longest} tokens; with max_new_tokens={new} that is "
+                f"{longest + new}, beyond this model's context window of {n_ctx}."
+            )
+
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        steer: SteerArg = None,
+        *,
+        max_new_tokens: int = 40,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_at_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        chat: bool = False,
+        capture: Sequence[str] = (),
+        use_cache: bool = True,
+    ) -> Iterator[Step]:
+        """Generate token by token, yielding a ``Step`` after each new token.
+
+        Hooks are on only while the stream runs; closing the generator early removes them.
+        Arguments are those of ``generate``; everything is checked before the first forward.
+        """
+        run = self._prepare(
+            prompts, steer, max_new_tokens, temperature, top_k, top_p, seed,
+            stop_at_eos, stop, chat, capture, use_cache,
+        )  # fmt: skip
+        return self._run(*run)
+
+    def _prepare(
+        self, prompts, steer, max_new_tokens, temperature, top_k, top_p, seed,
+        stop_at_eos, stop, chat, capture, use_cache,
+    ):  # fmt: skip
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)) or (
+            temperature < 0
+        ):
+            raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}.")
+        if not (0 < top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1]; got {top_p!r}.")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None or an int >= 1; got {top_k!r}.")
+        if capture and not use_cache:
+            raise ValueError("capture needs use_cache=True.")
+        prompts = normalise(prompts)
+        steers = _steers(steer)
+        sites = check_steers(self.backend, steers)
+        captured = [resolve(name, self._sites) for name in capture]
+        prompt_index, alphas = expand_rows(len(prompts), steers)
+        encoded = self._encode(prompts, chat)
+        self._check_length(encoded, max_new_tokens)
+        batch = Batch.left_pad([encoded[p] for p in prompt_index], self.pad_id)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        meta = {"prompt_index": prompt_index, "alphas": alphas, "prompts": prompts}
+        builder = _Builder(self.tokenizer, batch, meta, stops)
+        if captured:
+            builder.recorder = Recorder(captured)
+        eos = {self.tokenizer.eos_token_id} - {None}
+        options = dict(
+            max_new_tokens=max_new_tokens,
+            sampling=Sampling(temperature, top_k, top_p, seed),
+            uniform_rows=torch.tensor(prompt_index),
+            eos_ids=eos,
+            pad_id=self.pad_id,
+            stop_at_eos=stop_at_eos,
+            use_cache=use_cache,
+        )
+        return batch, list(zip(sites, steers)), alphas, builder, options
+
+    def _run(self, batch, steers, alphas, builder, options) -> Iterator[Step]:
+        layout = TokenLayout(batch.prompt_lengths)
+        with ExitStack() as stack:
+            hooks = stack.enter_context(scoped_hooks())
+            stack.enter_context(torch.inference_mode())
+            for i, (site, steer) in enumerate(steers):
+                row_alphas = torch.tensor([a[i] for a in alphas])
+                attach_steer(self.backend, site, steer, row_alphas, layout, hooks)
+            if builder.recorder is not None:
+                builder.recorder.attach(self.backend, hooks)
+            yield from decode(self.backend, batch, layout, builder, **options)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        steer: SteerArg = None,
+        *,
+        max_new_tokens: int = 40,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_at_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        chat: bool = False,
+        capture: Sequence[str] = (),
+        use_cache: bool = True,
+    ) -> Generation:
+        """Generate completions, steered or not, one row per prompt x alpha.
+
+        Args:
+            prompts: a string, a list of messages (with ``chat=True``), or a list of either.
+            steer: a ``Steer``, a list of them, or a steering vector times alpha.
+            max_new_tokens: at most this many new tokens per row.
+            temperature: 0 is greedy; otherwise logits are divided by it before sampling.
+            top_k: keep only the k most likely tokens.
+            top_p: keep the smallest set of tokens whose probability reaches top_p.
+            seed: makes sampling reproducible; rows of the same prompt share random numbers.
+            stop_at_eos: rows end at EOS; False gives fixed-length output.
+            stop: strings that end a row; the text is cut before them.
+            chat: apply the tokenizer's chat template (a string is the user turn).
+            capture: sites whose activations to keep over prompt and new tokens.
+            use_cache: decode through the KV cache (False recomputes the whole sequence).
+
+        >>> lm.generate("Once upon a time", max_new_tokens=10).text  # doctest: +SKIP
+        """
+        last = None
+        for last in self.stream(
+            prompts, steer, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
+            chat=chat, capture=capture, use_cache=use_cache,
+        ):  # fmt: skip
+            pass
+        assert last is not None  # max_new_tokens >= 1 always yields a step
+        return last.result()
+
+    def run_with_cache(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sites: Sequence[str] | None = None,
+        *,
+        steer: SteerArg = None,
+        chat: bool = False,
+    ) -> Activations:
+        """One forward pass over left-padded prompts, keeping activations at ``sites``.
+
+        Args:
+            prompts: strings (or message lists with ``chat=True``).
+            sites: canonical site names; all of ``lm.sites()`` when None.
+            steer: optional steering during the pass (one alpha per steer).
+            chat: apply the chat template.
+
+        >>> acts = lm.run_with_cache(["Hello"], sites=["blocks.0.hook_resid_post"])  # doctest: +SKIP
+        """
+        prompts = normalise(prompts)
+        steers = _steers(steer)
+        steer_sites = check_steers(self.backend, steers)
+        if any(len(s.alpha) > 1 for s in steers):
+            raise ValueError("run_with_cache takes one alpha per steer.")
+        wanted = [resolve(name, self._sites) for name in (sites or self._sites)]
+        encoded = self._encode(prompts, chat)
+        self._check_length(encoded, 0)
+        batch = Batch.left_pad(encoded, self.pad_id)
+        layout = TokenLayout(batch.prompt_lengths)
+        layout.update(token_positions(batch.attention_mask))
+        recorder = Recorder(wanted)
+        device = self.backend.input_device
+        with scoped_hooks() as hooks, torch.inference_mode():
+            for site, steer in zip(steer_sites, steers):
+                alphas = torch.full((len(encoded),), steer.alpha[0])
+                attach_steer(self.backend, site, steer, alphas, layout, hooks)
+            recorder.attach(self.backend, hooks)
+            self.backend.forward(batch.input_ids.to(device), batch.attention_mask.to(device), None)
+        str_tokens = [
+            [self.tokenizer.decode([t]) if m else "" for t, m in zip(ids.tolist(), mask.tolist())]
+            for ids, mask in zip(batch.input_ids, batch.attention_mask)
+        ]
+        return Activations(recorder.stacked(), batch.input_ids, batch.attention_mask, str_tokens)
+
+    def __repr__(self) -> str:
+        return (
+            f"SteerableModel({self.name or type(self.model).__name__!s}, backend={self.backend.kind!r}, "
+            f"n_layers={self.n_layers}, d_model={self.d_model}, hooks={self.hook_count()})"
+        )
+
+    def _repr_html_(self) -> str:
+        return (
+            f"<b>SteerableModel</b> <code>{html.escape(self.name)}</code> &middot; backend "
+            f"<code>{self.backend.kind}</code> &middot; {self.n_layers} layers &middot; "
+            f"d_model {self.d_model} &middot; {len(self._sites)} sites &middot; "
+            f"steerlab hooks on model: {self.hook_count()}"
+        )

@@ -1,0 +1,82 @@
+"""Canonical hook-site names, shared by every backend.
+
+Sites use TransformerLens names so that a vector extracted on one backend steers
+any other: ``blocks.{L}.hook_resid_pre``, ``hook_resid_mid``, ``hook_resid_post``,
+``hook_attn_out``, ``hook_mlp_out``, plus ``hook_embed``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+BLOCK_KINDS = (
+    "hook_resid_pre",
+    "hook_resid_mid",
+    "hook_resid_post",
+    "hook_attn_out",
+    "hook_mlp_out",
+)
+EMBED = "hook_embed"
+_BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(hook_\w+)$")
+
+
+class SiteError(ValueError):
+    """An unknown or out-of-range hook site."""
+
+
+@dataclass(frozen=True, order=True)
+class Site:
+    """A parsed canonical site: ``layer`` is None for ``hook_embed``.
+
+    >>> Site.parse("blocks.2.hook_resid_pre")
+    Site(layer=2, kind='hook_resid_pre')
+    """
+
+    layer: int | None
+    kind: str
+
+    @classmethod
+    def parse(cls, name: str) -> Site:
+        if name == EMBED:
+            return cls(None, EMBED)
+        match = _BLOCK_RE.match(name)
+        if match is None or match.group(2) not in BLOCK_KINDS:
+            raise SiteError(f"{name!r} is not a steerlab site name.")
+        return cls(int(match.group(1)), match.group(2))
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.layer is None else f"blocks.{self.layer}.{self.kind}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def all_sites(n_layers: int, *, embed: bool = True) -> list[str]:
+    """Every canonical site of a model with ``n_layers`` blocks, in forward order."""
+    names = [EMBED] if embed else []
+    for layer in range(n_layers):
+        names += [f"blocks.{layer}.{kind}" for kind in BLOCK_KINDS]
+    return names
+
+
+def resolve(name: str, valid: list[str]) -> Site:
+    """Parse ``name`` and check it against the model's ``valid`` sites.
+
+    Raises:
+        SiteError: naming the closest valid sites, or the valid layer range.
+    """
+    if name in valid:
+        return Site.parse(name)
+    match = _BLOCK_RE.match(name)
+    layers = sorted({Site.parse(v).layer for v in valid if v != EMBED})
+    if match and match.group(2) in BLOCK_KINDS and layers:
+        raise SiteError(
+            f"Layer {match.group(1)} is out of range in {name!r}: this model has layers "
+            f"0..{layers[-1]}."
+        )
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise SiteError(f"Unknown site {name!r}.{hint} `lm.sites()` lists all {len(valid)}.")
