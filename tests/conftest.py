@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random models on every backend, built from configs."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import steerlab as sl  # noqa: E402
+from steerlab.testing import save_tiny  # noqa: E402
+
+BACKENDS = ("hf", "hooked", "bridge")
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, str]:
+    """Local HF-format folders of a tiny random GPT-2 and Llama."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {fam: str(save_tiny(root / fam, fam)) for fam in ("gpt2", "llama")}
+
+
+_cache: dict[tuple[str, str], sl.SteerableModel] = {}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+def load_tiny(tiny_dirs, family: str, backend: str) -> sl.SteerableModel:
+    key = (family, backend)
+    if key not in _cache:
+        _cache[key] = sl.load(tiny_dirs[family], backend=backend)
+    return _cache[key]
+
+
+@pytest.fixture
+def lm(tiny_dirs, backend) -> sl.SteerableModel:
+    """A tiny GPT-2 on each backend."""
+    return load_tiny(tiny_dirs, "gpt2", backend)
+
+
+@pytest.fixture
+def direction() -> torch.Tensor:
+    return torch.randn(64, generator=torch.Generator().manual_seed(1))
+
+
+PROMPTS = ["Hi", "The quick brown fox", "A much longer prompt, with commas"]
