@@ -1,0 +1,164 @@
+"""``extract``: contrastive prompts in, a ``SteeringVector`` out.
+
+One batched forward pass per batch of prompts reads every requested site at once;
+rows are left-padded, so the last column is every row's last real token and the
+attention mask says which columns are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from steerlab.generation.prompts import Prompt
+from steerlab.sites import resolve
+from steerlab.vectors.methods import Method, mean_diff
+from steerlab.vectors.vector import Provenance, SteeringVector
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+Token = Literal["last", "mean"]
+
+
+def data_sha256(
+    positive: Sequence[Prompt], negative: Sequence[Prompt], token: str, chat: bool
+) -> str:
+    """A hash of the contrastive data and how it was read, stored with the vector."""
+    payload = json.dumps(
+        {"positive": list(positive), "negative": list(negative), "token": token, "chat": chat},
+        sort_keys=True,
+        ensure_ascii=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _check_prompts(name: str, prompts: Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError(f"{name} must be a list of prompts, not {type(prompts).__name__}.")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError(f"{name} is empty: give at least one prompt.")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (str, list)) or (isinstance(p, str) and not p):
+            raise ValueError(f"{name}[{i}] must be a non-empty string or a message list.")
+    return prompts
+
+
+def _read(
+    acts: torch.Tensor,  # [batch, pos, d_model]
+    mask: torch.Tensor,  # [batch, pos]
+    token: Token,
+) -> torch.Tensor:  # [batch, d_model]
+    if token == "last":
+        return acts[:, -1]  # left padding puts every row's last token in the last column
+    weights = mask.to(acts.dtype)[..., None]
+    return (acts * weights).sum(1) / weights.sum(1)
+
+
+def _norm_sum(acts: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+    """Sum and count of L2 norms over real tokens, each row's first token left out.
+
+    A row's first token (BOS, or an attention sink) has an outsized norm that no
+    later token shares, so it would inflate the typical norm steering is compared to.
+    """
+    real = mask.bool().clone()
+    first = real.float().argmax(dim=1)
+    keep = real.clone()
+    keep[torch.arange(len(first)), first] = False
+    keep = torch.where(keep.sum(1, keepdim=True) > 0, keep, real)  # one-token rows
+    norms = acts.norm(dim=-1)[keep]
+    return float(norms.sum()), int(norms.numel())
+
+
+def extract(
+    lm: SteerableModel,
+    positive: Sequence[Prompt],
+    negative: Sequence[Prompt],
+    sites: Sequence[str],
+    method: Method = mean_diff,
+    *,
+    token: Token = "last",
+    chat: bool = False,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> SteeringVector:
+    """Extract a steering vector at ``sites`` from contrastive prompts.
+
+    Args:
+        lm: the model to read.
+        positive: prompts showing the behaviour (strings, or message lists with ``chat``).
+        negative: prompts showing its opposite; paired with ``positive`` for paired methods.
+        sites: canonical site names, e.g. ``["blocks.2.hook_resid_pre"]``.
+        method: ``mean_diff``, ``pca_diff``, ``single_pair``, ``probe`` or any ``Method``.
+        token: read each prompt's ``"last"`` token, or the ``"mean"`` over its tokens.
+        chat: apply the tokenizer's chat template to every prompt.
+        batch_size: prompts per forward pass.
+        progress: show a progress bar over batches.
+
+    Returns:
+        A ``SteeringVector`` with one direction per site, scale 1, and its provenance
+        (model, method, data hash, typical residual norm per site).
+
+    >>> vec = extract(lm, ["I love it"], ["I hate it"], ["blocks.2.hook_resid_pre"])  # doctest: +SKIP
+    """
+    positive = _check_prompts("positive", positive)
+    negative = _check_prompts("negative", negative)
+    if isinstance(sites, str):
+        sites = [sites]
+    if not sites:
+        raise ValueError("sites is empty: name at least one site, e.g. 'blocks.2.hook_resid_pre'.")
+    names = list(dict.fromkeys(resolve(s, lm.sites()).name for s in sites))
+    if token not in ("last", "mean"):
+        raise ValueError(f"token must be 'last' or 'mean'; got {token!r}.")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}.")
+    if not callable(method) or not hasattr(method, "check"):
+        raise TypeError(f"method must be a Method such as steerlab.mean_diff; got {method!r}.")
+    method.check(len(positive), len(negative))
+
+    from tqdm.auto import tqdm
+
+    prompts = positive + negative
+    read: dict[str, list[torch.Tensor]] = {s: [] for s in names}
+    norm_sums = dict.fromkeys(names, 0.0)
+    counts = dict.fromkeys(names, 0)
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc="extract", disable=not progress, leave=False):
+        acts = lm.run_with_cache(prompts[start : start + batch_size], names, chat=chat)
+        mask = acts.attention_mask
+        for s in names:
+            site_acts = acts[s].float()  # [batch, pos, d_model]
+            read[s].append(_read(site_acts, mask, token))
+            total, count = _norm_sum(site_acts, mask)
+            norm_sums[s] += total
+            counts[s] += count
+
+    directions = {}
+    n = len(positive)
+    for s in names:
+        rows = torch.cat(read[s]).clone()  # [n_pos + n_neg, d_model], out of inference mode
+        direction = method(rows[:n], rows[n:])
+        if direction.shape != (lm.d_model,) or not bool(torch.isfinite(direction).all()):
+            raise ValueError(f"{method!r} returned a bad direction at {s}: {direction.shape}.")
+        directions[s] = direction.float()
+
+    from steerlab import __version__
+
+    provenance = Provenance(
+        model=lm.name,
+        backend=lm.backend.kind,
+        method=method.name,
+        data_sha256=data_sha256(positive, negative, token, chat),
+        token=token,
+        chat=chat,
+        n_positive=len(positive),
+        n_negative=len(negative),
+        residual_norms={s: norm_sums[s] / max(counts[s], 1) for s in names},
+        steerlab_version=__version__,
+    )
+    return SteeringVector(directions, 1.0, provenance)

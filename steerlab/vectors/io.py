@@ -1,0 +1,269 @@
+"""Steering-vector files: safetensors tensors plus an allow-listed metadata header.
+
+Loading never unpickles: pickle and ``torch.save`` files are refused by suffix and by
+magic bytes, and the safetensors header is parsed and checked against a schema (known
+keys, plain values, canonical site names) before any tensor is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from steerlab.sites import Site, SiteError, resolve
+from steerlab.vectors.vector import Provenance, SteeringVector
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+FORMAT = "steerlab.steering_vector"
+FORMAT_VERSION = "1"
+_PICKLE_SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib"}
+_MAX_HEADER = 1 << 24
+_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+# Free text (model names, paths, versions): printable, no quoting or code punctuation.
+_TEXT = re.compile(r"^[A-Za-z0-9 _./:@+\-]{0,300}$")
+_CODE_LIKE = re.compile(r"__|!!|\blambda\b|\bimport\b|\beval\b|\bexec\b|\bos\.|\bsystem\b", re.I)
+
+
+class VectorFileError(ValueError):
+    """A steering-vector file that is unsafe, malformed, or made for another model."""
+
+
+def _text(value: str) -> str:
+    if not _TEXT.match(value) or _CODE_LIKE.search(value):
+        raise VectorFileError(f"Refusing metadata value {value[:60]!r}: not plain text.")
+    return value
+
+
+def plain_text(value: str) -> str:
+    """``value`` with anything the metadata schema refuses replaced, so it can be saved."""
+    value = re.sub(r"[^A-Za-z0-9 _./:@+\-]", "-", value)[:300]
+    return _CODE_LIKE.sub("-", value)
+
+
+def _int(value: str) -> int:
+    if not re.fullmatch(r"\d{1,9}", value):
+        raise VectorFileError(f"Expected a non-negative integer, got {value[:60]!r}.")
+    return int(value)
+
+
+def _float(value: str) -> float:
+    if not re.fullmatch(r"-?\d+(\.\d+)?([eE][-+]?\d+)?", value):
+        raise VectorFileError(f"Expected a number, got {value[:60]!r}.")
+    return float(value)
+
+
+def _bool(value: str) -> bool:
+    if value not in ("true", "false"):
+        raise VectorFileError(f"Expected true or false, got {value[:60]!r}.")
+    return value == "true"
+
+
+def _sha(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}|", value):
+        raise VectorFileError(f"Expected a sha256 hex digest, got {value[:60]!r}.")
+    return value
+
+
+def _site(value: Any) -> str:
+    if not isinstance(value, str):
+        raise VectorFileError(f"Expected a site name, got {type(value).__name__}.")
+    try:
+        return Site.parse(value).name
+    except SiteError as error:
+        raise VectorFileError(f"Refusing metadata: {error}") from None
+
+
+def _sites(value: str) -> list[str]:
+    parsed = _json(value)
+    if not isinstance(parsed, list) or not parsed:
+        raise VectorFileError("Metadata 'sites' must be a non-empty JSON list of site names.")
+    return [_site(s) for s in parsed]
+
+
+def _norms(value: str) -> dict[str, float]:
+    parsed = _json(value)
+    if not isinstance(parsed, dict):
+        raise VectorFileError("Metadata norms must be a JSON object of site -> number.")
+    out = {}
+    for key, number in parsed.items():
+        if type(number) not in (int, float) or not math.isfinite(number):
+            raise VectorFileError(f"Norm for {key!r} must be a finite number.")
+        out[_site(key)] = float(number)
+    return out
+
+
+def _json(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        raise VectorFileError(f"Metadata value is not valid JSON: {value[:60]!r}.") from None
+
+
+# The allow-list: every metadata key a vector file may carry, and its parser.
+SCHEMA: dict[str, Callable[[str], Any]] = {
+    "format": lambda v: v if v == FORMAT else _fail(f"not a steerlab vector file ({v[:40]!r})"),
+    "format_version": lambda v: v if v == FORMAT_VERSION else _fail(f"format version {v!r}"),
+    "model": _text,
+    "backend": lambda v: v if v in ("bridge", "hooked", "hf", "") else _fail(f"backend {v!r}"),
+    "d_model": _int,
+    "sites": _sites,
+    "method": _text,
+    "data_sha256": _sha,
+    "token": lambda v: v if v in ("last", "mean", "") else _fail(f"token {v!r}"),
+    "chat": _bool,
+    "n_positive": _int,
+    "n_negative": _int,
+    "scale": _float,
+    "norms": _norms,
+    "residual_norms": _norms,
+    "steerlab_version": _text,
+}
+
+
+def _fail(message: str) -> Any:
+    raise VectorFileError(f"Refusing metadata: {message}.")
+
+
+def _metadata(vector: SteeringVector) -> dict[str, str]:
+    p = vector.provenance
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": plain_text(p.model),
+        "backend": p.backend,
+        "d_model": str(vector.d_model),
+        "sites": json.dumps(vector.sites),
+        "method": plain_text(p.method),
+        "data_sha256": p.data_sha256,
+        "token": p.token,
+        "chat": "true" if p.chat else "false",
+        "n_positive": str(p.n_positive),
+        "n_negative": str(p.n_negative),
+        "scale": repr(vector.scale),
+        "norms": json.dumps(vector.norms()),
+        "residual_norms": json.dumps(dict(p.residual_norms)),
+        "steerlab_version": p.steerlab_version,
+    }
+
+
+def save(vector: SteeringVector, path: str | Path) -> Path:
+    """Write ``vector`` to a ``.safetensors`` file (one tensor per site).
+
+    >>> save(vec, "happy.safetensors")  # doctest: +SKIP
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"Steering vectors are saved as .safetensors; got {path.name!r}.")
+    metadata = _metadata(vector)
+    for key, value in metadata.items():
+        SCHEMA[key](value)  # never write a file that load would refuse
+    tensors = {s: d.detach().cpu().contiguous() for s, d in vector.directions.items()}
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+def _looks_pickled(head: bytes) -> bool:
+    return head.startswith(b"PK\x03\x04") or (
+        head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05"
+    )
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensor entries and ``__metadata__`` of a safetensors file, parsed by hand.
+
+    Pickle-capable files (``.pt``, ``.pkl`` ...) are refused by suffix before they are
+    opened; anything else must have a well-formed safetensors header.
+    """
+    if path.suffix.lower() in _PICKLE_SUFFIXES:
+        raise VectorFileError(
+            f"Refusing {path.name}: {path.suffix} files may hold pickles, which can run code. "
+            "steerlab reads steering vectors from .safetensors only."
+        )
+    with path.open("rb") as f:
+        head = f.read(8)
+        size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        body = f.read(size) if 0 < size <= min(_MAX_HEADER, path.stat().st_size - 8) else b""
+    if not body.startswith(b"{"):
+        kind = "a pickle / torch.save file" if _looks_pickled(head) else "not a safetensors file"
+        raise VectorFileError(f"Refusing {path.name}: it is {kind}.")
+    try:
+        header = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise VectorFileError(f"{path.name} has a header that is not JSON.") from None
+    if not isinstance(header, dict):
+        raise VectorFileError(f"{path.name} has a malformed safetensors header.")
+    metadata = header.pop("__metadata__", None)
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise VectorFileError(f"{path.name} carries no plain string-to-string metadata.")
+    return header, metadata
+
+
+def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    entries, raw = read_header(path)
+    unknown = sorted(set(raw) - set(SCHEMA))
+    if unknown:
+        raise VectorFileError(f"Refusing {path.name}: unexpected metadata keys {unknown[:5]}.")
+    missing = sorted(set(SCHEMA) - set(raw))
+    if missing:
+        raise VectorFileError(f"{path.name} lacks metadata keys {missing}.")
+    meta = {key: SCHEMA[key](value) for key, value in raw.items()}
+    if sorted(entries) != sorted(meta["sites"]):
+        raise VectorFileError(f"{path.name}: tensor names do not match the 'sites' metadata.")
+    for name, entry in entries.items():
+        if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+            raise VectorFileError(f"{path.name}: tensor {name!r} is not a float tensor.")
+        if entry.get("shape") != [meta["d_model"]]:
+            raise VectorFileError(
+                f"{path.name}: tensor {name!r} has shape {entry.get('shape')}, "
+                f"but the file says d_model={meta['d_model']}."
+            )
+    return entries, meta
+
+
+def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> None:
+    if meta["d_model"] != model.d_model:
+        raise VectorFileError(
+            f"{path.name} was made for d_model={meta['d_model']} (model {meta['model']!r}); "
+            f"this model has d_model={model.d_model}."
+        )
+    for site in meta["sites"]:
+        try:
+            resolve(site, model.sites())
+        except SiteError as error:
+            raise VectorFileError(f"{path.name} steers a site this model lacks: {error}") from None
+
+
+def load(path: str | Path, model: SteerableModel | None = None) -> SteeringVector:
+    """Read a vector written by ``save``; with ``model``, check it fits that model.
+
+    Raises:
+        VectorFileError: a pickle, code-like or unknown metadata, or a model mismatch.
+
+    >>> vec = load("happy.safetensors", model=lm)  # doctest: +SKIP
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    _, meta = _checked(path)
+    if model is not None:
+        _check_model(path, meta, model)
+    tensors = load_file(str(path))
+    provenance = Provenance(
+        **{k: meta[k] for k in asdict(Provenance()) if k in meta and k != "residual_norms"},
+        residual_norms=meta["residual_norms"],
+    )
+    return SteeringVector(tensors, meta["scale"], provenance)

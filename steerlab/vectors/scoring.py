@@ -1,0 +1,112 @@
+"""Forward-only scores for sweeps: steered next-token distributions and fluency.
+
+Both are one batched forward pass, no sampling: ``next_token_logprobs`` reads the
+distribution at the first generated position (prompts x alphas rows, steered), and
+``completion_nll`` scores finished completions under the unsteered model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from steerlab.generation.prompts import Batch, Prompt, encode, normalise, token_positions
+from steerlab.hooks import scoped_hooks
+from steerlab.intervene import TokenLayout, attach_steer, check_steers, expand_rows
+from steerlab.interventions import Steer
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+
+def next_token_logprobs(
+    lm: SteerableModel,
+    prompts: Prompt | Sequence[Prompt],
+    steers: Sequence[Steer] = (),
+    *,
+    chat: bool = False,
+) -> torch.Tensor:  # [rows, vocab], rows prompt-major as in lm.generate
+    """Log-probabilities of the first new token, one row per prompt x alpha.
+
+    >>> next_token_logprobs(lm, ["Once"], vec.steers(alpha=[0, 4])).shape  # doctest: +SKIP
+    torch.Size([2, 98])
+    """
+    prompts = normalise(prompts)
+    sites = check_steers(lm.backend, steers)
+    prompt_index, alphas = expand_rows(len(prompts), steers)
+    encoded = [encode(lm.tokenizer, p, chat=chat) for p in prompts]
+    batch = Batch.left_pad([encoded[p] for p in prompt_index], lm.pad_id)
+    layout = TokenLayout(batch.prompt_lengths)
+    layout.update(token_positions(batch.attention_mask))
+    device = lm.backend.input_device
+    with scoped_hooks() as hooks, torch.inference_mode():
+        for i, (site, steer) in enumerate(zip(sites, steers)):
+            row_alphas = torch.tensor([a[i] for a in alphas])
+            attach_steer(lm.backend, site, steer, row_alphas, layout, hooks)
+        logits = lm.backend.forward(
+            batch.input_ids.to(device), batch.attention_mask.to(device), None, last_only=True
+        )[:, -1]
+    return logits.float().log_softmax(-1).cpu()
+
+
+def kl_divergence(
+    logprobs: torch.Tensor,  # [rows, vocab]
+    reference: torch.Tensor,  # [rows, vocab]
+) -> torch.Tensor:  # [rows]
+    """``KL(p || reference)`` per row, from log-probabilities.
+
+    >>> float(kl_divergence(torch.zeros(1, 1), torch.zeros(1, 1)))
+    0.0
+    """
+    return (logprobs.exp() * (logprobs - reference)).sum(-1)
+
+
+def completion_nll(
+    lm: SteerableModel,
+    prompt_tokens: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 64,
+) -> list[tuple[float, int]]:
+    """Summed negative log-likelihood and token count of each completion, unsteered.
+
+    Each row is ``prompt + completion`` as token ids (no re-tokenising), left-padded,
+    in batches of ``batch_size``; only the completion's tokens are scored.
+
+    >>> completion_nll(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
+    [(12.3, 8), ...]
+    """
+    out: list[tuple[float, int]] = []
+    device = lm.backend.input_device
+    for start in range(0, len(completions), batch_size):
+        rows = [
+            list(p) + list(c)
+            for p, c in zip(
+                prompt_tokens[start : start + batch_size], completions[start : start + batch_size]
+            )
+        ]
+        batch = Batch.left_pad(rows, lm.pad_id)
+        with torch.inference_mode():
+            logits = lm.backend.forward(
+                batch.input_ids.to(device), batch.attention_mask.to(device), None
+            )  # [batch, pos, vocab]
+        logprobs = logits[:, :-1].float().log_softmax(-1).cpu()
+        targets = batch.input_ids[:, 1:]
+        nll = -logprobs.gather(-1, targets[..., None])[..., 0]  # [batch, pos - 1]
+        for i, c in enumerate(completions[start : start + batch_size]):
+            n = len(c)
+            out.append((float(nll[i, nll.shape[1] - n :].sum()) if n else 0.0, n))
+    return out
+
+
+def pooled_perplexity(nlls: Sequence[tuple[float, int]]) -> float:
+    """``exp(total NLL / total tokens)``; ``nan`` when there are no tokens.
+
+    >>> pooled_perplexity([(0.0, 3)])
+    1.0
+    """
+    total = sum(n for _, n in nlls)
+    return math.exp(sum(x for x, _ in nlls) / total) if total else math.nan

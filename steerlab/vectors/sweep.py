@@ -1,0 +1,217 @@
+"""``sweep``: a steering vector over a grid of alphas x layers, scored per cell.
+
+Each site costs one ``lm.generate`` call carrying every prompt x alpha row, one
+steered forward for the first-token KL, and one unsteered forward for fluency.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from steerlab.generation.prompts import Prompt, normalise
+from steerlab.sites import Site
+from steerlab.vectors.scoring import (
+    completion_nll,
+    kl_divergence,
+    next_token_logprobs,
+    pooled_perplexity,
+)
+from steerlab.vectors.vector import SteeringVector
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+Score = Callable[[str], float]
+COLUMNS = ("site", "layer", "alpha", "score", "perplexity", "kl", "n")
+
+
+def _mean(values: Sequence[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A tidy table: one record per (site, alpha) cell, plus the unsteered baseline.
+
+    ``score`` is the mean behaviour score over the cell's completions (texts the scorer
+    gives ``nan`` are skipped), ``perplexity`` the pooled perplexity of the completions
+    under the unsteered model, ``kl`` the mean KL of the first new token's distribution
+    from the unsteered one, ``n`` the number of completions.
+
+    >>> result.best(min_score=0.8)  # doctest: +SKIP
+    {'site': 'blocks.2.hook_resid_pre', 'layer': 2, 'alpha': 4.0, ...}
+    """
+
+    records: list[dict[str, Any]]
+    baseline: dict[str, float] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def to_pandas(self) -> Any:
+        """The records as a ``pandas.DataFrame`` (pandas must be installed)."""
+        import pandas as pd
+
+        return pd.DataFrame.from_records(self.records, columns=list(self.records[0]))
+
+    def best(self, min_score: float | None = None, max_ppl_ratio: float = 2.0) -> dict[str, Any]:
+        """The highest-scoring cell whose perplexity is within ``max_ppl_ratio`` x baseline.
+
+        Ties go to the smaller ``|alpha|``. Raises ``ValueError`` naming the closest
+        miss when no cell qualifies.
+        """
+        limit = max_ppl_ratio * self.baseline["perplexity"]
+        fluent = [
+            r for r in self.records if r["perplexity"] <= limit and not math.isnan(r["score"])
+        ]
+        good = [r for r in fluent if min_score is None or r["score"] >= min_score]
+        if not good:
+            top = max(fluent, key=lambda r: r["score"], default=None)
+            hint = f" best fluent score was {top['score']:.3g}" if top else " no cell was fluent"
+            raise ValueError(
+                f"No cell has perplexity <= {limit:.3g} ({max_ppl_ratio}x baseline)"
+                f"{'' if min_score is None else f' and score >= {min_score}'};{hint}."
+            )
+        return dict(max(good, key=lambda r: (r["score"], -abs(r["alpha"]))))
+
+    def _cells(self) -> list[list[str]]:
+        return [
+            [
+                r["site"],
+                f"{r['alpha']:g}",
+                f"{r['score']:.3f}",
+                f"{r['perplexity']:.3f}",
+                f"{r['kl']:.4f}",
+                str(r["n"]),
+            ]  # fmt: skip
+            for r in self.records
+        ]
+
+    def __repr__(self) -> str:
+        head = ["site", "alpha", "score", "perplexity", "kl", "n"]
+        rows = [head, *self._cells()]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+        lines = [f"SweepResult({len(self)} cells; baseline {self._baseline_text()})"]
+        lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+        return "\n".join(lines)
+
+    def _baseline_text(self) -> str:
+        return ", ".join(f"{k}={v:.3g}" for k, v in self.baseline.items())
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in ("site", "alpha", "score", "perplexity", "kl", "n"))
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in self._cells()
+        )
+        return (
+            f"<b>SweepResult</b> &middot; {len(self)} cells &middot; baseline "
+            f"{html.escape(self._baseline_text())}<table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>"
+        )
+
+
+def _targets(vector: SteeringVector, layers: Sequence[int] | None, sites: Sequence[str] | None):
+    if layers is not None and sites is not None:
+        raise ValueError("Give layers= or sites=, not both.")
+    if sites is not None:
+        targets = list(sites)
+    elif layers is not None:
+        kinds = sorted({Site.parse(s).kind for s in vector.sites})
+        if len(kinds) != 1:
+            raise ValueError(f"layers= needs a vector of one hook kind; it has {kinds}.")
+        targets = [Site(int(layer), kinds[0]).name for layer in layers]
+    else:
+        targets = vector.sites
+    missing = [s for s in targets if s not in vector.directions]
+    if missing:
+        raise ValueError(
+            f"The vector has no direction at {missing}; it was extracted at {vector.sites}. "
+            "Extract at those sites first (sl.extract(..., sites=[...]))."
+        )
+    if not targets:
+        raise ValueError("Nothing to sweep: layers/sites is empty.")
+    return targets
+
+
+def sweep(
+    lm: SteerableModel,
+    vector: SteeringVector,
+    prompts: Prompt | Sequence[Prompt],
+    alphas: Sequence[float],
+    *,
+    layers: Sequence[int] | None = None,
+    sites: Sequence[str] | None = None,
+    score: Score | None = None,
+    max_new_tokens: int = 24,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    chat: bool = False,
+    progress: bool = True,
+) -> SweepResult:
+    """Steer with ``vector`` at each alpha and site, and score every cell.
+
+    Args:
+        lm: the model.
+        vector: a ``SteeringVector``; its ``scale`` multiplies every alpha.
+        prompts: the prompts each cell completes.
+        alphas: steering strengths; all of them share one generation batch per site.
+        layers: steer one layer at a time, at the vector's site of that layer.
+        sites: or name the sites; by default every site of the vector, one at a time.
+        score: ``text -> float`` behaviour score (e.g. ``steerlab.toy.metrics.concept_score``).
+        max_new_tokens: completion length.
+        temperature: 0 for greedy; with a ``seed``, rows of a prompt share random numbers.
+        seed: sampling seed.
+        chat: apply the chat template to the prompts.
+        progress: show a progress bar over sites.
+
+    >>> table = sweep(lm, vec, ["Once upon a time"], [-4, 0, 4], layers=[1, 2])  # doctest: +SKIP
+    """
+    from tqdm.auto import tqdm
+
+    prompts = normalise(prompts)
+    alphas = [float(a) for a in alphas]
+    if not alphas:
+        raise ValueError("alphas is empty.")
+    targets = _targets(vector, layers, sites)
+    scorer = score or (lambda _text: math.nan)
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, chat=chat)
+
+    base = lm.generate(prompts, **options)
+    baseline = {
+        "score": _mean([scorer(t) for t in base.text]),
+        "perplexity": pooled_perplexity(completion_nll(lm, base.prompt_tokens, base.tokens)),
+    }
+    records = []
+    for site in tqdm(targets, desc="sweep", disable=not progress, leave=False):
+        steers = vector.at(site).steers(alpha=alphas)
+        gen = lm.generate(prompts, steers, **options)  # rows: prompt-major, alpha-minor
+        nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
+        k = len(alphas)
+        # An extra alpha-0 row per prompt, in the same batch, is the KL reference.
+        logprobs = next_token_logprobs(
+            lm, prompts, vector.at(site).steers(alpha=[0.0, *alphas]), chat=chat
+        ).unflatten(0, (len(prompts), k + 1))  # [prompts, 1 + alphas, vocab]
+        kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).flatten()  # [rows]
+        for j, alpha in enumerate(alphas):
+            rows = range(j, len(gen), k)
+            records.append(
+                {
+                    "site": site,
+                    "layer": Site.parse(site).layer,
+                    "alpha": alpha,
+                    "score": _mean([scorer(gen.text[r]) for r in rows]),
+                    "perplexity": pooled_perplexity([nll[r] for r in rows]),
+                    "kl": float(kl[list(rows)].mean()),
+                    "n": len(rows),
+                }
+            )
+    return SweepResult(records, baseline)

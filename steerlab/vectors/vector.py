@@ -1,0 +1,271 @@
+"""``SteeringVector``: an immutable value, one direction per site, with arithmetic.
+
+A vector is ``scale * directions``. Scalar arithmetic (``v * 4``, ``-v``, ``v / 2``)
+only changes ``scale``, and ``scale`` is folded into the steer's alpha, never into the
+direction. That is why ``(2 * v)`` at alpha 1 and ``v`` at alpha 2 steer with the very
+same tensor and strength, bit for bit.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import torch
+
+from steerlab.interventions import Operation, Positions, Steer
+from steerlab.sites import Site
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a vector came from: what the file format stores next to the tensors.
+
+    ``residual_norms`` is the mean L2 norm of the residual at each site over the
+    contrastive tokens, measured during extraction; ``relative()`` scales by it.
+    """
+
+    model: str = ""
+    backend: str = ""
+    method: str = ""
+    data_sha256: str = ""
+    token: str = ""
+    chat: bool = False
+    n_positive: int = 0
+    n_negative: int = 0
+    residual_norms: Mapping[str, float] = field(default_factory=dict)
+    steerlab_version: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class SteeringVector:
+    """A steering direction per site, a scale, and where it came from.
+
+    Build one with ``steerlab.extract`` or ``SteeringVector.load``; combine with
+    ``+``, ``-``, ``*``, ``/``. Pass it (times an alpha) straight to ``lm.generate``.
+
+    >>> v = SteeringVector({"blocks.1.hook_resid_pre": torch.ones(4)})
+    >>> (2 * v).steers()[0].alpha
+    (2.0,)
+    """
+
+    directions: Mapping[str, torch.Tensor]  # site -> [d_model], float
+    scale: float = 1.0
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        if not self.directions:
+            raise ValueError("A SteeringVector needs at least one site.")
+        clean: dict[str, torch.Tensor] = {}
+        sizes = set()
+        for name, tensor in self.directions.items():
+            Site.parse(name)  # canonical names only
+            if not isinstance(tensor, torch.Tensor) or tensor.ndim != 1:
+                raise ValueError(f"The direction at {name} must be a 1-D tensor [d_model].")
+            if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"The direction at {name} must be finite floats.")
+            sizes.add(tensor.shape[0])
+            clean[name] = tensor.detach().clone()
+        if len(sizes) > 1:
+            raise ValueError(f"Directions have different sizes {sorted(sizes)}.")
+        if not math.isfinite(self.scale):
+            raise ValueError(f"scale must be finite; got {self.scale!r}.")
+        ordered = dict(sorted(clean.items(), key=lambda kv: Site.parse(kv[0])))
+        object.__setattr__(self, "directions", MappingProxyType(ordered))
+        object.__setattr__(self, "scale", float(self.scale))
+
+    # --- reading ------------------------------------------------------------------------
+
+    @property
+    def sites(self) -> list[str]:
+        """Site names in forward order."""
+        return list(self.directions)
+
+    @property
+    def layers(self) -> list[int | None]:
+        return [Site.parse(s).layer for s in self.directions]
+
+    @property
+    def d_model(self) -> int:
+        return next(iter(self.directions.values())).shape[0]
+
+    def __getitem__(self, site: str) -> torch.Tensor:
+        """The effective vector at ``site``: ``scale * direction``."""
+        if site not in self.directions:
+            raise KeyError(f"No direction at {site!r}; this vector has {self.sites}.")
+        return self.scale * self.directions[site]
+
+    def norms(self) -> dict[str, float]:
+        """L2 norm of the effective vector at each site."""
+        return {s: abs(self.scale) * float(d.norm()) for s, d in self.directions.items()}
+
+    def at(self, site: str) -> SteeringVector:
+        """The same vector restricted to one site."""
+        self[site]  # a clear KeyError for a missing site
+        return replace(self, directions={site: self.directions[site]})
+
+    # --- arithmetic ---------------------------------------------------------------------
+
+    def __mul__(self, k: float) -> SteeringVector:
+        if not isinstance(k, (int, float)) or isinstance(k, bool):
+            return NotImplemented
+        return replace(self, scale=self.scale * k)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, k: float) -> SteeringVector:
+        if not isinstance(k, (int, float)) or isinstance(k, bool):
+            return NotImplemented
+        return replace(self, scale=self.scale / k)
+
+    def __neg__(self) -> SteeringVector:
+        return replace(self, scale=-self.scale)
+
+    def __pos__(self) -> SteeringVector:
+        return self
+
+    def __add__(self, other: SteeringVector) -> SteeringVector:
+        if not isinstance(other, SteeringVector):
+            return NotImplemented
+        if other.d_model != self.d_model:
+            raise ValueError(f"Cannot add vectors of size {self.d_model} and {other.d_model}.")
+        summed = {s: self[s] for s in self.sites}
+        for s in other.sites:
+            summed[s] = summed[s] + other[s] if s in summed else other[s]
+        norms = {**other.provenance.residual_norms, **self.provenance.residual_norms}
+        method = f"({self.provenance.method or '?'} + {other.provenance.method or '?'})"
+        return SteeringVector(
+            summed, 1.0, replace(self.provenance, method=method, residual_norms=norms)
+        )
+
+    def __sub__(self, other: SteeringVector) -> SteeringVector:
+        if not isinstance(other, SteeringVector):
+            return NotImplemented
+        return self + (-other)
+
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+        """A copy with every direction on ``device`` and/or in ``dtype``."""
+        moved = {s: d.to(device=device, dtype=dtype) for s, d in self.directions.items()}
+        return replace(self, directions=moved)
+
+    def normalized(self) -> SteeringVector:
+        """Unit-norm direction at every site, scale 1."""
+        unit = {s: d / d.norm() for s, d in self.directions.items() if float(d.norm()) > 0}
+        return replace(self, directions=unit, scale=1.0)
+
+    def relative(self) -> SteeringVector:
+        """Alpha 1 adds the typical residual norm at each site, along the unit direction.
+
+        Uses the residual norms measured during extraction. ``scale`` is kept, so
+        ``(k * v).relative() == k * v.relative()``.
+
+        >>> out = lm.generate("Once", steer=vec.relative() * 0.5)  # doctest: +SKIP
+        """
+        norms = self.provenance.residual_norms
+        missing = [s for s in self.sites if s not in norms]
+        if missing:
+            raise ValueError(f"No residual norm recorded for {missing}: extract the vector.")
+        unit = self.normalized()
+        scaled = {s: d * norms[s] for s, d in unit.directions.items()}
+        return replace(self, directions=scaled)
+
+    def cosine(self, other: SteeringVector) -> dict[str, float]:
+        """Cosine similarity with ``other`` at each site both vectors have."""
+        shared = [s for s in self.sites if s in other.directions]
+        return {
+            s: float(torch.nn.functional.cosine_similarity(self[s].float(), other[s].float(), 0))
+            for s in shared
+        }
+
+    def cosine_matrix(self) -> torch.Tensor:
+        """``[n_sites, n_sites]`` cosine similarity between this vector's sites (``.sites`` order)."""
+        stacked = torch.stack([d.float() for d in self.directions.values()])  # [n_sites, d]
+        unit = stacked / stacked.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        return unit @ unit.T
+
+    # --- steering -----------------------------------------------------------------------
+
+    def steers(
+        self,
+        alpha: float | Sequence[float] | None = None,
+        *,
+        positions: Positions = "all",
+        op: Operation | None = None,
+    ) -> list[Steer]:
+        """One ``Steer`` per site, strength ``scale * alpha`` (``alpha`` 1 when None).
+
+        A list of alphas gives one row per alpha when generating.
+
+        >>> lm.generate("Once", steer=vec.steers(alpha=[0, 4]))  # doctest: +SKIP
+        """
+        alphas = [1.0] if alpha is None else alpha
+        alphas = [float(alphas)] if isinstance(alphas, (int, float)) else list(alphas)
+        strengths = [self.scale * a for a in alphas]
+        return [
+            Steer(site, d, strengths if len(strengths) > 1 else strengths[0], positions, op)
+            for site, d in self.directions.items()
+        ]
+
+    def steer(
+        self,
+        alpha: float | Sequence[float] | None = None,
+        *,
+        positions: Positions = "all",
+        op: Operation | None = None,
+    ) -> Steer:
+        """The single ``Steer`` of a one-site vector (use ``.at(site)`` to pick one)."""
+        if len(self.directions) != 1:
+            raise ValueError(
+                f"This vector has {len(self.directions)} sites; use .steers() or .at(site)."
+            )
+        return self.steers(alpha, positions=positions, op=op)[0]
+
+    # --- files --------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write a safetensors file: one tensor per site, provenance in the header."""
+        from steerlab.vectors.io import save
+
+        return save(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path, model: SteerableModel | None = None) -> SteeringVector:
+        """Read a file written by ``save``, checked against ``model`` when given."""
+        from steerlab.vectors.io import load
+
+        return load(path, model=model)
+
+    # --- display ------------------------------------------------------------------------
+
+    def _rows(self) -> list[tuple[str, float, float | None]]:
+        residual = self.provenance.residual_norms
+        return [(s, n, residual.get(s)) for s, n in self.norms().items()]
+
+    def __repr__(self) -> str:
+        method = self.provenance.method or "unknown method"
+        lines = [f"SteeringVector({method}, d_model={self.d_model}, scale={self.scale:g})"]
+        for site, norm, resid in self._rows():
+            extra = f"  (residual ~{resid:.3g})" if resid else ""
+            lines.append(f"  {site}: |v|={norm:.4g}{extra}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td><code>{html.escape(s)}</code></td><td>{n:.4g}</td>"
+            f"<td>{'' if r is None else f'{r:.4g}'}</td></tr>"
+            for s, n, r in self._rows()
+        )
+        method = html.escape(self.provenance.method or "unknown method")
+        return (
+            f"<b>SteeringVector</b> &middot; {method} &middot; d_model {self.d_model} "
+            f"&middot; scale {self.scale:g}<table><thead><tr><th>site</th><th>|v|</th>"
+            f"<th>residual norm</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
