@@ -1,0 +1,48 @@
+"""Run every benchmark and write benchmarks/RESULTS.md (ratios measured in one run)."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import bench_engine  # noqa: E402
+
+
+def main() -> None:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor()}")
+    rows = bench_engine.run()
+    lines = [
+        "# Engine benchmark",
+        "",
+        f"Measured {started} with `make bench` on {torch.get_num_threads()} CPU threads "
+        f"(torch {torch.__version__}). Median of 3 interleaved runs each. `ratio` is the "
+        "baseline's time over ours for speed rows (>1 is faster), ours over the baseline's for "
+        "time rows.",
+        "",
+        "| comparison | ours (s) | baseline (s) | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['comparison']} | {r['ours_s']:.2f} | {r['baseline_s']:.2f} | {r['ratio']:.2f} "
+        f"| {r['target']} |"
+        for r in rows
+    ]
+    out = Path(__file__).parent / "RESULTS.md"
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+    extra = Path(__file__).parent / "bench_sweep.py"
+    if extra.exists():
+        import bench_sweep
+
+        bench_sweep.main()
+
+
+if __name__ == "__main__":
+    main()
