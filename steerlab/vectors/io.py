@@ -159,18 +159,29 @@ def _metadata(vector: SteeringVector) -> dict[str, str]:
 def save(vector: SteeringVector, path: str | Path) -> Path:
     """Write ``vector`` to a ``.safetensors`` file (one tensor per site).
 
+    The header is written with sorted keys, so the same vector always gives the same
+    bytes (``safetensors.save_file`` orders metadata arbitrarily).
+
     >>> save(vec, "happy.safetensors")  # doctest: +SKIP
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"Steering vectors are saved as .safetensors; got {path.name!r}.")
     metadata = _metadata(vector)
     for key, value in metadata.items():
         SCHEMA[key](value)  # never write a file that load would refuse
-    tensors = {s: d.detach().cpu().contiguous() for s, d in vector.directions.items()}
-    save_file(tensors, str(path), metadata=metadata)
+    header: dict[str, Any] = {"__metadata__": metadata}
+    blobs, offset = [], 0
+    for site, direction in vector.directions.items():
+        tensor = direction.detach().cpu().contiguous()
+        blob = tensor.view(torch.uint8).numpy().tobytes()
+        dtype = next(name for name, dt in _DTYPES.items() if dt == tensor.dtype)
+        header[site] = {"dtype": dtype, "shape": [tensor.shape[0]], "data_offsets": [offset, offset + len(blob)]}  # fmt: skip
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
     return path
 
 
