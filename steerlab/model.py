@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import html
-import math
+from collections import deque
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from steerlab.activations import Activations
 from steerlab.backends.base import Backend
-from steerlab.generation.loop import Sampling, _Builder, decode
+from steerlab.generation.loop import DecodeConfig, _Builder, decode
 from steerlab.generation.prompts import (
     Batch,
     Prompt,
@@ -25,7 +25,7 @@ from steerlab.generation.result import Generation, Step
 from steerlab.hooks import count_hooks, scoped_hooks
 from steerlab.intervene import Recorder, TokenLayout, attach_steer, check_steers, expand_rows
 from steerlab.interventions import Steer
-from steerlab.sites import resolve
+from steerlab.sites import Site, resolve
 
 
 class SteersLike(Protocol):
@@ -41,6 +41,17 @@ def _steers(steer: SteerArg) -> list[Steer]:
     if hasattr(steer, "steers"):
         return steer.steers()
     return [s for item in steer for s in _steers(item)]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A checked generation request: rows, steers with their per-row alphas, config."""
+
+    batch: Batch
+    steers: list[tuple[Site, Steer, torch.Tensor]]
+    builder: _Builder
+    config: DecodeConfig
+    uniform_rows: torch.Tensor  # [batch]: rows of one prompt share random numbers
 
 
 class SteerableModel:
@@ -122,27 +133,22 @@ class SteerableModel:
         Hooks are on only while the stream runs; closing the generator early removes them.
         Arguments are those of ``generate``; everything is checked before the first forward.
         """
-        run = self._prepare(
-            prompts, steer, max_new_tokens, temperature, top_k, top_p, seed,
-            stop_at_eos, stop, chat, capture, use_cache,
+        config = DecodeConfig(
+            max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
+            (stop,) if isinstance(stop, str) else tuple(stop or ()), use_cache,
         )  # fmt: skip
-        return self._run(*run)
+        return self._run(self._plan(prompts, steer, config, chat, capture))
 
-    def _prepare(
-        self, prompts, steer, max_new_tokens, temperature, top_k, top_p, seed,
-        stop_at_eos, stop, chat, capture, use_cache,
-    ):  # fmt: skip
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)) or (
-            temperature < 0
-        ):
-            raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}.")
-        if not (0 < top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1]; got {top_p!r}.")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1; got {top_k!r}.")
-        if capture and not use_cache:
+    def _plan(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        steer: SteerArg,
+        config: DecodeConfig,
+        chat: bool,
+        capture: Sequence[str],
+    ) -> _Plan:
+        """Check everything and lay out the rows; nothing touches the model yet."""
+        if capture and not config.use_cache:
             raise ValueError("capture needs use_cache=True.")
         prompts = normalise(prompts)
         steers = _steers(steer)
@@ -150,36 +156,31 @@ class SteerableModel:
         captured = [resolve(name, self._sites) for name in capture]
         prompt_index, alphas = expand_rows(len(prompts), steers)
         encoded = self._encode(prompts, chat)
-        self._check_length(encoded, max_new_tokens)
+        self._check_length(encoded, config.max_new_tokens)
         batch = Batch.left_pad([encoded[p] for p in prompt_index], self.pad_id)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
         meta = {"prompt_index": prompt_index, "alphas": alphas, "prompts": prompts}
-        builder = _Builder(self.tokenizer, batch, meta, stops)
+        builder = _Builder(self.tokenizer, batch, meta, list(config.stop))
         if captured:
             builder.recorder = Recorder(captured)
-        eos = {self.tokenizer.eos_token_id} - {None}
-        options = dict(
-            max_new_tokens=max_new_tokens,
-            sampling=Sampling(temperature, top_k, top_p, seed),
-            uniform_rows=torch.tensor(prompt_index),
-            eos_ids=eos,
-            pad_id=self.pad_id,
-            stop_at_eos=stop_at_eos,
-            use_cache=use_cache,
-        )
-        return batch, list(zip(sites, steers)), alphas, builder, options
+        attached = [
+            (site, steer, torch.tensor([a[i] for a in alphas]))
+            for i, (site, steer) in enumerate(zip(sites, steers))
+        ]
+        return _Plan(batch, attached, builder, config, torch.tensor(prompt_index))
 
-    def _run(self, batch, steers, alphas, builder, options) -> Iterator[Step]:
-        layout = TokenLayout(batch.prompt_lengths)
-        with ExitStack() as stack:
-            hooks = stack.enter_context(scoped_hooks())
-            stack.enter_context(torch.inference_mode())
-            for i, (site, steer) in enumerate(steers):
-                row_alphas = torch.tensor([a[i] for a in alphas])
+    def _run(self, plan: _Plan) -> Iterator[Step]:
+        layout = TokenLayout(plan.batch.prompt_lengths)
+        with scoped_hooks() as hooks, torch.inference_mode():
+            for site, steer, row_alphas in plan.steers:
                 attach_steer(self.backend, site, steer, row_alphas, layout, hooks)
-            if builder.recorder is not None:
-                builder.recorder.attach(self.backend, hooks)
-            yield from decode(self.backend, batch, layout, builder, **options)
+            if plan.builder.recorder is not None:
+                plan.builder.recorder.attach(self.backend, hooks)
+            yield from decode(
+                self.backend, plan.batch, layout, plan.builder, plan.config,
+                uniform_rows=plan.uniform_rows,
+                eos_ids={self.tokenizer.eos_token_id} - {None},
+                pad_id=self.pad_id,
+            )  # fmt: skip
 
     def generate(
         self,
@@ -215,14 +216,12 @@ class SteerableModel:
 
         >>> lm.generate("Once upon a time", max_new_tokens=10).text  # doctest: +SKIP
         """
-        last = None
-        for last in self.stream(
+        steps = self.stream(
             prompts, steer, max_new_tokens=max_new_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
             chat=chat, capture=capture, use_cache=use_cache,
-        ):  # fmt: skip
-            pass
-        assert last is not None  # max_new_tokens >= 1 always yields a step
+        )  # fmt: skip
+        (last,) = deque(steps, maxlen=1)  # max_new_tokens >= 1: there is a last step
         return last.result()
 
     def run_with_cache(

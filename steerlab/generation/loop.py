@@ -6,6 +6,7 @@ and the loop only keeps ``TokenLayout`` up to date for them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,11 +21,32 @@ from steerlab.intervene import Recorder, TokenLayout
 
 
 @dataclass(frozen=True)
-class Sampling:
+class DecodeConfig:
+    """How to decode; checked on construction, so bad values fail before any compute."""
+
+    max_new_tokens: int = 40
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
     seed: int | None = None
+    stop_at_eos: bool = True
+    stop: tuple[str, ...] = ()
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, int)
+            or (self.max_new_tokens < 1)
+        ):
+            raise ValueError(f"max_new_tokens must be an int >= 1; got {self.max_new_tokens!r}.")
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0; got {t!r}.")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}.")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be None or an int >= 1; got {self.top_k!r}.")
 
 
 class _Builder:
@@ -87,41 +109,39 @@ def decode(
     batch: Batch,
     layout: TokenLayout,
     builder: _Builder,
+    config: DecodeConfig,
     *,
-    max_new_tokens: int,
-    sampling: Sampling,
     uniform_rows: torch.Tensor,  # [batch]: which random stream each row draws from
     eos_ids: set[int],
     pad_id: int,
-    stop_at_eos: bool = True,
-    use_cache: bool = True,
 ) -> Iterator[Step]:
     """Yield one ``Step`` per new token; hooks must already be attached."""
     device = backend.input_device
     ids = batch.input_ids.to(device)  # [batch, prompt]
     mask = batch.attention_mask.to(device)  # [batch, prompt]
+    use_cache = config.use_cache
     cache = backend.new_cache(ids.shape[0]) if use_cache else None
-    generator = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else 0)
+    generator = torch.Generator().manual_seed(config.seed if config.seed is not None else 0)
     n_streams = int(uniform_rows.max()) + 1
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
 
     layout.update(token_positions(mask))
     logits = backend.forward(ids, mask, cache, last_only=True)[:, -1]  # [batch, vocab]
-    for step in range(max_new_tokens):
+    for step in range(config.max_new_tokens):
         uniform = torch.rand(n_streams, generator=generator)[uniform_rows]
         token = sample_next(
             logits,
             uniform,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
         ).to(device)  # [batch]
         logprob = logits.float().log_softmax(-1).gather(-1, token[:, None].to(logits.device))
         token = token.masked_fill(finished, pad_id)
-        builder.add(token.tolist(), logprob.squeeze(-1).tolist(), eos_ids, stop_at_eos)
+        builder.add(token.tolist(), logprob.squeeze(-1).tolist(), eos_ids, config.stop_at_eos)
         yield Step(step, token.tolist(), list(builder.done), builder)
         finished = torch.tensor(builder.done, device=device)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        if bool(finished.all()) or step == config.max_new_tokens - 1:
             return
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         if use_cache:
