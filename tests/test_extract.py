@@ -63,8 +63,9 @@ def test_token_mean_and_batching(tiny_dirs, reference):
     model, tokenizer = reference
     lm = load_tiny(tiny_dirs, "gpt2", "hf")
     vec = extract(lm, POSITIVE, NEGATIVE, SITES[:1], token="mean", progress=False)
-    pos = torch.stack([_resid_pre(model, tokenizer, t, 1).mean(0) for t in POSITIVE])
-    neg = torch.stack([_resid_pre(model, tokenizer, t, 1).mean(0) for t in NEGATIVE])
+    # BOS is left out of the mean: the same token in every prompt carries no contrast.
+    pos = torch.stack([_resid_pre(model, tokenizer, t, 1)[1:].mean(0) for t in POSITIVE])
+    neg = torch.stack([_resid_pre(model, tokenizer, t, 1)[1:].mean(0) for t in NEGATIVE])
     torch.testing.assert_close(vec[SITES[0]], pos.mean(0) - neg.mean(0), atol=1e-5, rtol=1e-4)
     one_by_one = extract(lm, POSITIVE, NEGATIVE, SITES, batch_size=1, progress=False)
     all_at_once = extract(lm, POSITIVE, NEGATIVE, SITES, batch_size=64, progress=False)

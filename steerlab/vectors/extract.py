@@ -51,13 +51,30 @@ def _check_prompts(name: str, prompts: Sequence[Prompt]) -> list[Prompt]:
 
 def _read(
     acts: torch.Tensor,  # [batch, pos, d_model]
-    mask: torch.Tensor,  # [batch, pos]
+    mask: torch.Tensor,  # [batch, pos], without BOS for token="mean"
     token: Token,
 ) -> torch.Tensor:  # [batch, d_model]
     if token == "last":
         return acts[:, -1]  # left padding puts every row's last token in the last column
     weights = mask.to(acts.dtype)[..., None]
     return (acts * weights).sum(1) / weights.sum(1)
+
+
+def _without_bos(tokens: torch.Tensor, mask: torch.Tensor, bos: int | None) -> torch.Tensor:
+    """The mask with each row's leading BOS dropped (kept when it is the only token).
+
+    BOS is the same token at the same position in every prompt, so it carries no contrast,
+    and its outsized activation would weigh differently in prompts of different lengths.
+    """
+    real = mask.bool()
+    first = real.float().argmax(dim=1)  # [batch]
+    rows = torch.arange(len(first))
+    if bos is None:
+        return real
+    drop = (tokens[rows, first] == bos) & (real.sum(1) > 1)
+    out = real.clone()
+    out[rows[drop], first[drop]] = False
+    return out
 
 
 def _norm_sum(acts: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
@@ -95,7 +112,8 @@ def extract(
         negative: prompts showing its opposite; paired with ``positive`` for paired methods.
         sites: canonical site names, e.g. ``["blocks.2.hook_resid_pre"]``.
         method: ``mean_diff``, ``pca_diff``, ``single_pair``, ``probe`` or any ``Method``.
-        token: read each prompt's ``"last"`` token, or the ``"mean"`` over its tokens.
+        token: read each prompt's ``"last"`` token, or the ``"mean"`` over its tokens
+            (a leading BOS left out).
         chat: apply the tokenizer's chat template to every prompt.
         batch_size: prompts per forward pass.
         progress: show a progress bar over batches.
@@ -131,9 +149,10 @@ def extract(
     for start in tqdm(starts, desc="extract", disable=not progress, leave=False):
         acts = lm.run_with_cache(prompts[start : start + batch_size], names, chat=chat)
         mask = acts.attention_mask
+        content = _without_bos(acts.tokens, mask, lm.tokenizer.bos_token_id)
         for s in names:
             site_acts = acts[s].float()  # [batch, pos, d_model]
-            read[s].append(_read(site_acts, mask, token))
+            read[s].append(_read(site_acts, content, token))
             total, count = _norm_sum(site_acts, mask)
             norm_sums[s] += total
             counts[s] += count

@@ -41,7 +41,8 @@ class SweepResult:
     ``score`` is the mean behaviour score over the cell's completions (texts the scorer
     gives ``nan`` are skipped), ``perplexity`` the pooled perplexity of the completions
     under the unsteered model, ``kl`` the mean KL of the first new token's distribution
-    from the unsteered one, ``n`` the number of completions.
+    from the unsteered one, ``n`` the number of completions. ``completions`` maps
+    ``(site, alpha)`` to the cell's texts, in prompt order.
 
     >>> result.best(min_score=0.8)  # doctest: +SKIP
     {'site': 'blocks.2.hook_resid_pre', 'layer': 2, 'alpha': 4.0, ...}
@@ -49,6 +50,7 @@ class SweepResult:
 
     records: list[dict[str, Any]]
     baseline: dict[str, float] = field(default_factory=dict)
+    completions: dict[tuple[str, float], list[str]] = field(default_factory=dict, repr=False)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.records)
@@ -190,7 +192,7 @@ def sweep(
         "score": _mean([scorer(t) for t in base.text]),
         "perplexity": pooled_perplexity(completion_nll(lm, base.prompt_tokens, base.tokens)),
     }
-    records = []
+    records, completions = [], {}
     for site in tqdm(targets, desc="sweep", disable=not progress, leave=False):
         steers = vector.at(site).steers(alpha=alphas)
         gen = lm.generate(prompts, steers, **options)  # rows: prompt-major, alpha-minor
@@ -203,6 +205,7 @@ def sweep(
         kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).flatten()  # [rows]
         for j, alpha in enumerate(alphas):
             rows = range(j, len(gen), k)
+            completions[site, alpha] = [gen.text[r] for r in rows]
             records.append(
                 {
                     "site": site,
@@ -214,4 +217,4 @@ def sweep(
                     "n": len(rows),
                 }
             )
-    return SweepResult(records, baseline)
+    return SweepResult(records, baseline, completions)
