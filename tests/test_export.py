@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 
 import plotly.graph_objects as go
 import pytest
@@ -103,3 +105,12 @@ def test_browser_path_override_wins(tmp_path, monkeypatch):
 
 def _must_not_run() -> None:
     raise AssertionError("kaleido started for a refused suffix")
+
+
+def test_importing_export_stays_light():
+    # steerlab.export is reachable from the core facade: plotly and kaleido load on first export.
+    code = "import sys, steerlab.export; print(sorted({'plotly', 'kaleido'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

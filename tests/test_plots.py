@@ -68,7 +68,7 @@ def test_residual_norms_lines_and_heatmap(padded_cache):
     # Row 1 without its pad: two positions, layers 0 and 1 of resid_post.
     assert [list(r) for r in heat[0]["z"]] == [[2.0, 2.0], [3.0, 3.0]]
     assert list(heat[0]["y"]) == [0, 1]
-    assert list(_axis(fig, "xaxis2")["ticktext"]) == ["<s>", "↵hi"]
+    assert list(_axis(fig, "xaxis2")["ticktext"]) == ["&lt;s&gt;", "↵hi"]
     assert _title(_axis(fig, "xaxis")) == "layer"
     assert _title(_axis(fig, "xaxis2")) == "token"
     assert _title(_axis(fig, "yaxis2")) == "layer"
@@ -142,7 +142,7 @@ def test_projection_heatmap_single_direction(padded_cache):
         pytest.approx([1.6, 1.6]),
         pytest.approx([2.4, 2.4]),
     ]
-    assert list(fig["layout"]["xaxis"]["ticktext"]) == ["<s>", "↵hi"]
+    assert list(fig["layout"]["xaxis"]["ticktext"]) == ["&lt;s&gt;", "↵hi"]
     assert _title(fig["layout"]["xaxis"]) == "token"
     assert _title(fig["layout"]["yaxis"]) == "layer"
 

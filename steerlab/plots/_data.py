@@ -76,8 +76,15 @@ def row_labels(tokens: Sequence[Sequence[str]] | None, row: int, positions: list
 
 
 def display_token(token: str) -> str:
-    """Make whitespace visible so that ``" the"`` and ``"\\n"`` read as themselves in a figure."""
-    return token.replace("\n", "↵").replace("\t", "⇥").replace(" ", "␣") or "∅"
+    """A token as a figure should show it: whitespace made visible, HTML escaped.
+
+    Plotly renders tick and cell text as HTML, so ``"<s>"`` would vanish as a tag.
+
+    >>> display_token(" <s>")
+    '␣&lt;s&gt;'
+    """
+    visible = token.replace("\n", "↵").replace("\t", "⇥").replace(" ", "␣") or "∅"
+    return visible.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def real_positions(mask: torch.Tensor, row: int) -> list[int]:

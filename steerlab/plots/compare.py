@@ -53,8 +53,11 @@ def token_comparison(
         [display_token(t) if t else "" for t in steer],
     ]
     hover = [
-        [f"baseline {t!r}" for t in base],
-        [f"steered {t!r}<br>Δ log p = {c:+.3f}" for t, c in zip(steer, change, strict=True)],
+        [f"baseline {display_token(t)}" for t in base],
+        [
+            f"steered {display_token(t)}<br>Δ log p = {c:+.3f}"
+            for t, c in zip(steer, change, strict=True)
+        ],
     ]
     limit = max((abs(c) for c in change if not math.isnan(c)), default=1.0) or 1.0
     heat = go.Heatmap(

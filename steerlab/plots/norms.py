@@ -78,7 +78,7 @@ def residual_norms(
     positions = _data.real_positions(real, row)
     labels = _data.row_labels(_data.cache_tokens(cache, tokens), row, positions)
 
-    heat_title = "‖steered‖ − ‖baseline‖" if steered is not None else "‖resid‖"
+    heat_title = "‖steered‖ − ‖baseline‖" if steered is not None else "‖x‖₂"
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -107,7 +107,7 @@ def residual_norms(
         y=layers,
         colorscale="RdBu_r" if steered is not None else "Viridis",
         zmid=0 if steered is not None else None,
-        colorbar={"title": {"text": heat_title}},
+        colorbar={"title": {"text": "Δ‖x‖₂" if steered is not None else "‖x‖₂"}},
         customdata=[labels] * len(layers),
         hovertemplate="layer %{y}, token %{customdata}<br>%{z:.3f}<extra></extra>",
     )
@@ -118,6 +118,7 @@ def residual_norms(
         title_text="token", tickvals=list(range(len(labels))), ticktext=labels, row=1, col=2
     )
     fig.update_yaxes(title_text="layer", dtick=1, row=1, col=2)
+    fig.update_layout(legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"})
     return fig
 
 
