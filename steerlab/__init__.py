@@ -1,8 +1,14 @@
 """steerlab: a Jupyter-first toolkit for steering language models.
 
+The core (loading, steering, generation, vectors) never imports plotly or ipywidgets;
+``sl.plots``, ``sl.export`` and ``sl.SteeringPanel`` load them on first use.
+
 >>> import steerlab as sl
 >>> lm = sl.load("steerlab-tiny")  # doctest: +SKIP
 """
+
+from importlib import import_module
+from typing import Any
 
 from steerlab.activations import Activations
 from steerlab.generation.result import Generation, Step
@@ -10,8 +16,37 @@ from steerlab.interventions import Ablate, Add, Clamp, Steer, SteerError
 from steerlab.loading import load, wrap
 from steerlab.model import SteerableModel
 from steerlab.sites import SiteError
+from steerlab.vectors import (
+    SteeringVector,
+    SweepResult,
+    VectorFileError,
+    extract,
+    mean_diff,
+    pca_diff,
+    probe,
+    single_pair,
+    sweep,
+)
 
 __version__ = "0.1.0"
+
+# Notebook-layer names, imported on first access so `import steerlab` stays light.
+_LAZY = {
+    "plots": ("steerlab.plots", None),
+    "export": ("steerlab.export", "export"),
+    "use_paper_theme": ("steerlab.plots", "use_paper_theme"),
+    "export_button": ("steerlab.plots", "export_button"),
+    "SteeringPanel": ("steerlab.widgets", "SteeringPanel"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'steerlab' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = import_module(module_name)
+    return module if attribute is None else getattr(module, attribute)
+
 
 __all__ = [
     "Ablate",
@@ -23,7 +58,17 @@ __all__ = [
     "Steer",
     "SteerError",
     "SteerableModel",
+    "SteeringVector",
     "Step",
+    "SweepResult",
+    "VectorFileError",
+    "extract",
     "load",
+    "mean_diff",
+    "pca_diff",
+    "probe",
+    "single_pair",
+    "sweep",
     "wrap",
+    *_LAZY,
 ]
