@@ -71,7 +71,7 @@ def resolve(name: str, valid: list[str]) -> Site:
     if name in valid:
         return Site.parse(name)
     match = _BLOCK_RE.match(name)
-    layers = sorted({Site.parse(v).layer for v in valid if v != EMBED})
+    layers = sorted({layer for v in valid if (layer := Site.parse(v).layer) is not None})
     if match and match.group(2) in BLOCK_KINDS and layers:
         raise SiteError(
             f"Layer {match.group(1)} is out of range in {name!r}: this model has layers "

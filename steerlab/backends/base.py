@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
-from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from steerlab.sites import Site
@@ -22,11 +21,13 @@ ActivationFn = Callable[[torch.Tensor], torch.Tensor | None]
 
 class Backend(Protocol):
     kind: str  # "bridge" | "hooked" | "hf"
-    model: nn.Module
+    model: Any  # the library's own model object, duck-typed
     n_layers: int
     d_model: int
     n_ctx: int | None
-    input_device: torch.device
+
+    @property
+    def input_device(self) -> torch.device: ...
 
     def sites(self) -> list[str]: ...
 

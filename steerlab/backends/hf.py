@@ -64,7 +64,7 @@ class HFBackend:
 
     kind = "hf"
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         model_type = model.config.model_type
         if model_type not in LAYOUTS:
             raise ValueError(
@@ -73,11 +73,11 @@ class HFBackend:
             )
         self.model = model
         self.layout = LAYOUTS[model_type]
-        self.blocks: nn.ModuleList = model.get_submodule(self.layout.blocks)
+        self.blocks: Any = model.get_submodule(self.layout.blocks)
         config = model.config.get_text_config()
-        self.n_layers = len(self.blocks)
-        self.d_model = config.hidden_size
-        self.n_ctx = getattr(config, "max_position_embeddings", None) or getattr(
+        self.n_layers: int = len(self.blocks)
+        self.d_model: int = config.hidden_size
+        self.n_ctx: int | None = getattr(config, "max_position_embeddings", None) or getattr(
             config, "n_positions", None
         )
 

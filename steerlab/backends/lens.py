@@ -22,11 +22,11 @@ from steerlab.sites import Site, all_sites
 class _LensBackend:
     model: Any
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         self.model = model
-        self.n_layers = model.cfg.n_layers
-        self.d_model = model.cfg.d_model
-        self.n_ctx = model.cfg.n_ctx
+        self.n_layers: int = model.cfg.n_layers
+        self.d_model: int = model.cfg.d_model
+        self.n_ctx: int | None = model.cfg.n_ctx
 
     def sites(self) -> list[str]:
         return [name for name in all_sites(self.n_layers) if name in self.model.hook_dict]

@@ -19,17 +19,16 @@ class PromptError(ValueError):
 
 def normalise(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     """One prompt or a list of them, as a non-empty list."""
-    if isinstance(prompts, str) or (
-        isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
-    ):
-        prompts = [prompts]
-    prompts = list(prompts)
-    if not prompts:
+    single = isinstance(prompts, str) or (
+        isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], dict)
+    )
+    listed: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
+    if not listed:
         raise PromptError("The prompt list is empty: give at least one prompt.")
-    for p in prompts:
+    for p in listed:
         if not isinstance(p, (str, list)):
             raise PromptError(f"A prompt must be a string or a list of messages, not {type(p)}.")
-    return prompts
+    return listed
 
 
 def encode(tokenizer: Any, prompt: Prompt, *, chat: bool) -> list[int]:
