@@ -49,7 +49,7 @@ def test_one_generate_per_layer_with_every_alpha(lm, vec, monkeypatch):
         return out
 
     monkeypatch.setattr(lm, "generate", counting)
-    sweep(lm, vec, PROMPTS, ALPHAS, layers=[1, 2], max_new_tokens=3, progress=False)
+    sweep(lm, vec, PROMPTS, ALPHAS, layers=[1, 2], max_new_tokens=2, progress=False)
     baseline = (len(PROMPTS), [])
     per_layer = (len(PROMPTS) * len(ALPHAS), sorted(ALPHAS))
     assert calls == [baseline, per_layer, per_layer]
@@ -107,6 +107,23 @@ def test_cell_metrics_equal_a_hand_computation(result, lm, vec, tiny_dirs):
     assert cell["kl"] == pytest.approx(sum(kls) / len(kls), rel=1e-3, abs=1e-6)
     texts = result.completions[site, alpha]
     assert cell["score"] == pytest.approx(sum(map(letters, texts)) / len(texts))
+
+
+def test_named_vectors_sweep_side_by_side(lm, vec):
+    table = sweep(lm, {"v": vec, "minus_v": -vec}, PROMPTS, [-1.0, 1.0], sites=SITES[1:],
+                  max_new_tokens=3, progress=False)  # fmt: skip
+    assert [(r["vector"], r["alpha"]) for r in table] == [
+        ("v", -1.0),
+        ("v", 1.0),
+        ("minus_v", -1.0),
+        ("minus_v", 1.0),
+    ]
+    cells = {(r["vector"], r["alpha"]): r for r in table}
+    site = SITES[1]
+    # -v at alpha 1 is v at alpha -1: the same steer, so the same completions and metrics.
+    assert table.completions["minus_v", site, 1.0] == table.completions["v", site, -1.0]
+    for metric in ("perplexity", "kl"):  # equal up to where the row sits in the batch
+        assert cells["minus_v", 1.0][metric] == pytest.approx(cells["v", -1.0][metric], rel=1e-5)
 
 
 def test_targets_must_exist_on_the_vector(lm, vec):

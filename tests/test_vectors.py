@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,6 +50,9 @@ def test_scalar_algebra_only_moves_the_scale(vec):
     assert (-vec).scale == -1.0
     assert ((-vec) * -3).scale == (vec * 3).scale == 3.0
     assert (vec / 4).scale == 0.25
+    assert (vec * np.float64(2.5)).scale == 2.5
+    with pytest.raises(TypeError):
+        vec * vec
     for v in (vec * 4, -vec, vec / 4):
         assert all(torch.equal(v.directions[s], vec.directions[s]) for s in vec.sites)
     assert torch.equal((vec * 4)[S1], 4 * vec.directions[S1])
@@ -112,17 +116,17 @@ def test_reprs_name_sites_norms_method(vec):
 
 
 def _greedy(lm, steer):
-    return lm.generate(["Hi", "The fox"], steer=steer, max_new_tokens=8, stop_at_eos=False).tokens
+    return lm.generate(["Hi", "The fox"], steer=steer, max_new_tokens=6, stop_at_eos=False).tokens
 
 
 def test_algebra_agrees_with_behaviour(lm, direction):
     v = SteeringVector({S1: direction})
-    plain = _greedy(lm, None)
-    two_at_one = _greedy(lm, (2 * v).steers(alpha=1))
-    assert two_at_one != plain  # the steer really changes the output
-    assert two_at_one == _greedy(lm, v.steers(alpha=2))
-    assert _greedy(lm, (-v) * -3) == _greedy(lm, v * 3) != plain
-    rows = lm.generate(["Hi"], steer=v.steer(alpha=[0, 2]), max_new_tokens=8, stop_at_eos=False)
-    assert rows.alphas == [(0.0,), (2.0,)]
-    assert rows.tokens == [plain[0], two_at_one[0]]
+    # rows: prompt-major, alpha-minor -> [Hi@0, Hi@x, fox@0, fox@x]; same batch shapes on both sides
+    two_v_at_1 = _greedy(lm, (2 * v).steer(alpha=[0, 1]))
+    v_at_2 = _greedy(lm, v.steer(alpha=[0, 2]))
+    assert two_v_at_1 == v_at_2
+    assert two_v_at_1[1] != two_v_at_1[0]  # the steer really changes the output
+    minus_v_times_minus_3 = _greedy(lm, (-v) * -3)
+    assert minus_v_times_minus_3 == _greedy(lm, v * 3)
+    assert minus_v_times_minus_3[0] != two_v_at_1[0]  # and differs from unsteered
     assert lm.hook_count() == 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,8 @@ class SweepResult:
     gives ``nan`` are skipped), ``perplexity`` the pooled perplexity of the completions
     under the unsteered model, ``kl`` the mean KL of the first new token's distribution
     from the unsteered one, ``n`` the number of completions. ``completions`` maps
-    ``(site, alpha)`` to the cell's texts, in prompt order.
+    ``(site, alpha)`` (``(vector, site, alpha)`` for named vectors) to the cell's texts,
+    in prompt order.
 
     >>> result.best(min_score=0.8)  # doctest: +SKIP
     {'site': 'blocks.2.hook_resid_pre', 'layer': 2, 'alpha': 4.0, ...}
@@ -146,7 +147,7 @@ def _targets(vector: SteeringVector, layers: Sequence[int] | None, sites: Sequen
 
 def sweep(
     lm: SteerableModel,
-    vector: SteeringVector,
+    vector: SteeringVector | Mapping[str, SteeringVector],
     prompts: Prompt | Sequence[Prompt],
     alphas: Sequence[float],
     *,
@@ -163,7 +164,9 @@ def sweep(
 
     Args:
         lm: the model.
-        vector: a ``SteeringVector``; its ``scale`` multiplies every alpha.
+        vector: a ``SteeringVector`` (its ``scale`` multiplies every alpha), or a dict of
+            named vectors: records then start with a ``"vector"`` column, and
+            ``completions`` keys with the name.
         prompts: the prompts each cell completes.
         alphas: steering strengths; all of them share one generation batch per site.
         layers: steer one layer at a time, at the vector's site of that layer.
@@ -183,7 +186,11 @@ def sweep(
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("alphas is empty.")
-    targets = _targets(vector, layers, sites)
+    named = isinstance(vector, Mapping)
+    vectors = dict(vector) if named else {"": vector}
+    if not vectors:
+        raise ValueError("No vectors to sweep.")
+    cells = [(name, v, site) for name, v in vectors.items() for site in _targets(v, layers, sites)]
     scorer = score or (lambda _text: math.nan)
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, chat=chat)
 
@@ -193,28 +200,44 @@ def sweep(
         "perplexity": pooled_perplexity(completion_nll(lm, base.prompt_tokens, base.tokens)),
     }
     records, completions = [], {}
-    for site in tqdm(targets, desc="sweep", disable=not progress, leave=False):
-        steers = vector.at(site).steers(alpha=alphas)
-        gen = lm.generate(prompts, steers, **options)  # rows: prompt-major, alpha-minor
-        nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
-        k = len(alphas)
-        # An extra alpha-0 row per prompt, in the same batch, is the KL reference.
-        logprobs = next_token_logprobs(
-            lm, prompts, vector.at(site).steers(alpha=[0.0, *alphas]), chat=chat
-        ).unflatten(0, (len(prompts), k + 1))  # [prompts, 1 + alphas, vocab]
-        kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).flatten()  # [rows]
-        for j, alpha in enumerate(alphas):
-            rows = range(j, len(gen), k)
-            completions[site, alpha] = [gen.text[r] for r in rows]
-            records.append(
-                {
-                    "site": site,
-                    "layer": Site.parse(site).layer,
-                    "alpha": alpha,
-                    "score": _mean([scorer(gen.text[r]) for r in rows]),
-                    "perplexity": pooled_perplexity([nll[r] for r in rows]),
-                    "kl": float(kl[list(rows)].mean()),
-                    "n": len(rows),
-                }
-            )
+    for name, v, site in tqdm(cells, desc="sweep", disable=not progress, leave=False):
+        for record, texts in _sweep_site(lm, v.at(site), prompts, alphas, options, scorer):
+            key = (site, record["alpha"])
+            if named:
+                record, key = {"vector": name, **record}, (name, *key)
+            records.append(record)
+            completions[key] = texts
     return SweepResult(records, baseline, completions)
+
+
+def _sweep_site(
+    lm: SteerableModel,
+    vector: SteeringVector,  # one site
+    prompts: list[Prompt],
+    alphas: list[float],
+    options: dict[str, Any],
+    scorer: Score,
+) -> Iterator[tuple[dict[str, Any], list[str]]]:
+    """One row of the grid: every prompt x alpha in one ``generate`` call, then scored."""
+    (site,) = vector.sites
+    gen = lm.generate(prompts, vector.steers(alpha=alphas), **options)  # prompt-major rows
+    nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
+    k = len(alphas)
+    # An extra alpha-0 row per prompt, in the same batch, is the KL reference.
+    logprobs = next_token_logprobs(
+        lm, prompts, vector.steers(alpha=[0.0, *alphas]), chat=options["chat"]
+    ).unflatten(0, (len(prompts), k + 1))  # [prompts, 1 + alphas, vocab]
+    kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).flatten()  # [rows]
+    for j, alpha in enumerate(alphas):
+        rows = range(j, len(gen), k)
+        texts = [gen.text[r] for r in rows]
+        record = {
+            "site": site,
+            "layer": Site.parse(site).layer,
+            "alpha": alpha,
+            "score": _mean([scorer(t) for t in texts]),
+            "perplexity": pooled_perplexity([nll[r] for r in rows]),
+            "kl": float(kl[list(rows)].mean()),
+            "n": len(rows),
+        }
+        yield record, texts

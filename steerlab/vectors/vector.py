@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -115,16 +116,16 @@ class SteeringVector:
     # --- arithmetic ---------------------------------------------------------------------
 
     def __mul__(self, k: float) -> SteeringVector:
-        if not isinstance(k, (int, float)) or isinstance(k, bool):
+        if not isinstance(k, numbers.Real) or isinstance(k, bool):
             return NotImplemented
-        return replace(self, scale=self.scale * k)
+        return replace(self, scale=self.scale * float(k))
 
     __rmul__ = __mul__
 
     def __truediv__(self, k: float) -> SteeringVector:
-        if not isinstance(k, (int, float)) or isinstance(k, bool):
+        if not isinstance(k, numbers.Real) or isinstance(k, bool):
             return NotImplemented
-        return replace(self, scale=self.scale / k)
+        return replace(self, scale=self.scale / float(k))
 
     def __neg__(self) -> SteeringVector:
         return replace(self, scale=-self.scale)
@@ -142,9 +143,12 @@ class SteeringVector:
             summed[s] = summed[s] + other[s] if s in summed else other[s]
         norms = {**other.provenance.residual_norms, **self.provenance.residual_norms}
         method = f"({self.provenance.method or '?'} + {other.provenance.method or '?'})"
-        return SteeringVector(
-            summed, 1.0, replace(self.provenance, method=method, residual_norms=norms)
-        )
+        # A sum no longer stands for one data set: its hash and counts are cleared.
+        provenance = replace(
+            self.provenance, method=method, residual_norms=norms, data_sha256="",
+            n_positive=0, n_negative=0,
+        )  # fmt: skip
+        return SteeringVector(summed, 1.0, provenance)
 
     def __sub__(self, other: SteeringVector) -> SteeringVector:
         if not isinstance(other, SteeringVector):
