@@ -1,0 +1,108 @@
+"""The panel's input widgets, built from a model and a set of vectors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import ipywidgets as widgets
+
+from steerlab.sites import Site
+from steerlab.widgets.runner import PanelRequest
+
+_WIDE = widgets.Layout(width="100%")
+_STYLE = {"description_width": "7em"}
+
+
+@dataclass
+class Controls:
+    """One widget per input; ``request(i)`` reads them all into a ``PanelRequest``."""
+
+    prompt: widgets.Textarea
+    vector: widgets.Dropdown
+    layer: widgets.IntSlider
+    hook: widgets.Dropdown
+    alpha: widgets.FloatSlider
+    positions: widgets.Dropdown
+    temperature: widgets.FloatSlider
+    top_p: widgets.FloatSlider
+    seed: widgets.IntText
+    max_new_tokens: widgets.IntSlider
+
+    def all(self) -> list[widgets.ValueWidget]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    def request(self, request_id: int) -> PanelRequest:
+        values = {f.name: getattr(self, f.name).value for f in fields(self)}
+        return PanelRequest(request_id=request_id, **values)
+
+    def box(self) -> widgets.VBox:
+        steering = widgets.VBox([self.vector, self.layer, self.hook, self.alpha, self.positions])
+        sampling = widgets.VBox([self.temperature, self.top_p, self.seed, self.max_new_tokens])
+        return widgets.VBox([self.prompt, widgets.HBox([steering, sampling])])
+
+
+def hook_kinds(sites: Sequence[str]) -> list[str]:
+    """Per-layer site kinds of a model, in forward order (``hook_embed`` has no layer).
+
+    >>> hook_kinds(["hook_embed", "blocks.0.hook_resid_pre", "blocks.0.hook_mlp_out"])
+    ['hook_resid_pre', 'hook_mlp_out']
+    """
+    kinds: list[str] = []
+    for name in sites:
+        site = Site.parse(name)
+        if site.layer is not None and site.kind not in kinds:
+            kinds.append(site.kind)
+    return kinds
+
+
+def build_controls(
+    *,
+    prompt: str,
+    vector_names: Sequence[str],
+    n_layers: int,
+    kinds: Sequence[str],
+    layer: int,
+    hook: str,
+    alpha: float,
+    alpha_range: tuple[float, float],
+    max_new_tokens: int,
+) -> Controls:
+    def slider(cls, description, value, lo, hi, step, **kw):
+        return cls(
+            value=value,
+            min=lo,
+            max=hi,
+            step=step,
+            description=description,
+            continuous_update=True,
+            style=_STYLE,
+            **kw,
+        )
+
+    return Controls(
+        prompt=widgets.Textarea(
+            value=prompt,
+            description="prompt",
+            continuous_update=False,
+            rows=2,
+            layout=_WIDE,
+            style=_STYLE,
+        ),
+        vector=widgets.Dropdown(options=list(vector_names), description="vector", style=_STYLE),
+        layer=slider(widgets.IntSlider, "layer", layer, 0, n_layers - 1, 1),
+        hook=widgets.Dropdown(
+            options=list(kinds), value=hook, description="hook point", style=_STYLE
+        ),
+        alpha=slider(widgets.FloatSlider, "alpha", alpha, *alpha_range, 0.5, readout_format=".1f"),
+        positions=widgets.Dropdown(
+            options=["all", "prompt", "generated"],
+            value="all",
+            description="positions",
+            style=_STYLE,
+        ),
+        temperature=slider(widgets.FloatSlider, "temperature", 0.0, 0.0, 2.0, 0.05),
+        top_p=slider(widgets.FloatSlider, "top_p", 1.0, 0.05, 1.0, 0.05),
+        seed=widgets.IntText(value=0, description="seed", style=_STYLE),
+        max_new_tokens=slider(widgets.IntSlider, "max tokens", max_new_tokens, 1, 200, 1),
+    )

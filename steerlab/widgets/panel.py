@@ -1,0 +1,289 @@
+"""``SteeringPanel``: baseline and steered completions that regenerate as the controls move."""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from steerlab.generation.result import Generation
+from steerlab.model import SteerableModel
+from steerlab.plots import export_button, residual_norms
+from steerlab.sites import Site
+from steerlab.vectors import SteeringVector
+from steerlab.widgets.completions import completions_button
+from steerlab.widgets.controls import build_controls, hook_kinds
+from steerlab.widgets.debounce import Debouncer
+from steerlab.widgets.runner import (
+    PanelRequest,
+    VectorLike,
+    norm_caches,
+    pair_steer,
+    stream_pair,
+)
+
+
+class SteeringPanel:
+    """A live panel: move a control and the baseline and steered completions regenerate.
+
+    Both completions come from one batch (``alpha=[0, alpha]``) with the same seed, so they
+    differ only by the steer. Changes are debounced; a run made stale by a newer change stops
+    at its next token, and only the latest request is rendered. Errors show in the panel.
+
+    Args:
+        lm: the model to steer.
+        vectors: name -> ``SteeringVector`` or ``[d_model]`` tensor, offered in a dropdown.
+        prompt: the starting prompt.
+        layer: starting layer; defaults to the first vector's layer, else the middle one.
+        hook: starting site kind, one of those in ``lm.sites()``.
+        alpha: starting strength; ``alpha_range`` and ``alpha_step`` shape its slider.
+        max_new_tokens: starting completion length.
+        debounce: seconds to wait after the last change before running (0: run at once,
+            in the caller's thread).
+        export_stem: path stem for the figure and completions exports.
+
+    >>> panel = SteeringPanel(lm, {"joy": vec}, prompt="Once upon a time")  # doctest: +SKIP
+    >>> panel.controls.alpha.value = 6.0; panel.wait(); panel.steered_text  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        lm: SteerableModel,
+        vectors: Mapping[str, VectorLike],
+        prompt: str = "Once upon a time",
+        *,
+        layer: int | None = None,
+        hook: str = "hook_resid_pre",
+        alpha: float = 4.0,
+        alpha_range: tuple[float, float] = (-20.0, 20.0),
+        alpha_step: float = 0.5,
+        max_new_tokens: int = 30,
+        debounce: float = 0.15,
+        export_stem: str = "steerlab_panel",
+    ) -> None:
+        if not vectors:
+            raise ValueError("SteeringPanel needs at least one vector, e.g. {'joy': vec}.")
+        self.lm = lm
+        self.vectors = dict(vectors)
+        self.controls = build_controls(
+            prompt=prompt,
+            vector_names=list(self.vectors),
+            n_layers=lm.n_layers,
+            kinds=hook_kinds(lm.sites()),
+            layer=_default_layer(lm, self.vectors, layer),
+            hook=hook,
+            alpha=alpha,
+            alpha_range=alpha_range,
+            max_new_tokens=max_new_tokens,
+        )
+        self.controls.alpha.step = alpha_step
+        self.baseline_text = ""
+        self.steered_text = ""
+        self.render_count = 0
+        self.rendered: PanelRequest | None = None
+        self.generation: Generation | None = None
+        self.error: str | None = None
+        self.history: list[tuple[int, str]] = []  # (request id, rendered|cancelled|error|skipped)
+        self._latest = 0
+        self._run_lock = threading.Lock()
+        self._debouncer = Debouncer(self._run, debounce)
+        self._build_view(export_stem)
+        for control in self.controls.all():
+            control.observe(self._on_change, names="value")
+        self.refresh()
+
+    # --- public -------------------------------------------------------------------------
+
+    @property
+    def rendered_alpha(self) -> float | None:
+        return None if self.rendered is None else self.rendered.alpha
+
+    def refresh(self) -> None:
+        """Run the current controls now, in this thread, and render the result."""
+        self._run(self._next_request())
+
+    def wait(self, timeout: float = 60.0) -> bool:
+        """Block until the pending change (if any) has run; True unless ``timeout`` passed."""
+        done = self._debouncer.join(timeout)
+        with self._run_lock:  # a stale run still stopping
+            return done
+
+    def record(self) -> dict[str, Any] | None:
+        """The rendered completions and the settings that made them (``None`` before any)."""
+        if self.rendered is None:
+            return None
+        return {
+            **self.rendered.as_dict(),
+            "baseline": self.baseline_text,
+            "steered": self.steered_text,
+        }
+
+    def close(self) -> None:
+        self._debouncer.cancel()
+        self.widget.close()
+
+    # --- running ------------------------------------------------------------------------
+
+    def _next_request(self) -> PanelRequest:
+        self._latest += 1
+        return self.controls.request(self._latest)
+
+    def _on_change(self, _change: dict[str, Any]) -> None:
+        self._debouncer.trigger(self._next_request())
+
+    def _is_current(self, request: PanelRequest) -> bool:
+        return request.request_id == self._latest
+
+    def _run(self, request: PanelRequest) -> None:
+        # One run at a time: two runs would put their hooks on the same model together.
+        with self._run_lock:
+            if not self._is_current(request):
+                self.history.append((request.request_id, "skipped"))
+                return
+            start = time.perf_counter()
+            self._status(f"running request {request.request_id} …")
+            try:
+                outcome = self._generate(request)
+            except Exception as error:  # anything: show it in the panel, keep the panel alive
+                outcome = "error"
+                if self._is_current(request):
+                    self._show_error(error)
+            self.history.append((request.request_id, outcome))
+            self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
+            if outcome == "rendered":
+                self._status(f"request {request.request_id}: {time.perf_counter() - start:.2f} s")
+
+    def _generate(self, request: PanelRequest) -> str:
+        steer = pair_steer(request, self.vectors)
+        generation = None
+        for step, (texts, final) in enumerate(
+            stream_pair(self.lm, request, steer, lambda: self._is_current(request))
+        ):
+            if step == 0:
+                self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
+            self._show_texts(request.prompt, texts)
+            generation = final
+        if generation is None:
+            return "cancelled"
+        baseline, steered = norm_caches(self.lm, request, steer)
+        if not self._is_current(request):
+            return "cancelled"
+        self._update_figure(residual_norms(baseline, steered=steered))
+        self.baseline_text, self.steered_text = generation.text
+        self.generation, self.rendered, self.error = generation, request, None
+        self.error_box.value = ""
+        self.steered_title.value = f"steered · {request.site} · α = {request.alpha:g}"
+        self.render_count += 1
+        return "rendered"
+
+    # --- view ---------------------------------------------------------------------------
+
+    def _build_view(self, export_stem: str) -> None:
+        self.baseline_pane = _pane("steerlab-baseline")
+        self.steered_pane = _pane("steerlab-steered")
+        self.baseline_title = widgets.HTML("<b>baseline</b> · α = 0")
+        self.steered_title = widgets.HTML("<b>steered</b>")
+        self.error_box = widgets.HTML("")
+        self.error_box.add_class("steerlab-error")
+        self.hooks_label = widgets.Label(f"steerlab hooks on model: {self.lm.hook_count()}")
+        self.hooks_label.add_class("steerlab-hooks")
+        self.status_label = widgets.Label("")
+        self.figure = go.FigureWidget(layout={"height": 360, "margin": {"t": 40, "b": 40}})
+        half = widgets.Layout(width="50%")
+        panes = widgets.HBox(
+            [
+                widgets.VBox([self.baseline_title, self.baseline_pane], layout=half),
+                widgets.VBox([self.steered_title, self.steered_pane], layout=half),
+            ]
+        )
+        exports = widgets.HBox(
+            [
+                export_button(self.figure, f"{export_stem}_norms"),
+                completions_button(self.record, f"{export_stem}_completions"),
+            ]
+        )
+        self.widget = widgets.VBox(
+            [
+                self.controls.box(),
+                self.error_box,
+                panes,
+                self.figure,
+                exports,
+                widgets.HBox([self.hooks_label, self.status_label]),
+            ]
+        )
+        self.widget.add_class("steerlab-panel")
+
+    def _show_texts(self, prompt: str, texts: list[str]) -> None:
+        for pane, text in zip((self.baseline_pane, self.steered_pane), texts):
+            pane.value = (
+                f"<div style='white-space:pre-wrap;font-family:monospace'>"
+                f"<span style='color:#888'>{html.escape(prompt)}</span>{html.escape(text)}</div>"
+            )
+
+    def _show_error(self, error: BaseException) -> None:
+        self.error = f"{type(error).__name__}: {error}"
+        self.error_box.value = (
+            f"<div style='color:#b00020;white-space:pre-wrap'>⚠ {html.escape(self.error)}</div>"
+        )
+        self._status("error")
+
+    def _status(self, text: str) -> None:
+        self.status_label.value = text
+
+    def _update_figure(self, fresh: go.Figure) -> None:
+        """Update the traces in place (same shapes) or replace them (first run, new kinds)."""
+        with self.figure.batch_update():
+            if len(self.figure.data) == len(fresh.data):
+                for trace, new in zip(self.figure.data, fresh.data):
+                    values = new.to_plotly_json()
+                    values.pop("type", None)
+                    trace.update(values, overwrite=True)
+            else:
+                self.figure.data = ()
+                self.figure.add_traces(list(fresh.data))
+            layout = fresh.layout.to_plotly_json()
+            layout.pop("template", None)
+            self.figure.layout.update(layout)
+
+    # --- display ------------------------------------------------------------------------
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        data["text/plain"] = repr(self)
+        return data
+
+    def __repr__(self) -> str:
+        r = self.rendered
+        where = f"{r.site}, alpha={r.alpha:g}" if r else "nothing rendered"
+        return (
+            f"SteeringPanel({self.lm.name or type(self.lm.model).__name__}, "
+            f"vectors={list(self.vectors)}, {where}, renders={self.render_count})"
+        )
+
+
+def _pane(css_class: str) -> widgets.HTML:
+    pane = widgets.HTML("", layout=widgets.Layout(border="1px solid #ddd", padding="4px"))
+    pane.add_class("steerlab-pane")
+    pane.add_class(css_class)
+    return pane
+
+
+def _default_layer(lm: SteerableModel, vectors: dict[str, VectorLike], layer: int | None) -> int:
+    if layer is not None:
+        if not 0 <= layer < lm.n_layers:
+            raise ValueError(f"layer {layer} is out of range: this model has 0..{lm.n_layers - 1}.")
+        return layer
+    first = next(iter(vectors.values()))
+    if (
+        isinstance(first, SteeringVector)
+        and (found := Site.parse(first.sites[0]).layer) is not None
+    ):
+        return found
+    return lm.n_layers // 2
