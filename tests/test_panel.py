@@ -1,0 +1,188 @@
+"""The live steering panel, driven through its Python state on a tiny random GPT-2."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+import steerlab as sl
+from steerlab.plots import mean_norms
+from steerlab.widgets import Debouncer, SteeringPanel
+from tests.conftest import load_tiny
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture
+def lm(tiny_dirs) -> sl.SteerableModel:
+    return load_tiny(tiny_dirs, "gpt2", "hf")
+
+
+@pytest.fixture
+def vec() -> torch.Tensor:
+    return 4 * torch.randn(64, generator=torch.Generator().manual_seed(3))
+
+
+def make_panel(lm, vectors, **kw) -> SteeringPanel:
+    kw = {"prompt": PROMPT, "layer": 1, "max_new_tokens": 8, "debounce": 0, **kw}
+    return SteeringPanel(lm, vectors, **kw)
+
+
+def test_slider_change_updates_panes_and_figure(lm, vec):
+    panel = make_panel(lm, {"v": vec}, alpha=0.0)
+    assert panel.render_count == 1 and panel.baseline_text == panel.steered_text
+    baseline_before = panel.baseline_text
+
+    panel.controls.alpha.value = 6.0
+
+    site = "blocks.1.hook_resid_pre"
+    expected = lm.generate(PROMPT, sl.Steer(site, vec, alpha=[0.0, 6.0]), max_new_tokens=8)
+    assert panel.render_count == 2 and panel.rendered_alpha == 6.0
+    assert [panel.baseline_text, panel.steered_text] == expected.text
+    assert panel.baseline_text == baseline_before  # the baseline row is not steered
+    assert panel.steered_text != panel.baseline_text
+    assert lm.generate(PROMPT, max_new_tokens=8).text[0] == panel.baseline_text
+    assert expected.text[1].replace("<", "&lt;") in panel.steered_pane.value
+    # The figure's steered lines are the norms of a steered pass over the prompt.
+    resid = [s for s in lm.sites() if ".hook_resid_" in s]
+    steered = lm.run_with_cache(PROMPT, resid, steer=sl.Steer(site, vec, alpha=6.0))
+    traces = {t.name: t for t in panel.figure.data}
+    _, norms = mean_norms(steered, "resid_post")
+    assert list(traces["resid_post (steered)"].y) == pytest.approx(norms)
+    _, base = mean_norms(lm.run_with_cache(PROMPT, resid), "resid_post")
+    assert list(traces["resid_post"].y) == pytest.approx(base)
+    assert list(traces["resid_post"].y) != pytest.approx(norms)
+    first_trace = panel.figure.data[0]
+    panel.controls.layer.value = 2
+    assert panel.figure.data[0] is first_trace  # updated in place, not rebuilt
+    assert panel.rendered.site == "blocks.2.hook_resid_pre"
+
+
+def test_hundred_rapid_changes_render_only_the_last(lm, vec):
+    panel = make_panel(lm, {"v": vec}, debounce=0.05)
+    renders, last_id = panel.render_count, panel._latest
+    for i in range(100):
+        panel.controls.alpha.value = round(-10 + i * 0.2, 1)
+    assert panel.wait(timeout=30)
+    assert panel.render_count == renders + 1
+    assert panel.rendered_alpha == pytest.approx(-10 + 99 * 0.2)
+    assert panel.rendered.request_id == last_id + 100
+    rendered = [rid for rid, outcome in panel.history if outcome == "rendered"]
+    assert rendered[-1] == last_id + 100 and len(rendered) == 2
+    assert lm.hook_count() == 0
+
+
+class SlowModel:
+    """The model, with a pause after every streamed token and a log of tokens per stream."""
+
+    def __init__(self, lm: sl.SteerableModel) -> None:
+        self._lm = lm
+        self.steps: list[int] = []
+        self.first_token = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._lm, name)
+
+    def stream(self, *args, **kwargs):
+        self.steps.append(0)
+        for step in self._lm.stream(*args, **kwargs):
+            self.steps[-1] += 1
+            self.first_token.set()
+            time.sleep(0.02)
+            yield step
+
+
+def test_stale_run_stops_and_is_not_rendered(lm, vec):
+    slow = SlowModel(lm)
+    panel = make_panel(slow, {"v": vec}, debounce=0.01, max_new_tokens=60)
+    slow.first_token.clear()
+    panel.controls.max_new_tokens.value = 100  # still 60+ tokens: cancelled halfway
+    assert slow.first_token.wait(timeout=10)
+    stale_id = panel._latest
+    panel.controls.alpha.value = -3.0
+    assert panel.wait(timeout=30)
+    outcomes = dict(panel.history)
+    assert outcomes[stale_id] == "cancelled" and outcomes[stale_id + 1] == "rendered"
+    assert slow.steps[1] < 100  # the stale stream stopped early
+    assert panel.rendered_alpha == -3.0 and panel.rendered.max_new_tokens == 100
+    assert lm.hook_count() == 0
+    assert panel.hooks_label.value.endswith(": 0")
+
+
+def test_errors_show_in_the_panel_and_the_next_change_works(lm, vec, monkeypatch):
+    two_sites = sl.SteeringVector({"blocks.0.hook_resid_pre": vec, "blocks.2.hook_resid_pre": vec})
+    panel = make_panel(lm, {"v": vec, "short": torch.randn(7), "two": two_sites})
+    good_text = panel.steered_text
+
+    panel.controls.vector.value = "short"  # wrong d_model
+    assert "d_model=64" in panel.error and "d_model=64" in panel.error_box.value
+    assert panel.steered_text == good_text and lm.hook_count() == 0
+
+    panel.controls.vector.value = "two"  # no direction at layer 1
+    assert "no direction at blocks.1.hook_resid_pre" in panel.error
+
+    panel.controls.layer.value = 2  # a site it has: works, and the error is cleared
+    assert panel.error is None and panel.error_box.value == ""
+    assert panel.rendered.vector == "two"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom in the callback")
+
+    monkeypatch.setattr(lm, "stream", broken)
+    panel.controls.alpha.value = 5.0
+    assert panel.error == "RuntimeError: boom in the callback"
+    assert "boom in the callback" in panel.error_box.value
+    monkeypatch.undo()
+    panel.controls.alpha.value = 5.5
+    assert panel.error is None and panel.rendered_alpha == 5.5
+    assert [o for _, o in panel.history].count("error") == 3
+
+
+def test_hook_count_is_zero_when_idle(lm, vec):
+    panel = make_panel(lm, {"v": vec})
+    assert lm.hook_count() == 0
+    assert panel.hooks_label.value == "steerlab hooks on model: 0"
+
+
+def test_steering_vector_and_sampling_controls(lm, vec):
+    sv = sl.SteeringVector({"blocks.2.hook_resid_pre": vec})
+    panel = make_panel(lm, {"sv": sv}, layer=None)
+    assert panel.controls.layer.value == 2  # taken from the vector
+    panel.controls.temperature.value = 1.0
+    panel.controls.seed.value = 7
+    expected = lm.generate(
+        PROMPT, sv.steers(alpha=[0.0, 4.0]), max_new_tokens=8, temperature=1.0, seed=7
+    )
+    assert [panel.baseline_text, panel.steered_text] == expected.text
+
+
+def test_export_completions_and_display(lm, vec, tmp_path):
+    panel = make_panel(lm, {"v": vec}, export_stem=str(tmp_path / "run"))
+    record = panel.record()
+    assert record["steered"] == panel.steered_text and record["site"] == "blocks.1.hook_resid_pre"
+    fmt, button, status = panel.widget.children[-2].children[1].children
+    for suffix in ("json", "txt"):
+        fmt.value = suffix
+        button.click()
+        assert status.value.startswith("saved")
+    assert json.loads((tmp_path / "run_completions.json").read_text()) == record
+    assert panel.steered_text in (tmp_path / "run_completions.txt").read_text()
+    bundle = panel._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == repr(panel) and "renders=1" in repr(panel)
+    assert sl.SteeringPanel is SteeringPanel
+
+
+def test_debouncer_calls_once_after_a_burst():
+    calls: list[int] = []
+    debouncer = Debouncer(calls.append, delay=0.05)
+    for i in range(20):
+        debouncer.trigger(i)
+    assert debouncer.join(timeout=5)
+    assert calls == [19]
+    with pytest.raises(ValueError):
+        Debouncer(calls.append, delay=-1)
