@@ -83,6 +83,7 @@ class SlowModel:
         self._lm = lm
         self.steps: list[int] = []
         self.first_token = threading.Event()
+        self.pause = 0.0
 
     def __getattr__(self, name):
         return getattr(self._lm, name)
@@ -92,7 +93,7 @@ class SlowModel:
         for step in self._lm.stream(*args, **kwargs):
             self.steps[-1] += 1
             self.first_token.set()
-            time.sleep(0.02)
+            time.sleep(self.pause)
             yield step
 
 
@@ -100,9 +101,11 @@ def test_stale_run_stops_and_is_not_rendered(lm, vec):
     slow = SlowModel(lm)
     panel = make_panel(slow, {"v": vec}, debounce=0.01, max_new_tokens=60)
     slow.first_token.clear()
-    panel.controls.max_new_tokens.value = 100  # still 60+ tokens: cancelled halfway
+    slow.pause = 0.02
+    panel.controls.max_new_tokens.value = 100  # about 2 s of tokens: cancelled halfway
     assert slow.first_token.wait(timeout=10)
     stale_id = panel._latest
+    slow.pause = 0.0
     panel.controls.alpha.value = -3.0
     assert panel.wait(timeout=30)
     outcomes = dict(panel.history)
