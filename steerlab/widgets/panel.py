@@ -188,6 +188,7 @@ class SteeringPanel:
         self.steered_pane = _pane("steerlab-steered")
         self.baseline_title = widgets.HTML("<b>baseline</b> · α = 0")
         self.steered_title = widgets.HTML("<b>steered</b>")
+        self.steered_title.add_class("steerlab-steered-title")
         self.error_box = widgets.HTML("")
         self.error_box.add_class("steerlab-error")
         self.hooks_label = widgets.Label(f"steerlab hooks on model: {self.lm.hook_count()}")

@@ -1,0 +1,61 @@
+"""Execute notebooks in place and keep their outputs, so nbval has references to compare.
+
+    .venv/bin/python scripts/build_notebooks.py                 # tutorials/ and notebooks/
+    .venv/bin/python scripts/build_notebooks.py tutorials/01_first_steering.ipynb
+
+Each notebook runs in a fresh kernel with its own folder as the working directory, offline
+(``HF_HUB_OFFLINE=1``, as under ``make test``). Afterwards ``metadata.widgets`` is deleted:
+nbclient stores the state of every widget there, plotly.js included (about 5 MB a notebook),
+and nothing reads it back. Cell timing metadata is not recorded, so a rebuild of an unchanged
+notebook changes only what really changed (widget ids, plotly uids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = sorted([*REPO.glob("tutorials/*.ipynb"), *REPO.glob("notebooks/*.ipynb")])
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def build(path: Path, timeout: int) -> float:
+    """Run every cell of ``path`` and write it back with outputs; returns seconds taken."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,
+    )
+    start = time.perf_counter()
+    client.execute()
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, path)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, default=DEFAULT)
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    args = parser.parse_args(argv)
+    for name, value in OFFLINE.items():
+        os.environ.setdefault(name, value)  # kernels inherit this environment
+    for path in args.notebooks:
+        seconds = build(path.resolve(), args.timeout)
+        size = path.stat().st_size / 1024
+        print(f"{path}: {seconds:.1f} s, {size:.0f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
