@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -43,6 +44,8 @@ def test_is_immutable_and_owns_its_tensors(vec):
         vec.scale = 2.0
     with pytest.raises(TypeError):
         vec.directions[S1] = torch.zeros(64)
+    clone = copy.deepcopy(vec * 2)
+    assert clone.scale == 2.0 and torch.equal(clone.directions[S1], vec.directions[S1])
 
 
 def test_scalar_algebra_only_moves_the_scale(vec):

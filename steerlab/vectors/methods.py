@@ -16,7 +16,8 @@ import torch
 
 
 class Method(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def check(self, n_positive: int, n_negative: int) -> None: ...
 

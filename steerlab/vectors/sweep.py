@@ -51,7 +51,7 @@ class SweepResult:
 
     records: list[dict[str, Any]]
     baseline: dict[str, float] = field(default_factory=dict)
-    completions: dict[tuple[str, float], list[str]] = field(default_factory=dict, repr=False)
+    completions: dict[tuple[Any, ...], list[str]] = field(default_factory=dict, repr=False)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.records)
@@ -186,23 +186,26 @@ def sweep(
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("alphas is empty.")
-    named = isinstance(vector, Mapping)
-    vectors = dict(vector) if named else {"": vector}
+    named = not isinstance(vector, SteeringVector)
+    vectors = {"": vector} if isinstance(vector, SteeringVector) else dict(vector)
     if not vectors:
         raise ValueError("No vectors to sweep.")
     cells = [(name, v, site) for name, v in vectors.items() for site in _targets(v, layers, sites)]
     scorer = score or (lambda _text: math.nan)
-    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, chat=chat)
+    options: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, chat=chat
+    )
 
     base = lm.generate(prompts, **options)
     baseline = {
         "score": _mean([scorer(t) for t in base.text]),
         "perplexity": pooled_perplexity(completion_nll(lm, base.prompt_tokens, base.tokens)),
     }
-    records, completions = [], {}
+    records: list[dict[str, Any]] = []
+    completions: dict[tuple[Any, ...], list[str]] = {}
     for name, v, site in tqdm(cells, desc="sweep", disable=not progress, leave=False):
         for record, texts in _sweep_site(lm, v.at(site), prompts, alphas, options, scorer):
-            key = (site, record["alpha"])
+            key: tuple[Any, ...] = (site, record["alpha"])
             if named:
                 record, key = {"vector": name, **record}, (name, *key)
             records.append(record)

@@ -83,6 +83,9 @@ class SteeringVector:
         object.__setattr__(self, "directions", MappingProxyType(ordered))
         object.__setattr__(self, "scale", float(self.scale))
 
+    def __reduce__(self):  # a mappingproxy cannot be copied or pickled; rebuild from a dict
+        return (type(self), (dict(self.directions), self.scale, self.provenance))
+
     # --- reading ------------------------------------------------------------------------
 
     @property
