@@ -119,6 +119,7 @@ def test_named_vectors_sweep_side_by_side(lm, vec):
         ("minus_v", 1.0),
     ]
     cells = {(r["vector"], r["alpha"]): r for r in table}
+    assert "minus_v" in repr(table) and "<th>vector</th>" in table._repr_html_()
     site = SITES[1]
     # -v at alpha 1 is v at alpha -1: the same steer, so the same completions and metrics.
     assert table.completions["minus_v", site, 1.0] == table.completions["v", site, -1.0]

@@ -85,23 +85,17 @@ class SweepResult:
             )
         return dict(max(good, key=lambda r: (r["score"], -abs(r["alpha"]))))
 
+    def _columns(self) -> list[str]:
+        named = bool(self.records) and "vector" in self.records[0]
+        return (["vector"] if named else []) + ["site", "alpha", "score", "perplexity", "kl", "n"]
+
     def _cells(self) -> list[list[str]]:
-        return [
-            [
-                r["site"],
-                f"{r['alpha']:g}",
-                f"{r['score']:.3f}",
-                f"{r['perplexity']:.3f}",
-                f"{r['kl']:.4f}",
-                str(r["n"]),
-            ]  # fmt: skip
-            for r in self.records
-        ]
+        formats = {"alpha": "{:g}", "score": "{:.3f}", "perplexity": "{:.3f}", "kl": "{:.4f}"}
+        return [[formats.get(c, "{}").format(r[c]) for c in self._columns()] for r in self.records]
 
     def __repr__(self) -> str:
-        head = ["site", "alpha", "score", "perplexity", "kl", "n"]
-        rows = [head, *self._cells()]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+        rows = [self._columns(), *self._cells()]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = [f"SweepResult({len(self)} cells; baseline {self._baseline_text()})"]
         lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
         return "\n".join(lines)
@@ -110,7 +104,7 @@ class SweepResult:
         return ", ".join(f"{k}={v:.3g}" for k, v in self.baseline.items())
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("site", "alpha", "score", "perplexity", "kl", "n"))
+        head = "".join(f"<th>{h}</th>" for h in self._columns())
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
             for row in self._cells()
