@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load_tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import steerlab as sl
@@ -14,6 +13,12 @@ from steerlab.vectors.extract import data_sha256
 POSITIVE = ["I am so happy", "Joy!", "What a lovely, bright day it is"]
 NEGATIVE = ["I am so sad", "Pain!!", "What a gloomy day"]
 SITES = ["blocks.1.hook_resid_pre", "blocks.2.hook_resid_pre"]
+
+
+@pytest.fixture(scope="module")
+def hf_lm(tiny_dirs) -> sl.SteerableModel:
+    """The tiny GPT-2 on the plain HF backend, loaded once for this module."""
+    return sl.load(tiny_dirs["gpt2"], backend="hf")
 
 
 def _resid_pre(model, tokenizer, text: str, layer: int) -> torch.Tensor:
@@ -48,8 +53,7 @@ def by_hand(reference) -> dict[int, tuple[list[torch.Tensor], list[torch.Tensor]
     }  # fmt: skip
 
 
-def test_mean_diff_equals_hand_computation(tiny_dirs, by_hand, backend):
-    lm = load_tiny(tiny_dirs, "gpt2", backend)
+def test_mean_diff_equals_hand_computation(lm, by_hand, backend):
     vec = extract(lm, POSITIVE, NEGATIVE, SITES, batch_size=2, progress=False)
     for site, layer in zip(SITES, (1, 2)):
         pos, neg = by_hand[layer]
@@ -67,8 +71,8 @@ def test_mean_diff_equals_hand_computation(tiny_dirs, by_hand, backend):
     assert lm.hook_count() == 0
 
 
-def test_token_mean_and_batching(tiny_dirs, by_hand):
-    lm = load_tiny(tiny_dirs, "gpt2", "hf")
+def test_token_mean_and_batching(hf_lm, by_hand):
+    lm = hf_lm
     vec = extract(lm, POSITIVE, NEGATIVE, SITES[:1], token="mean", progress=False)
     # BOS is left out of the mean: the same token in every prompt carries no contrast.
     pos, neg = (torch.stack([a[1:].mean(0) for a in side]) for side in by_hand[1])
@@ -79,8 +83,8 @@ def test_token_mean_and_batching(tiny_dirs, by_hand):
         torch.testing.assert_close(one_by_one[site], all_at_once[site], atol=1e-5, rtol=1e-4)
 
 
-def test_chat_template_is_applied(tiny_dirs):
-    lm = load_tiny(tiny_dirs, "gpt2", "hf")
+def test_chat_template_is_applied(hf_lm, tiny_dirs):
+    lm = hf_lm
     tokenizer = AutoTokenizer.from_pretrained(tiny_dirs["gpt2"])
     tokenizer.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
     chat_lm = sl.SteerableModel(lm.backend, tokenizer)
@@ -125,8 +129,8 @@ def test_single_pair_and_probe():
     assert float(unit @ axis) > 0.5
 
 
-def test_methods_on_a_model_are_scaled_to_the_mean_difference(tiny_dirs):
-    lm = load_tiny(tiny_dirs, "gpt2", "hf")
+def test_methods_on_a_model_are_scaled_to_the_mean_difference(hf_lm):
+    lm = hf_lm
     ref = extract(lm, POSITIVE, NEGATIVE, SITES, progress=False)
     for method in (pca_diff, probe):
         vec = extract(lm, POSITIVE, NEGATIVE, SITES, method, progress=False)
@@ -155,8 +159,8 @@ def test_methods_on_a_model_are_scaled_to_the_mean_difference(tiny_dirs):
         (dict(method="mean_diff"), TypeError, "Method"),
     ],
 )
-def test_bad_arguments_fail_before_any_forward(tiny_dirs, monkeypatch, kwargs, error, match):
-    lm = load_tiny(tiny_dirs, "gpt2", "hf")
+def test_bad_arguments_fail_before_any_forward(hf_lm, monkeypatch, kwargs, error, match):
+    lm = hf_lm
 
     def no_forward(*args, **kw):
         raise AssertionError("a forward pass ran before validation finished")

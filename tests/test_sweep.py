@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from conftest import load_tiny
 from transformers import AutoModelForCausalLM
 
 import steerlab as sl
@@ -23,8 +22,9 @@ def letters(text: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def lm(tiny_dirs):
-    return load_tiny(tiny_dirs, "gpt2", "hf")
+def lm(tiny_dirs) -> sl.SteerableModel:
+    """The tiny GPT-2 on the plain HF backend (this module's own, so patching it is local)."""
+    return sl.load(tiny_dirs["gpt2"], backend="hf")
 
 
 @pytest.fixture(scope="module")

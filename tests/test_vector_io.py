@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_tiny
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -22,9 +21,14 @@ SITES = ["blocks.0.hook_resid_post", "blocks.2.hook_resid_pre"]
 
 
 @pytest.fixture(scope="module")
-def vec(tiny_dirs) -> SteeringVector:
-    lm = load_tiny(tiny_dirs, "gpt2", "hf")
-    return extract(lm, ["good day", "joy"], ["bad day", "pain"], SITES, progress=False) * 2.5
+def hf_lm(tiny_dirs) -> sl.SteerableModel:
+    """The tiny GPT-2 on the plain HF backend, loaded once for this module."""
+    return sl.load(tiny_dirs["gpt2"], backend="hf")
+
+
+@pytest.fixture(scope="module")
+def vec(hf_lm) -> SteeringVector:
+    return extract(hf_lm, ["good day", "joy"], ["bad day", "pain"], SITES, progress=False) * 2.5
 
 
 def _file_metadata(path: Path) -> dict[str, str]:
@@ -32,9 +36,9 @@ def _file_metadata(path: Path) -> dict[str, str]:
         return f.metadata()
 
 
-def test_round_trip_is_bit_identical(vec, tmp_path, tiny_dirs):
+def test_round_trip_is_bit_identical(vec, tmp_path, hf_lm):
     path = vec.save(tmp_path / "happy.safetensors")
-    back = SteeringVector.load(path, model=load_tiny(tiny_dirs, "gpt2", "hf"))
+    back = SteeringVector.load(path, model=hf_lm)
     assert back.sites == vec.sites
     for site in SITES:
         assert back.directions[site].dtype == vec.directions[site].dtype
@@ -69,12 +73,12 @@ def test_another_d_model_fails_clearly(vec, tmp_path):
         SteeringVector.load(vec.save(tmp_path / "v.safetensors"), model=small)
 
 
-def test_unknown_site_fails_clearly(tmp_path, tiny_dirs):
+def test_unknown_site_fails_clearly(tmp_path, hf_lm):
     far = SteeringVector({"blocks.7.hook_resid_pre": torch.ones(64)})
     with pytest.raises(
         VectorFileError, match="lacks: Layer 7 is out of range in .blocks.7.hook_resid_pre"
     ):
-        SteeringVector.load(far.save(tmp_path / "far.safetensors"), model=load_tiny(tiny_dirs, "gpt2", "hf"))  # fmt: skip
+        SteeringVector.load(far.save(tmp_path / "far.safetensors"), model=hf_lm)
 
 
 class _Payload:
