@@ -14,7 +14,8 @@ KERNEL_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",  # no fork warning from the tokenizers thread pool
-    "TQDM_DISABLE": "1",  # no progress bars in checked outputs
+    "TQDM_DISABLE": "1",  # no progress bars in checked outputs (tqdm reads TQDM_* defaults)
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
 for name, value in KERNEL_ENV.items():
-    os.environ.setdefault(name, value)
+    os.environ.setdefault(name, value)  # kernels started later inherit it

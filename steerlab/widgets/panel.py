@@ -194,7 +194,7 @@ class SteeringPanel:
         self.hooks_label = widgets.Label(f"steerlab hooks on model: {self.lm.hook_count()}")
         self.hooks_label.add_class("steerlab-hooks")
         self.status_label = widgets.Label("")
-        self.figure = go.FigureWidget(layout={"height": 360, "margin": {"t": 40, "b": 40}})
+        self.figure = go.FigureWidget(layout={"height": 440, "margin": {"t": 40, "b": 140}})
         half = widgets.Layout(width="50%")
         panes = widgets.HBox(
             [
