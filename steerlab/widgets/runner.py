@@ -97,7 +97,9 @@ def stream_pair(
             last = step
             yield step.text, None
     finally:
-        steps.close()
+        close = getattr(steps, "close", None)  # a generator: closing it takes its hooks off
+        if close is not None:
+            close()
     if last is not None:
         yield last.text, last.result()
 
