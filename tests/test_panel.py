@@ -12,14 +12,14 @@ import torch
 import steerlab as sl
 from steerlab.plots import mean_norms
 from steerlab.widgets import Debouncer, SteeringPanel
-from tests.conftest import load_tiny
 
 PROMPT = "The quick brown fox"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def lm(tiny_dirs) -> sl.SteerableModel:
-    return load_tiny(tiny_dirs, "gpt2", "hf")
+    """A tiny random GPT-2 (d_model 64, 3 layers) on the plain HF backend."""
+    return sl.load(tiny_dirs["gpt2"], backend="hf")
 
 
 @pytest.fixture
