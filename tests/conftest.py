@@ -9,11 +9,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import BACKENDS, load_tiny  # noqa: E402
 
 import steerlab as sl  # noqa: E402
 from steerlab.testing import save_tiny  # noqa: E402
-
-BACKENDS = ("hf", "hooked", "bridge")
 
 
 @pytest.fixture(scope="session")
@@ -23,19 +22,9 @@ def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     return {fam: str(save_tiny(root / fam, fam)) for fam in ("gpt2", "llama")}
 
 
-_cache: dict[tuple[str, str], sl.SteerableModel] = {}
-
-
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
     return request.param
-
-
-def load_tiny(tiny_dirs, family: str, backend: str) -> sl.SteerableModel:
-    key = (family, backend)
-    if key not in _cache:
-        _cache[key] = sl.load(tiny_dirs[family], backend=backend)
-    return _cache[key]
 
 
 @pytest.fixture
@@ -47,6 +36,3 @@ def lm(tiny_dirs, backend) -> sl.SteerableModel:
 @pytest.fixture
 def direction() -> torch.Tensor:
     return torch.randn(64, generator=torch.Generator().manual_seed(1))
-
-
-PROMPTS = ["Hi", "The quick brown fox", "A much longer prompt, with commas"]

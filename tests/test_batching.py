@@ -1,7 +1,7 @@
 """Batched generation equals one prompt at a time, under left padding and steering."""
 
 import pytest
-from conftest import PROMPTS
+from helpers import PROMPTS
 
 import steerlab as sl
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import PROMPTS
+from helpers import PROMPTS
 
 import steerlab as sl
 

@@ -1,7 +1,7 @@
 """No hook left behind: every exit path takes steerlab's hooks off, and only them."""
 
 import pytest
-from conftest import PROMPTS
+from helpers import PROMPTS
 
 import steerlab as sl
 

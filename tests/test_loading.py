@@ -1,10 +1,11 @@
 """Loading from local folders on every backend, device maps, and nothing that runs code."""
 
+import contextlib
 import json
 
 import pytest
 import torch
-from conftest import PROMPTS
+from helpers import PROMPTS
 
 import steerlab as sl
 from steerlab.testing import char_tokenizer, save_tiny, tiny_model
@@ -59,10 +60,8 @@ def test_remote_code_is_never_run_by_default(tmp_path):
     config["auto_map"] = {"AutoModelForCausalLM": "evil_model.Evil", "AutoConfig": "evil_model.C"}
     (folder / "config.json").write_text(json.dumps(config))
     for backend in ("hf", "hooked", "bridge"):
-        try:
+        with contextlib.suppress(Exception):  # refusing to load is fine; running code is not
             sl.load(folder, backend=backend)
-        except Exception:  # refusing to load is fine; running the code is not
-            pass
         assert not sentinel.exists(), backend
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import BACKENDS, PROMPTS, load_tiny
+from helpers import BACKENDS, PROMPTS, load_tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 

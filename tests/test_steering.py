@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import PROMPTS
+from helpers import PROMPTS
 
 import steerlab as sl
 

@@ -1,0 +1,18 @@
+"""Shared test constants and a cache of tiny models (imported by name, unlike conftest)."""
+
+from __future__ import annotations
+
+import steerlab as sl
+
+BACKENDS = ("hf", "hooked", "bridge")
+PROMPTS = ["Hi", "The quick brown fox", "A much longer prompt, with commas"]
+
+_loaded: dict[tuple[str, str], sl.SteerableModel] = {}
+
+
+def load_tiny(tiny_dirs: dict[str, str], family: str, backend: str) -> sl.SteerableModel:
+    """One model per (family, backend) for the whole session: loading is the slow part."""
+    key = (family, backend)
+    if key not in _loaded:
+        _loaded[key] = sl.load(tiny_dirs[family], backend=backend)
+    return _loaded[key]
