@@ -68,7 +68,7 @@ class SweepResult:
     def best(self, min_score: float | None = None, max_ppl_ratio: float = 2.0) -> dict[str, Any]:
         """The highest-scoring cell whose perplexity is within ``max_ppl_ratio`` x baseline.
 
-        Ties go to the smaller ``|alpha|``. Raises ``ValueError`` naming the closest
+        Ties go to the smaller ``|alpha|``, then the lower perplexity. Raises ``ValueError`` naming the closest
         miss when no cell qualifies.
         """
         limit = max_ppl_ratio * self.baseline["perplexity"]
@@ -83,7 +83,7 @@ class SweepResult:
                 f"No cell has perplexity <= {limit:.3g} ({max_ppl_ratio}x baseline)"
                 f"{'' if min_score is None else f' and score >= {min_score}'};{hint}."
             )
-        return dict(max(good, key=lambda r: (r["score"], -abs(r["alpha"]))))
+        return dict(max(good, key=lambda r: (r["score"], -abs(r["alpha"]), -r["perplexity"])))
 
     def _columns(self) -> list[str]:
         named = bool(self.records) and "vector" in self.records[0]
