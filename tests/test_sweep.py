@@ -149,6 +149,7 @@ def test_best_picks_the_top_fluent_cell():
             cell(2, 4, 0.85, 15),
             cell(2, 2, 0.85, 12),
             cell(2, 8, float("nan"), 11),
+            cell(3, 2, 0.85, 11),
         ],  # fmt: skip
         {"score": 0.5, "perplexity": 10.0},
     )
