@@ -4,12 +4,16 @@
 random GPT-2 of about the same size. Both sides compute the same metrics (score,
 perplexity under the unsteered model, first-token KL). Writes ``RESULTS_sweep.md``.
 
-    .venv/bin/python benchmarks/bench_sweep.py
+    .venv/bin/python benchmarks/bench_sweep.py [MODEL_FOLDER]
+
+A folder argument (an HF-format GPT-2, e.g. a fresh ``steerlab.toy.train`` output)
+replaces the toy asset.
 """
 
 from __future__ import annotations
 
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -40,15 +44,17 @@ NEGATIVE = ["Mia was sad and cried.", "It was a grim, rotten day."]
 MAX_NEW_TOKENS = 24
 
 
-def model() -> tuple[sl.SteerableModel, str]:
+def model(folder: str | None = None) -> tuple[sl.SteerableModel, str]:
     from steerlab.toy import asset_path
 
+    if folder is not None:
+        return sl.load(folder, backend="hf"), folder
     if (asset_path("steerlab-tiny") / "config.json").exists():
         return sl.load("steerlab-tiny", backend="hf"), "steerlab-tiny"
     from steerlab.testing import char_tokenizer, tiny_model
 
-    random_gpt2 = tiny_model("gpt2", n_layers=5, d_model=128, n_ctx=256)
-    return sl.wrap(random_gpt2, char_tokenizer()), "random GPT-2 (5 layers, d_model 128)"
+    random_gpt2 = tiny_model("gpt2", n_layers=4, d_model=128, n_ctx=256)
+    return sl.wrap(random_gpt2, char_tokenizer()), "random GPT-2 (4 layers, d_model 128)"
 
 
 def score(text: str) -> float:
@@ -87,10 +93,13 @@ def naive(lm, vec, layers) -> list[dict]:
 
 
 def main() -> None:
+    # One thread: on a shared, busy CPU, torch's two-thread kernels stall waiting for a
+    # descheduled partner (batched ops measured 30x slower), which would time the machine.
+    torch.set_num_threads(1)
     torch.manual_seed(0)
-    lm, which = model()
+    lm, which = model(sys.argv[1] if len(sys.argv) > 1 else None)
     print(f"model: {which}")
-    layers = list(range(1, 5))
+    layers = list(range(4))  # every layer of a 4-layer model
     sites = [f"blocks.{i}.hook_resid_pre" for i in layers]
     vec = extract(lm, POSITIVE, NEGATIVE, sites, progress=False).relative() / 4
 
