@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from collections import deque
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ from steerlab.generation.prompts import (
     token_positions,
 )
 from steerlab.generation.result import Generation, Step
-from steerlab.hooks import count_hooks, scoped_hooks
+from steerlab.hooks import HookSet, count_hooks, scoped_hooks
 from steerlab.intervene import Recorder, TokenLayout, attach_steer, check_steers, expand_rows
 from steerlab.interventions import Steer
 from steerlab.sites import Site, resolve
@@ -44,14 +45,23 @@ def _steers(steer: SteerArg) -> list[Steer]:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """A checked generation request: rows, steers with their per-row alphas, config."""
+class _Rows:
+    """Checked prompts laid out as rows (prompt x alpha, prompt-major), with their steers."""
 
+    prompts: list[Prompt]
     batch: Batch
-    steers: list[tuple[Site, Steer, torch.Tensor]]
+    steers: list[tuple[Site, Steer, torch.Tensor]]  # each with its alpha on every row
+    prompt_index: list[int]
+    alphas: list[tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A checked generation request: rows, the config, and what to collect."""
+
+    rows: _Rows
     builder: _Builder
     config: DecodeConfig
-    uniform_rows: torch.Tensor  # [batch]: rows of one prompt share random numbers
 
 
 class SteerableModel:
@@ -139,6 +149,31 @@ class SteerableModel:
         )  # fmt: skip
         return self._run(self._plan(prompts, steer, config, chat, capture))
 
+    def _rows(
+        self, prompts: Prompt | Sequence[Prompt], steer: SteerArg, chat: bool, new_tokens: int
+    ) -> _Rows:
+        """Check prompts and steers and lay out the rows; nothing touches the model."""
+        prompts = normalise(prompts)
+        steers = _steers(steer)
+        sites = check_steers(self.backend, steers)
+        prompt_index, alphas = expand_rows(len(prompts), steers)
+        encoded = self._encode(prompts, chat)
+        self._check_length(encoded, new_tokens)
+        batch = Batch.left_pad([encoded[p] for p in prompt_index], self.pad_id)
+        attached = [
+            (site, steer, torch.tensor([a[i] for a in alphas]))
+            for i, (site, steer) in enumerate(zip(sites, steers))
+        ]
+        return _Rows(prompts, batch, attached, prompt_index, alphas)
+
+    @contextmanager
+    def _steering(self, rows: _Rows, layout: TokenLayout) -> Iterator[HookSet]:
+        """Steers attached for the length of the block, no autograd; hooks always come off."""
+        with scoped_hooks() as hooks, torch.inference_mode():
+            for site, steer, row_alphas in rows.steers:
+                attach_steer(self.backend, site, steer, row_alphas, layout, hooks)
+            yield hooks
+
     def _plan(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -147,37 +182,24 @@ class SteerableModel:
         chat: bool,
         capture: Sequence[str],
     ) -> _Plan:
-        """Check everything and lay out the rows; nothing touches the model yet."""
         if capture and not config.use_cache:
             raise ValueError("capture needs use_cache=True.")
-        prompts = normalise(prompts)
-        steers = _steers(steer)
-        sites = check_steers(self.backend, steers)
         captured = [resolve(name, self._sites) for name in capture]
-        prompt_index, alphas = expand_rows(len(prompts), steers)
-        encoded = self._encode(prompts, chat)
-        self._check_length(encoded, config.max_new_tokens)
-        batch = Batch.left_pad([encoded[p] for p in prompt_index], self.pad_id)
-        meta = {"prompt_index": prompt_index, "alphas": alphas, "prompts": prompts}
-        builder = _Builder(self.tokenizer, batch, meta, list(config.stop))
+        rows = self._rows(prompts, steer, chat, config.max_new_tokens)
+        meta = {"prompt_index": rows.prompt_index, "alphas": rows.alphas, "prompts": rows.prompts}
+        builder = _Builder(self.tokenizer, rows.batch, meta, list(config.stop))
         if captured:
             builder.recorder = Recorder(captured)
-        attached = [
-            (site, steer, torch.tensor([a[i] for a in alphas]))
-            for i, (site, steer) in enumerate(zip(sites, steers))
-        ]
-        return _Plan(batch, attached, builder, config, torch.tensor(prompt_index))
+        return _Plan(rows, builder, config)
 
     def _run(self, plan: _Plan) -> Iterator[Step]:
-        layout = TokenLayout(plan.batch.prompt_lengths)
-        with scoped_hooks() as hooks, torch.inference_mode():
-            for site, steer, row_alphas in plan.steers:
-                attach_steer(self.backend, site, steer, row_alphas, layout, hooks)
+        layout = TokenLayout(plan.rows.batch.prompt_lengths)
+        with self._steering(plan.rows, layout) as hooks:
             if plan.builder.recorder is not None:
                 plan.builder.recorder.attach(self.backend, hooks)
             yield from decode(
-                self.backend, plan.batch, layout, plan.builder, plan.config,
-                uniform_rows=plan.uniform_rows,
+                self.backend, plan.rows.batch, layout, plan.builder, plan.config,
+                uniform_rows=torch.tensor(plan.rows.prompt_index),  # one prompt, one stream
                 eos_ids={self.tokenizer.eos_token_id} - {None},
                 pad_id=self.pad_id,
             )  # fmt: skip
@@ -224,6 +246,35 @@ class SteerableModel:
         (last,) = deque(steps, maxlen=1)  # max_new_tokens >= 1: there is a last step
         return last.result()
 
+    def _forward(self, rows: _Rows, recorder: Recorder | None, last_only: bool) -> torch.Tensor:
+        layout = TokenLayout(rows.batch.prompt_lengths)
+        layout.update(token_positions(rows.batch.attention_mask))
+        device = self.backend.input_device
+        with self._steering(rows, layout) as hooks:
+            if recorder is not None:
+                recorder.attach(self.backend, hooks)
+            return self.backend.forward(
+                rows.batch.input_ids.to(device), rows.batch.attention_mask.to(device), None,
+                last_only=last_only,
+            )  # fmt: skip
+
+    def logits(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        steer: SteerArg = None,
+        *,
+        chat: bool = False,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits of one forward pass, one row per prompt x alpha, left-padded.
+
+        Returns ``[rows, pos, vocab]`` (``[rows, 1, vocab]`` with ``last_only``), in the
+        row order of ``generate``.
+
+        >>> lm.logits(["Once"], steer, last_only=True)[:, -1].softmax(-1)  # doctest: +SKIP
+        """
+        return self._forward(self._rows(prompts, steer, chat, 0), None, last_only)
+
     def run_with_cache(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -237,30 +288,15 @@ class SteerableModel:
         Args:
             prompts: strings (or message lists with ``chat=True``).
             sites: canonical site names; all of ``lm.sites()`` when None.
-            steer: optional steering during the pass (one alpha per steer).
+            steer: optional steering during the pass; an alpha list gives one row per alpha.
             chat: apply the chat template.
 
         >>> acts = lm.run_with_cache(["Hello"], sites=["blocks.0.hook_resid_post"])  # doctest: +SKIP
         """
-        prompts = normalise(prompts)
-        steers = _steers(steer)
-        steer_sites = check_steers(self.backend, steers)
-        if any(len(s.alpha) > 1 for s in steers):
-            raise ValueError("run_with_cache takes one alpha per steer.")
-        wanted = [resolve(name, self._sites) for name in (sites or self._sites)]
-        encoded = self._encode(prompts, chat)
-        self._check_length(encoded, 0)
-        batch = Batch.left_pad(encoded, self.pad_id)
-        layout = TokenLayout(batch.prompt_lengths)
-        layout.update(token_positions(batch.attention_mask))
-        recorder = Recorder(wanted)
-        device = self.backend.input_device
-        with scoped_hooks() as hooks, torch.inference_mode():
-            for site, steer in zip(steer_sites, steers):
-                alphas = torch.full((len(encoded),), steer.alpha[0])
-                attach_steer(self.backend, site, steer, alphas, layout, hooks)
-            recorder.attach(self.backend, hooks)
-            self.backend.forward(batch.input_ids.to(device), batch.attention_mask.to(device), None)
+        recorder = Recorder([resolve(name, self._sites) for name in (sites or self._sites)])
+        rows = self._rows(prompts, steer, chat, 0)
+        self._forward(rows, recorder, last_only=True)
+        batch = rows.batch
         str_tokens = [
             [self.tokenizer.decode([t]) if m else "" for t, m in zip(ids.tolist(), mask.tolist())]
             for ids, mask in zip(batch.input_ids, batch.attention_mask)

@@ -89,3 +89,22 @@ def test_cache_equals_recompute_when_steered(lm, direction, positions):
     cached = lm.generate(PROMPTS, steer, max_new_tokens=10, stop_at_eos=False)
     recomputed = lm.generate(PROMPTS, steer, max_new_tokens=10, stop_at_eos=False, use_cache=False)
     assert cached.tokens == recomputed.tokens
+
+
+def test_logits_rows_follow_generate_order_and_alpha_zero_is_plain(lm, direction):
+    steer = sl.Steer(SITE, direction, alpha=[0.0, 5.0])
+    plain = lm.logits(PROMPTS[:2], last_only=True)
+    rows = lm.logits(PROMPTS[:2], steer, last_only=True)
+    assert rows.shape[0] == 4 and plain.shape[1] == 1
+    assert torch.equal(rows[0], plain[0]) and torch.equal(rows[2], plain[1])
+    assert not torch.equal(rows[1], plain[0])
+    out = lm.generate(PROMPTS[:2], steer, max_new_tokens=1)
+    assert [t[0] for t in out.tokens] == rows[:, -1].argmax(-1).tolist()
+
+
+def test_run_with_cache_takes_an_alpha_list(lm, direction):
+    site = "blocks.1.hook_resid_post"
+    acts = lm.run_with_cache(
+        PROMPTS[0], sites=[site], steer=sl.Steer(site, direction, alpha=[0, 2])
+    )
+    torch.testing.assert_close(acts[site][1], acts[site][0] + 2 * direction)

@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from steerlab.generation.prompts import Batch, Prompt, encode, normalise, token_positions
-from steerlab.hooks import scoped_hooks
-from steerlab.intervene import TokenLayout, attach_steer, check_steers, expand_rows
+from steerlab.generation.prompts import Batch, Prompt
 from steerlab.interventions import Steer
 
 if TYPE_CHECKING:
@@ -34,21 +32,7 @@ def next_token_logprobs(
     >>> next_token_logprobs(lm, ["Once"], vec.steers(alpha=[0, 4])).shape  # doctest: +SKIP
     torch.Size([2, 98])
     """
-    prompts = normalise(prompts)
-    sites = check_steers(lm.backend, steers)
-    prompt_index, alphas = expand_rows(len(prompts), steers)
-    encoded = [encode(lm.tokenizer, p, chat=chat) for p in prompts]
-    batch = Batch.left_pad([encoded[p] for p in prompt_index], lm.pad_id)
-    layout = TokenLayout(batch.prompt_lengths)
-    layout.update(token_positions(batch.attention_mask))
-    device = lm.backend.input_device
-    with scoped_hooks() as hooks, torch.inference_mode():
-        for i, (site, steer) in enumerate(zip(sites, steers)):
-            row_alphas = torch.tensor([a[i] for a in alphas])
-            attach_steer(lm.backend, site, steer, row_alphas, layout, hooks)
-        logits = lm.backend.forward(
-            batch.input_ids.to(device), batch.attention_mask.to(device), None, last_only=True
-        )[:, -1]
+    logits = lm.logits(prompts, list(steers), chat=chat, last_only=True)[:, -1]
     return logits.float().log_softmax(-1).cpu()
 
 
