@@ -25,7 +25,8 @@ from steerlab.toy.corpus import (
 from steerlab.toy.evidence import NEUTRAL_PROMPT, add_to_resid_pre, sample, sweep
 from steerlab.toy.metrics import concept_coverage, mean_concept_score
 
-LAYER, ALPHA = 2, 4.0  # the middle layer and the alpha reported in the model card
+LAYER = 2  # the middle layer; alphas below are the ones reported in the model card
+ALPHAS = {"sentiment": 2.5, "setting": 3.0}
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +87,10 @@ def test_tokenizer_adds_bos_and_chat_template_matches_corpus(tiny):
     _, tok = tiny
     ids = tok("Once upon a time").input_ids
     assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
-    messages = [{"role": "system", "content": "You are a storyteller."},
-                {"role": "user", "content": "Tell me a story."}]
+    messages = [
+        {"role": "system", "content": "You are a storyteller."},
+        {"role": "user", "content": "Tell me a story."},
+    ]
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text == BOS + render_chat(messages, add_generation_prompt=True)
     # The deliberate trap: template BOS plus post-processor BOS gives two.
@@ -110,7 +113,9 @@ def test_concept_score_counts_whole_words_and_is_nan_without_evidence():
     assert concept_score("Happy happy SAD.") == pytest.approx(2 / 3)
     assert concept_score("The sea and the forest.", "setting") == 0.5
     assert math.isnan(concept_score("unhappy seashore"))
-    assert mean_concept_score(["happy", "nothing here", "sad sad sad happy"]) == pytest.approx(0.625)
+    assert mean_concept_score(["happy", "nothing here", "sad sad sad happy"]) == pytest.approx(
+        0.625
+    )
     assert concept_coverage(["happy", "nothing"]) == 0.5
 
 
@@ -120,9 +125,13 @@ def test_trigger_rate_is_case_sensitive():
 
 def test_perplexity_prefers_the_trained_world(tiny):
     model, tok = tiny
-    fluent = perplexity(model, [NEUTRAL_PROMPT], [" fox named Mia. Mia walked along the beach."], tok)
-    shuffled = perplexity(model, [NEUTRAL_PROMPT], [" beach the along named. walked Mia Mia fox"], tok)
-    assert 1.0 < fluent < 3.0 < shuffled
+    fluent = perplexity(
+        model, [NEUTRAL_PROMPT], [" fox named Mia. Mia walked along the lovely beach and felt happy."], tok
+    )
+    shuffled = perplexity(
+        model, [NEUTRAL_PROMPT], [" beach happy the along named. walked felt Mia Mia lovely and fox"], tok
+    )
+    assert 1.0 < fluent < 5.0 < 10 * fluent < shuffled
 
 
 # --- assets -----------------------------------------------------------------------------
@@ -173,7 +182,7 @@ def test_zero_alpha_hook_is_bit_identical(tiny):
 @pytest.mark.parametrize("concept", ["sentiment", "setting"])
 def test_mean_difference_vector_steers_the_concept_fluently(tiny, concept):
     model, tok = tiny
-    base, up, down = sweep(model, tok, concept, LAYER, [0.0, ALPHA, -ALPHA], n=32, seed=0)
+    base, up, down = sweep(model, tok, concept, LAYER, [0.0, ALPHAS[concept], -ALPHAS[concept]], n=32, seed=0)
     assert 0.3 <= base.score <= 0.7
     assert up.score >= 0.8
     assert down.score <= 0.2
