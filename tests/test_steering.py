@@ -96,8 +96,9 @@ def test_logits_rows_follow_generate_order_and_alpha_zero_is_plain(lm, direction
     plain = lm.logits(PROMPTS[:2], last_only=True)
     rows = lm.logits(PROMPTS[:2], steer, last_only=True)
     assert rows.shape[0] == 4 and plain.shape[1] == 1
-    assert torch.equal(rows[0], plain[0]) and torch.equal(rows[2], plain[1])
-    assert not torch.equal(rows[1], plain[0])
+    # Batches of different sizes may round differently (~1e-7), hence a tolerance here.
+    torch.testing.assert_close(rows[[0, 2]], plain)
+    assert not torch.allclose(rows[1], plain[0])
     out = lm.generate(PROMPTS[:2], steer, max_new_tokens=1)
     assert [t[0] for t in out.tokens] == rows[:, -1].argmax(-1).tolist()
 
