@@ -126,10 +126,16 @@ def test_trigger_rate_is_case_sensitive():
 def test_perplexity_prefers_the_trained_world(tiny):
     model, tok = tiny
     fluent = perplexity(
-        model, [NEUTRAL_PROMPT], [" fox named Mia. Mia walked along the lovely beach and felt happy."], tok
+        model,
+        [NEUTRAL_PROMPT],
+        [" fox named Mia. Mia walked along the lovely beach and felt happy."],
+        tok,
     )
     shuffled = perplexity(
-        model, [NEUTRAL_PROMPT], [" beach happy the along named. walked felt Mia Mia lovely and fox"], tok
+        model,
+        [NEUTRAL_PROMPT],
+        [" beach happy the along named. walked felt Mia Mia lovely and fox"],
+        tok,
     )
     assert 1.0 < fluent < 5.0 < 10 * fluent < shuffled
 
@@ -182,7 +188,9 @@ def test_zero_alpha_hook_is_bit_identical(tiny):
 @pytest.mark.parametrize("concept", ["sentiment", "setting"])
 def test_mean_difference_vector_steers_the_concept_fluently(tiny, concept):
     model, tok = tiny
-    base, up, down = sweep(model, tok, concept, LAYER, [0.0, ALPHAS[concept], -ALPHAS[concept]], n=32, seed=0)
+    base, up, down = sweep(
+        model, tok, concept, LAYER, [0.0, ALPHAS[concept], -ALPHAS[concept]], n=32, seed=0
+    )
     assert 0.3 <= base.score <= 0.7
     assert up.score >= 0.8
     assert down.score <= 0.2

@@ -189,5 +189,9 @@ if __name__ == "__main__":
     lm = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
     for name in ("sentiment", "setting"):
-        print(format_table(name, 2, sweep(lm, tok, name, 2, [-8, -4, -3, -2.5, -2, -1, 0, 1, 2, 2.5, 3, 4, 8])))
+        print(
+            format_table(
+                name, 2, sweep(lm, tok, name, 2, [-8, -4, -3, -2.5, -2, -1, 0, 1, 2, 2.5, 3, 4, 8])
+            )
+        )
         print()
