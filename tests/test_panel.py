@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 import time
@@ -46,7 +47,7 @@ def test_slider_change_updates_panes_and_figure(lm, vec):
     assert panel.baseline_text == baseline_before  # the baseline row is not steered
     assert panel.steered_text != panel.baseline_text
     assert lm.generate(PROMPT, max_new_tokens=8).text[0] == panel.baseline_text
-    assert expected.text[1].replace("<", "&lt;") in panel.steered_pane.value
+    assert html.escape(expected.text[1]) in panel.steered_pane.value
     # The figure's steered lines are the norms of a steered pass over the prompt.
     resid = [s for s in lm.sites() if ".hook_resid_" in s]
     steered = lm.run_with_cache(PROMPT, resid, steer=sl.Steer(site, vec, alpha=6.0))
@@ -124,6 +125,7 @@ def test_errors_show_in_the_panel_and_the_next_change_works(lm, vec, monkeypatch
     panel.controls.vector.value = "short"  # wrong d_model
     assert "d_model=64" in panel.error and "d_model=64" in panel.error_box.value
     assert panel.steered_text == good_text and lm.hook_count() == 0
+    assert html.escape(good_text) in panel.steered_pane.value  # last good result stays
 
     panel.controls.vector.value = "two"  # no direction at layer 1
     assert "no direction at blocks.1.hook_resid_pre" in panel.error

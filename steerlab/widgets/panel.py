@@ -177,7 +177,7 @@ class SteeringPanel:
         self.baseline_text, self.steered_text = generation.text
         self.generation, self.rendered, self.error = generation, request, None
         self.error_box.value = ""
-        self.steered_title.value = f"steered · {request.site} · α = {request.alpha:g}"
+        self.steered_title.value = f"<b>steered</b> · {request.site} · α = {request.alpha:g}"
         self.render_count += 1
         return "rendered"
 
@@ -233,6 +233,8 @@ class SteeringPanel:
             f"<div style='color:#b00020;white-space:pre-wrap'>⚠ {html.escape(self.error)}</div>"
         )
         self._status("error")
+        if self.rendered is not None:  # panes may hold a cancelled run's partial text
+            self._show_texts(self.rendered.prompt, [self.baseline_text, self.steered_text])
 
     def _status(self, text: str) -> None:
         self.status_label.value = text
