@@ -25,7 +25,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab tutorials/
 
 test: setup
-	$(PYTEST) -q -p no:cacheprovider tests tutorials notebooks --nbval-lax --sanitize-with tutorials/sanitize.cfg --durations=15
+	$(PYTEST) -q -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
 
 test-fast: $(STAMP)
 	$(PYTEST) -q -m "not browser and not slow" tests

@@ -9,8 +9,8 @@ import sys
 import plotly.graph_objects as go
 import pytest
 
-from steerlab import export as export_module
-from steerlab.export import export, find_browser
+from steerlab import exporting as export_module
+from steerlab.exporting import export, find_browser
 
 needs_browser = pytest.mark.skipif(
     find_browser() is None,
@@ -108,9 +108,16 @@ def _must_not_run() -> None:
 
 
 def test_importing_export_stays_light():
-    # steerlab.export is reachable from the core facade: plotly and kaleido load on first export.
-    code = "import sys, steerlab.export; print(sorted({'plotly', 'kaleido'} & set(sys.modules)))"
+    # steerlab.exporting is reachable from the core facade: plotly and kaleido load on first export.
+    code = "import sys, steerlab.exporting; print(sorted({'plotly', 'kaleido'} & set(sys.modules)))"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_facade_export_stays_the_function_after_plots_load():
+    import steerlab as sl
+    import steerlab.plots  # noqa: F401  (imports the exporting module as a side effect)
+
+    assert callable(sl.export) and sl.export is export

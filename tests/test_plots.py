@@ -195,7 +195,7 @@ def _sweep_records() -> list[dict]:
                     {
                         "alpha": alpha,
                         "layer": layer,
-                        "site": "resid_pre",
+                        "site": f"blocks.{layer}.hook_resid_pre",  # one site per layer
                         "score": score,
                         "perplexity": 10 * alpha + layer,
                         "kl": 0.0,
@@ -225,10 +225,10 @@ def test_sweep_heatmaps_grid(as_frame):
 
 def test_sweep_heatmaps_sites_and_gaps():
     records = _sweep_records()
-    other = {**records[0], "site": "resid_post", "layer": 5, "score": 9.0}
-    with pytest.raises(ValueError, match="several sites"):
+    other = {**records[0], "site": "blocks.5.hook_resid_post", "layer": 5, "score": 9.0}
+    with pytest.raises(ValueError, match="several hook kinds"):
         plots.sweep_heatmaps([*records, other])
-    fig = plots.sweep_heatmaps([*records, other], site="resid_post", metrics=["score"])
+    fig = plots.sweep_heatmaps([*records, other], site="hook_resid_post", metrics=["score"])
     (heat,) = fig.to_dict()["data"]
     assert [list(r) for r in heat["z"]] == [[9.0]]
     gappy = plots.sweep_heatmaps(records[:2] + records[-2:], metrics=["score"]).to_dict()

@@ -8,7 +8,7 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from steerlab.export import FORMATS, export
+from steerlab.exporting import FORMATS, export
 
 
 def export_button(
@@ -16,7 +16,7 @@ def export_button(
 ) -> widgets.HBox:
     """A row with a format dropdown, an Export button and a status label for one figure.
 
-    Clicking writes ``{path_stem}.{format}`` with :func:`steerlab.export.export` and reports
+    Clicking writes ``{path_stem}.{format}`` with :func:`steerlab.exporting.export` and reports
     the path written, or the error (for example, no browser for PDF), in the label.
 
     Args:

@@ -45,7 +45,9 @@ def sweep_heatmaps(
         records: A list of dicts with keys ``alpha``, ``layer``, ``site`` and the metrics, or a
             pandas DataFrame with those columns.
         metrics: Which metrics to draw, one subplot each.
-        site: Keep only records of this site; required when the records hold several sites.
+        site: Keep only records of this hook kind (``"hook_resid_pre"``) or full site name;
+            required when the records hold several hook kinds. Sites that differ only in
+            their layer are the layer axis.
 
     Returns:
         A figure with one heatmap per metric; missing (alpha, layer) cells are left blank.
@@ -56,11 +58,11 @@ def sweep_heatmaps(
     ([0.0], [4.0])
     """
     rows = _as_records(records)
-    sites = sorted({str(r["site"]) for r in rows if "site" in r})
+    kinds = sorted({_kind(str(r["site"])) for r in rows if "site" in r})
     if site is not None:
-        rows = [r for r in rows if r.get("site") == site]
-    elif len(sites) > 1:
-        raise ValueError(f"records hold several sites {sites}; pass site= to pick one")
+        rows = [r for r in rows if site in (r.get("site"), _kind(str(r.get("site"))))]
+    elif len(kinds) > 1:
+        raise ValueError(f"records hold several hook kinds {kinds}; pass site= to pick one")
     if not rows:
         raise ValueError("no sweep records to plot" + (f" for site {site!r}" if site else ""))
 
@@ -86,9 +88,14 @@ def sweep_heatmaps(
         )
         fig.update_xaxes(title_text="layer", type="category", row=1, col=i + 1)
         fig.update_yaxes(title_text="alpha", type="category", row=1, col=i + 1)
-    label = site or (sites[0] if sites else None)
+    label = site or (kinds[0] if kinds else None)
     fig.update_layout(title_text="steering sweep" + (f" at {label}" if label else ""))
     return fig
+
+
+def _kind(site: str) -> str:
+    """``blocks.3.hook_resid_pre`` -> ``hook_resid_pre``: the part shared across layers."""
+    return site.rsplit(".", 1)[-1]
 
 
 def _as_records(records: Any) -> list[Mapping[str, Any]]:
