@@ -1,0 +1,20 @@
+"""The README's quickstart blocks run as written (the hub-only large-model block aside)."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_quickstart_blocks_run(tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    runnable = [b for b in blocks if "meta-llama" not in b]  # needs a hub and 8 GPUs
+    assert len(runnable) == 2
+    monkeypatch.chdir(tmp_path)  # the quickstart writes happy.safetensors and norms.pdf
+    namespace: dict = {}
+    for block in runnable:
+        exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["lm"].hook_count() == 0
+    assert len(namespace["out"].text) == 1
+    assert (tmp_path / "happy.safetensors").stat().st_size > 0
+    assert (tmp_path / "norms.pdf").read_bytes().startswith(b"%PDF-")
