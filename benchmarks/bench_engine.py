@@ -51,7 +51,9 @@ def run() -> list[dict[str, object]]:
     def record(name: str, target: str, ours: float, base: float, speed: bool = True) -> None:
         ratio = base / ours if speed else ours / base
         rows.append(dict(comparison=name, ours_s=ours, baseline_s=base, ratio=ratio, target=target))
-        print(f"{name:<58} ours {ours:7.2f}s  baseline {base:7.2f}s  ratio {ratio:5.2f}  ({target})")
+        print(
+            f"{name:<58} ours {ours:7.2f}s  baseline {base:7.2f}s  ratio {ratio:5.2f}  ({target})"
+        )
 
     for batch in (1, 8):
         prompts = [PROMPT] * batch
@@ -79,8 +81,9 @@ def run() -> list[dict[str, object]]:
 
     ours, base = _median_pair(
         lambda: lm.generate(PROMPT, steer, max_new_tokens=2 * NEW, stop_at_eos=False),
-        lambda: lm.generate(PROMPT, steer, max_new_tokens=2 * NEW, stop_at_eos=False,
-                            use_cache=False),  # fmt: skip
+        lambda: lm.generate(
+            PROMPT, steer, max_new_tokens=2 * NEW, stop_at_eos=False, use_cache=False
+        ),  # fmt: skip
     )
     record("KV cache vs recompute-everything loop, 256 new (speed)", "report", ours, base)
     rows += _backends(model)
@@ -107,7 +110,9 @@ def _backends(model: torch.nn.Module) -> list[dict[str, object]]:
             )
             ratio = base / ours
             name = f"our loop vs {backend}'s own generate (speed)"
-            print(f"{name:<58} ours {ours:7.2f}s  baseline {base:7.2f}s  ratio {ratio:5.2f}  (>=1.0x)")
+            print(
+                f"{name:<58} ours {ours:7.2f}s  baseline {base:7.2f}s  ratio {ratio:5.2f}  (>=1.0x)"
+            )
             rows.append(dict(comparison=name, ours_s=ours, baseline_s=base, ratio=ratio,
                              target=">=1.0x"))  # fmt: skip
     return rows
