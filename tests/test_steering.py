@@ -109,3 +109,15 @@ def test_run_with_cache_takes_an_alpha_list(lm, direction):
         PROMPTS[0], sites=[site], steer=sl.Steer(site, direction, alpha=[0, 2])
     )
     torch.testing.assert_close(acts[site][1], acts[site][0] + 2 * direction)
+
+
+def test_capture_during_generation_covers_prompt_and_new_tokens(lm, direction):
+    site = "blocks.1.hook_resid_post"
+    steer = sl.Steer(SITE, direction, alpha=2.0)
+    out = lm.generate(PROMPTS, steer, max_new_tokens=5, stop_at_eos=False, capture=[site])
+    acts = out.activations[site]
+    prompt = lm.run_with_cache(PROMPTS, sites=[site], steer=steer)
+    width = prompt[site].shape[1]
+    assert acts.shape == (3, width + 4, lm.d_model)  # the last new token is never fed
+    real = prompt.attention_mask.bool()
+    torch.testing.assert_close(acts[:, :width][real], prompt[site][real])
