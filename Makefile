@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 browser:
 	@bash scripts/install_browser.sh || echo "warning: no Chromium; static figure export (PNG/SVG/PDF) and browser tests need one (see README)"
 
+# The venv's bin goes first on PATH so notebook kernels run the venv's Python; root (a
+# container) needs --allow-root.
 lab: setup
-	$(VENV)/bin/jupyter lab tutorials/
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab tutorials/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(PYTEST) -q -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
