@@ -114,11 +114,11 @@ def sample(
         logits = model(ids[:, -model.config.n_positions :]).logits[:, -1]  # [n, vocab]
         probs = torch.softmax(logits.float() / temperature, dim=-1)
         ids = torch.cat([ids, torch.multinomial(probs, 1, generator=generator)], dim=1)
-    texts = []
+    texts: list[str] = []
     for row in ids[:, len(prompt_ids) :].tolist():
         if tokenizer.eos_token_id in row:
             row = row[: row.index(tokenizer.eos_token_id)]
-        texts.append(tokenizer.decode(row, skip_special_tokens=True))
+        texts.append(str(tokenizer.decode(row, skip_special_tokens=True)))
     return texts
 
 
