@@ -8,6 +8,7 @@ always a strength: 0 leaves the activation bit-identical, for every operation.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -53,6 +54,10 @@ class Clamp:
 
     value: float
 
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.value):
+            raise SteerError(f"Clamp value must be finite; got {self.value!r}.")
+
     def __call__(self, act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor):
         unit = direction / direction.norm()
         return act + alpha * (self.value - act @ unit)[:, None] * unit
@@ -61,7 +66,7 @@ class Clamp:
 def _as_alphas(alpha: float | Sequence[float] | torch.Tensor) -> tuple[float, ...]:
     if isinstance(alpha, torch.Tensor):
         alpha = alpha.flatten().tolist()
-    values = (float(alpha),) if isinstance(alpha, (int, float)) else tuple(map(float, alpha))
+    values = (float(alpha),) if isinstance(alpha, numbers.Real) else tuple(map(float, alpha))
     if not values:
         raise SteerError("alpha is empty: give a number or a non-empty list of numbers.")
     if not all(math.isfinite(a) for a in values):

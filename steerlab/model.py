@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,8 +29,12 @@ from steerlab.intervene import Recorder, TokenLayout, attach_steer, check_steers
 from steerlab.interventions import Steer
 from steerlab.sites import Site, resolve
 
+_ATTACH_LOCK = threading.Lock()
+
 
 class SteersLike(Protocol):
+    """Anything that turns into steers, such as a ``SteeringVector`` times an alpha."""
+
     def steers(self) -> list[Steer]: ...
 
 
@@ -100,6 +105,18 @@ class SteerableModel:
         return count_hooks(self.backend.model)
 
     @property
+    def eos_ids(self) -> set[int]:
+        """Tokens that end a row: the tokenizer's EOS and the model's generation config's."""
+        ids = {self.tokenizer.eos_token_id}
+        config = getattr(self.backend.model, "generation_config", None)
+        if config is None:  # a TransformerBridge keeps its HF model inside
+            hf = getattr(self.backend.model, "original_model", None)
+            config = getattr(hf, "generation_config", None)
+        extra = getattr(config, "eos_token_id", None)
+        ids |= set(extra) if isinstance(extra, (list, tuple)) else {extra}
+        return {i for i in ids if i is not None}
+
+    @property
     def pad_id(self) -> int:
         for candidate in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0):
             if candidate is not None:
@@ -143,6 +160,8 @@ class SteerableModel:
         Hooks are on only while the stream runs; closing the generator early removes them.
         Arguments are those of ``generate``; everything is checked before the first forward.
         """
+        if seed is None:  # a fresh seed, recorded on the result so the run can be repeated
+            seed = int(torch.seed() % 2**31)
         config = DecodeConfig(
             max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
             (stop,) if isinstance(stop, str) else tuple(stop or ()), use_cache,
@@ -168,10 +187,23 @@ class SteerableModel:
 
     @contextmanager
     def _steering(self, rows: _Rows, layout: TokenLayout) -> Iterator[HookSet]:
-        """Steers attached for the length of the block, no autograd; hooks always come off."""
-        with scoped_hooks() as hooks, torch.inference_mode():
-            for site, steer, row_alphas in rows.steers:
-                attach_steer(self.backend, site, steer, row_alphas, layout, hooks)
+        """Steers attached, in forward order, for the length of the block; always removed.
+
+        Only one steerlab call may have hooks on a model at a time: a second one (another
+        thread, or a call made while a stream is paused) would run through the first one's
+        hooks, so it is refused before anything is attached.
+        """
+        with scoped_hooks() as hooks:
+            with _ATTACH_LOCK:
+                if count_hooks(self.backend.model):
+                    raise RuntimeError(
+                        "Another steerlab call has hooks on this model (an open stream, or a "
+                        "panel generating). Finish or close() it first."
+                    )
+                for site, steer, row_alphas in sorted(
+                    rows.steers, key=lambda s: s[0].forward_order
+                ):
+                    attach_steer(self.backend, site, steer, row_alphas, layout, hooks)
             yield hooks
 
     def _plan(
@@ -186,7 +218,8 @@ class SteerableModel:
             raise ValueError("capture needs use_cache=True.")
         captured = [resolve(name, self._sites) for name in capture]
         rows = self._rows(prompts, steer, chat, config.max_new_tokens)
-        meta = {"prompt_index": rows.prompt_index, "alphas": rows.alphas, "prompts": rows.prompts}
+        meta = {"prompt_index": rows.prompt_index, "alphas": rows.alphas, "prompts": rows.prompts,
+                "seed": config.seed}  # fmt: skip
         builder = _Builder(self.tokenizer, rows.batch, meta, list(config.stop))
         if captured:
             builder.recorder = Recorder(captured)
@@ -199,8 +232,9 @@ class SteerableModel:
                 plan.builder.recorder.attach(self.backend, hooks)
             yield from decode(
                 self.backend, plan.rows.batch, layout, plan.builder, plan.config,
-                uniform_rows=torch.tensor(plan.rows.prompt_index),  # one prompt, one stream
-                eos_ids={self.tokenizer.eos_token_id} - {None},
+                prompts=plan.rows.prompts,
+                prompt_index=plan.rows.prompt_index,
+                eos_ids=self.eos_ids,
                 pad_id=self.pad_id,
             )  # fmt: skip
 
@@ -250,7 +284,7 @@ class SteerableModel:
         layout = TokenLayout(rows.batch.prompt_lengths)
         layout.update(token_positions(rows.batch.attention_mask))
         device = self.backend.input_device
-        with self._steering(rows, layout) as hooks:
+        with self._steering(rows, layout) as hooks, torch.inference_mode():
             if recorder is not None:
                 recorder.attach(self.backend, hooks)
             return self.backend.forward(
@@ -293,7 +327,8 @@ class SteerableModel:
 
         >>> acts = lm.run_with_cache(["Hello"], sites=["blocks.0.hook_resid_post"])  # doctest: +SKIP
         """
-        recorder = Recorder([resolve(name, self._sites) for name in (sites or self._sites)])
+        names = self._sites if sites is None else list(sites)
+        recorder = Recorder([resolve(name, self._sites) for name in names])
         rows = self._rows(prompts, steer, chat, 0)
         self._forward(rows, recorder, last_only=True)
         batch = rows.batch

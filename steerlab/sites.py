@@ -19,6 +19,8 @@ BLOCK_KINDS = (
     "hook_mlp_out",
 )
 EMBED = "hook_embed"
+# Within a block: input, attention written, mid, MLP written, output.
+_FORWARD = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(hook_\w+)$")
 
 
@@ -45,6 +47,13 @@ class Site:
         if match is None or match.group(2) not in BLOCK_KINDS:
             raise SiteError(f"{name!r} is not a steerlab site name.")
         return cls(int(match.group(1)), match.group(2))
+
+    @property
+    def forward_order(self) -> tuple[int, int]:
+        """Sort key for the order activations are computed in a forward pass."""
+        if self.layer is None:
+            return (-1, 0)
+        return (self.layer, _FORWARD.index(self.kind))
 
     @property
     def name(self) -> str:

@@ -51,3 +51,38 @@ def test_rows_stop_independently_at_eos_and_stop_strings(lm):
     assert out.finish_reasons[0] == "stop"
     assert out.text[0] == free.text[0][: free.text[0].find(stop)]
     assert all(eos not in t for t in out.tokens)
+
+
+def test_sampled_batch_equals_each_prompt_alone(lm):
+    kwargs = dict(max_new_tokens=10, temperature=1.0, seed=3, stop_at_eos=False)
+    batched = lm.generate(PROMPTS, **kwargs)
+    assert batched.seed == 3
+    for i, prompt in enumerate(PROMPTS):
+        assert lm.generate(prompt, **kwargs).tokens[0] == batched.tokens[i]
+
+
+def test_no_seed_draws_a_fresh_one_and_records_it(lm):
+    first = lm.generate(PROMPTS[0], max_new_tokens=12, temperature=1.0)
+    second = lm.generate(PROMPTS[0], max_new_tokens=12, temperature=1.0)
+    assert first.seed != second.seed
+    again = lm.generate(PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=first.seed)
+    assert again.tokens == first.tokens
+
+
+def _unembedding_row(lm, token: int):
+    if lm.backend.kind == "hooked":
+        return lm.model.W_U[:, token].detach()
+    hf = lm.model.original_model if lm.backend.kind == "bridge" else lm.model
+    return hf.get_output_embeddings().weight[token].detach()
+
+
+def test_rows_finish_independently_at_eos(lm):
+    """A huge steer along EOS's unembedding sends one row to EOS at once; the other goes on."""
+    eos = lm.tokenizer.eos_token_id
+    last = f"blocks.{lm.n_layers - 1}.hook_resid_post"
+    steer = sl.Steer(last, _unembedding_row(lm, eos), alpha=[0.0, 1e3])
+    out = lm.generate(PROMPTS[1], steer, max_new_tokens=6)
+    assert out.finish_reasons == ["length", "eos"]
+    assert len(out.tokens[0]) == 6 and out.tokens[1] == []
+    fixed = lm.generate(PROMPTS[1], steer, max_new_tokens=6, stop_at_eos=False)
+    assert fixed.tokens[1] == [eos] * 6 and fixed.tokens[0] == out.tokens[0]

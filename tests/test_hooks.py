@@ -54,3 +54,22 @@ def test_user_hooks_survive_and_cells_rerun_cleanly(lm, direction):
         assert len(target._forward_hooks) == 1 and seen
     finally:
         handle.remove()
+
+
+def test_a_paused_stream_keeps_autograd_and_blocks_other_calls(lm, direction):
+    import torch
+
+    stream = lm.stream(PROMPTS, sl.Steer(SITE, direction, alpha=2.0), max_new_tokens=5)
+    next(stream)
+    try:
+        assert not torch.is_inference_mode_enabled()
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()  # user code between steps still trains
+        assert x.grad is not None
+        with pytest.raises(RuntimeError, match="Another steerlab call"):
+            lm.generate(PROMPTS, sl.Steer(SITE, direction, alpha=1.0), max_new_tokens=2)
+        assert lm.hook_count() == 1  # the refused call attached nothing
+    finally:
+        stream.close()
+    assert lm.hook_count() == 0
+    lm.generate(PROMPTS, sl.Steer(SITE, direction, alpha=1.0), max_new_tokens=2)

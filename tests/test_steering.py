@@ -121,3 +121,27 @@ def test_capture_during_generation_covers_prompt_and_new_tokens(lm, direction):
     assert acts.shape == (3, width + 4, lm.d_model)  # the last new token is never fed
     real = prompt.attention_mask.bool()
     torch.testing.assert_close(acts[:, :width][real], prompt[site][real])
+
+
+def test_alpha_zero_rows_are_bit_identical_through_the_hook(lm, direction):
+    """A mixed batch runs the hook; its alpha-0 row must still equal an unsteered row."""
+    site = "blocks.2.hook_resid_post"
+    mixed = lm.run_with_cache(
+        PROMPTS[1], sites=[site], steer=sl.Steer(SITE, direction, alpha=[0, 5])
+    )
+    plain = lm.run_with_cache([PROMPTS[1]] * 2, sites=[site])
+    assert torch.equal(mixed[site][0], plain[site][0])
+    assert not torch.equal(mixed[site][1], plain[site][1])
+
+
+def test_steers_apply_in_forward_order_whatever_the_list_order(lm, direction):
+    mid = sl.Steer("blocks.1.hook_resid_mid", direction, op=sl.Clamp(5.0))
+    pre = sl.Steer("blocks.1.hook_resid_pre", torch.randn(lm.d_model), alpha=3.0)
+    site = "blocks.1.hook_resid_mid"
+    one = lm.run_with_cache(PROMPTS, sites=[site], steer=[mid, pre])
+    other = lm.run_with_cache(PROMPTS, sites=[site], steer=[pre, mid])
+    real = one.attention_mask.bool()
+    unit = direction / direction.norm()
+    torch.testing.assert_close(one[site][real] @ unit, torch.full((int(real.sum()),), 5.0),
+                               atol=1e-4, rtol=0)  # fmt: skip
+    torch.testing.assert_close(one[site], other[site])

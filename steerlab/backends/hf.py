@@ -133,10 +133,9 @@ class HFBackend:
             new_mid = fn(resid_pre + attn_out)
             return None if new_mid is None else new_mid - resid_pre
 
-        return [
-            self._on_input(block, remember),
-            self._on_output(block.get_submodule(self.layout.attn), steer_attn),
-        ]
+        attn = block.get_submodule(self.layout.attn)  # resolved before anything is registered
+        first = self._on_input(block, remember)
+        return [first, self._on_output(attn, steer_attn)]
 
     def new_cache(self, batch: int) -> DynamicCache:
         return DynamicCache(config=self.model.config)

@@ -6,6 +6,7 @@ and the loop only keeps ``TokenLayout`` up to date for them.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -104,6 +105,30 @@ class _Builder:
         )
 
 
+class PromptStreams:
+    """One seeded random stream per prompt, shared by that prompt's rows (its alphas).
+
+    A prompt's stream depends only on the seed, the prompt's text and which repeat of that
+    text it is, so a row samples the same tokens whatever else shares its batch, repeats of
+    one prompt get different samples, and a baseline row and a steered row of one prompt
+    draw the same numbers.
+    """
+
+    def __init__(self, seed: int, prompts: list[Any], prompt_index: list[int]) -> None:
+        seen: dict[str, int] = {}
+        self.generators = []
+        for prompt in prompts:
+            text = repr(prompt)
+            repeat = seen[text] = seen.get(text, -1) + 1
+            key = hashlib.sha256(f"{seed}|{repeat}|{text}".encode()).digest()
+            self.generators.append(torch.Generator().manual_seed(int.from_bytes(key[:7], "big")))
+        self.rows = torch.tensor(prompt_index)
+
+    def draw(self) -> torch.Tensor:  # [batch], uniform in [0, 1)
+        per_prompt = torch.cat([torch.rand(1, generator=g) for g in self.generators])
+        return per_prompt[self.rows]
+
+
 def decode(
     backend: Backend,
     batch: Batch,
@@ -111,24 +136,30 @@ def decode(
     builder: _Builder,
     config: DecodeConfig,
     *,
-    uniform_rows: torch.Tensor,  # [batch]: which random stream each row draws from
+    prompts: list[Any],
+    prompt_index: list[int],  # [batch]: rows of one prompt share one random stream
     eos_ids: set[int],
     pad_id: int,
 ) -> Iterator[Step]:
-    """Yield one ``Step`` per new token; hooks must already be attached."""
+    """Yield one ``Step`` per new token; hooks must already be attached.
+
+    Forward passes run under ``torch.inference_mode``, but never across a ``yield``: the
+    caller's code between steps keeps autograd.
+    """
     device = backend.input_device
     ids = batch.input_ids.to(device)  # [batch, prompt]
     mask = batch.attention_mask.to(device)  # [batch, prompt]
     use_cache = config.use_cache
     cache = backend.new_cache(ids.shape[0]) if use_cache else None
-    generator = torch.Generator().manual_seed(config.seed if config.seed is not None else 0)
-    n_streams = int(uniform_rows.max()) + 1
+    assert config.seed is not None, "the plan fixes a seed before decoding"
+    streams = PromptStreams(config.seed, prompts, prompt_index)
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
 
     layout.update(token_positions(mask))
-    logits = backend.forward(ids, mask, cache, last_only=True)[:, -1]  # [batch, vocab]
+    with torch.inference_mode():
+        logits = backend.forward(ids, mask, cache, last_only=True)[:, -1]  # [batch, vocab]
     for step in range(config.max_new_tokens):
-        uniform = torch.rand(n_streams, generator=generator)[uniform_rows]
+        uniform = streams.draw()  # [batch]
         token = sample_next(
             logits,
             uniform,
@@ -151,4 +182,5 @@ def decode(
             ids = torch.cat([ids, token[:, None]], dim=1)
             feed = ids
             layout.update(token_positions(mask))
-        logits = backend.forward(feed, mask, cache, last_only=True)[:, -1]
+        with torch.inference_mode():
+            logits = backend.forward(feed, mask, cache, last_only=True)[:, -1]

@@ -21,6 +21,7 @@ class Generation:
         prompt_index: which input prompt each row came from.
         alphas: the alpha of each steer on each row (empty tuple when unsteered).
         logprobs: log-probability of each new token under the (steered) model.
+        seed: the sampling seed (drawn fresh when none was given), to repeat the run.
         activations: site -> [row, pos, d_model] over prompt and new tokens, when captured.
     """
 
@@ -32,6 +33,7 @@ class Generation:
     alphas: list[tuple[float, ...]]
     logprobs: list[list[float]]
     prompts: list[Any] = field(repr=False)
+    seed: int = 0
     activations: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
