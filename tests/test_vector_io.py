@@ -158,3 +158,13 @@ def test_tensors_must_match_the_declared_sites(tmp_path):
 def test_save_wants_the_safetensors_suffix(vec, tmp_path):
     with pytest.raises(ValueError, match="safetensors"):
         vec.save(tmp_path / "v.pt")
+
+
+def test_a_combined_vector_round_trips_its_metadata(vec, tmp_path, hf_lm):
+    other = extract(hf_lm, ["sun", "calm"], ["rain", "storm"], SITES, method=sl.pca_diff,
+                    progress=False)  # fmt: skip
+    combined = vec + other
+    assert "+" in combined.provenance.method and "(" in combined.provenance.method
+    back = SteeringVector.load(combined.save(tmp_path / "sum.safetensors"), model=hf_lm)
+    assert back.provenance == combined.provenance
+    assert all(torch.equal(back.directions[s], combined.directions[s]) for s in SITES)

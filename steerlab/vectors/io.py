@@ -29,8 +29,9 @@ FORMAT_VERSION = "1"
 _PICKLE_SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib"}
 _MAX_HEADER = 1 << 24
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
-# Free text (model names, paths, versions): printable, no quoting or code punctuation.
-_TEXT = re.compile(r"^[A-Za-z0-9 _./:@+\-]{0,300}$")
+# Free text (model names, paths, versions, method names like "(mean_diff + probe)"): printable,
+# no quoting or code punctuation. Metadata is never executed; this keeps it boring to read.
+_TEXT = re.compile(r"^[A-Za-z0-9 _./:@+\-()?,]{0,300}$")
 _CODE_LIKE = re.compile(r"__|!!|\blambda\b|\bimport\b|\beval\b|\bexec\b|\bos\.|\bsystem\b", re.I)
 
 
@@ -45,8 +46,11 @@ def _text(value: str) -> str:
 
 
 def plain_text(value: str) -> str:
-    """``value`` with anything the metadata schema refuses replaced, so it can be saved."""
-    value = re.sub(r"[^A-Za-z0-9 _./:@+\-]", "-", value)[:300]
+    """``value`` with anything the metadata schema refuses replaced, so it can be saved.
+
+    Names made by steerlab (sites, methods, sums of methods, local paths) pass unchanged.
+    """
+    value = re.sub(r"[^A-Za-z0-9 _./:@+\-()?,]", "-", value)[:300]
     return _CODE_LIKE.sub("-", value)
 
 
