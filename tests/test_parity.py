@@ -5,6 +5,9 @@ import torch
 from helpers import BACKENDS, PROMPTS, load_tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import steerlab as sl
+from steerlab.testing import save_tiny
+
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -53,3 +56,15 @@ def test_all_sites_agree_across_backends(tiny_dirs, family):
                 caches[other][site][real], caches["hf"][site][real], atol=1e-4, rtol=1e-4,
                 msg=lambda m, site=site, other=other: f"{other} {site}: {m}",
             )  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen2", "mistral"])
+def test_hf_table_rows_agree_with_the_bridge(tmp_path, family):
+    """Each HF layout row maps the canonical sites to what TransformerLens means by them."""
+    folder = save_tiny(tmp_path / family, family)
+    hf = sl.load(folder, backend="hf").run_with_cache(PROMPTS)
+    bridge = sl.load(folder, backend="bridge").run_with_cache(PROMPTS)
+    assert set(hf) == set(bridge) and len(hf) == 16
+    real = hf.attention_mask.bool()
+    for site in hf:
+        torch.testing.assert_close(bridge[site][real], hf[site][real], atol=1e-4, rtol=1e-4)
