@@ -124,6 +124,8 @@ class SteeringPanel:
         }
 
     def close(self) -> None:
+        """Stop any run in flight (it sees it is stale at its next token) and close the widgets."""
+        self._latest += 1
         self._debouncer.cancel()
         self.widget.close()
 
