@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-from transformers import DynamicCache
 
 from steerlab.backends.base import ActivationFn, position_ids
 from steerlab.hooks import tag
@@ -137,7 +136,9 @@ class HFBackend:
         first = self._on_input(block, remember)
         return [first, self._on_output(attn, steer_attn)]
 
-    def new_cache(self, batch: int) -> DynamicCache:
+    def new_cache(self, batch: int) -> Any:
+        from transformers import DynamicCache
+
         return DynamicCache(config=self.model.config)
 
     def forward(

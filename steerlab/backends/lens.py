@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-from transformers import DynamicCache
 
 from steerlab.backends.base import ActivationFn, position_ids
 from steerlab.hooks import tag
@@ -75,7 +74,9 @@ class BridgeBackend(_LensBackend):
     def input_device(self) -> torch.device:
         return self.model.original_model.get_input_embeddings().weight.device
 
-    def new_cache(self, batch: int) -> DynamicCache:
+    def new_cache(self, batch: int) -> Any:
+        from transformers import DynamicCache
+
         return DynamicCache(config=self.model.original_model.config)
 
     def forward(
