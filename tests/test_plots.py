@@ -267,3 +267,19 @@ def test_export_button_reports_a_missing_browser(tmp_path, monkeypatch):
     assert box.children[2].value.startswith("failed:")
     assert "apt-get install -y chromium" in box.children[2].value
     assert not (tmp_path / "fig.pdf").exists()
+
+
+def test_steering_comparison_scores_the_change_against_the_unsteered_model():
+    import steerlab as sl
+    from steerlab.testing import char_tokenizer, tiny_model
+
+    lm = sl.wrap(tiny_model("gpt2"), char_tokenizer())
+    steer = sl.Steer("blocks.1.hook_resid_pre", torch.randn(lm.d_model), alpha=[0.0, 6.0])
+    out = lm.generate("Hello there", steer, max_new_tokens=8, stop_at_eos=False)
+    same = plots.steering_comparison(lm, out, baseline_row=0, steered_row=0).to_dict()
+    # alpha 0 against the unsteered model: every token's log-prob change is ~0
+    changes = [z for z in same["data"][0]["z"][-1] if z is not None]
+    assert len(changes) == 8 and max(abs(z) for z in changes) < 1e-4
+    steered = plots.steering_comparison(lm, out).to_dict()
+    assert max(abs(z) for z in steered["data"][0]["z"][-1] if z is not None) > 1e-3
+    assert "alpha 6" in steered["layout"]["title"]["text"]

@@ -5,7 +5,7 @@ Imported lazily (``steerlab.plots`` pulls in plotly); the core package never imp
 
 from steerlab.plots import theme
 from steerlab.plots.activations import activation_heatmap, top_dims
-from steerlab.plots.compare import token_comparison
+from steerlab.plots.compare import steering_comparison, token_comparison
 from steerlab.plots.export_button import export_button
 from steerlab.plots.norms import mean_norms, residual_norms
 from steerlab.plots.projection import project, projection_heatmap
@@ -19,6 +19,7 @@ __all__ = [
     "project",
     "projection_heatmap",
     "residual_norms",
+    "steering_comparison",
     "sweep_grid",
     "sweep_heatmaps",
     "theme",

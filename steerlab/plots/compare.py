@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -92,3 +93,29 @@ def token_comparison(
     fig.update_xaxes(title_text="generated token position", dtick=1)
     fig.update_yaxes(autorange="reversed")
     return fig
+
+
+def steering_comparison(
+    lm: Any, generation: Any, baseline_row: int = 0, steered_row: int = 1
+) -> go.Figure:
+    """``token_comparison`` for two rows of one generation, log-prob change computed.
+
+    The change is, per steered token, its log-probability under the steered run (recorded
+    during generation) minus under the unsteered model (one scoring pass). Generate both
+    rows in one call with one seed (``alpha=[0, a]``) so they share random numbers.
+
+    >>> out = lm.generate(prompt, vec.steers(alpha=[0.0, 4.0]))  # doctest: +SKIP
+    >>> steering_comparison(lm, out)  # doctest: +SKIP
+    """
+    from steerlab.vectors.scoring import completion_logprobs
+
+    steered = generation.tokens[steered_row]
+    (unsteered,) = completion_logprobs(lm, [generation.prompt_tokens[steered_row]], [steered])
+    change = [s - u for s, u in zip(generation.logprobs[steered_row], unsteered)]
+    words = [
+        [lm.tokenizer.decode([t]) for t in generation.tokens[r]]
+        for r in (baseline_row, steered_row)
+    ]
+    alpha = generation.alphas[steered_row]
+    return token_comparison(words[0], words[1], change,
+                            title=f"steered (alpha {', '.join(f'{a:g}' for a in alpha)}) vs baseline")  # fmt: skip

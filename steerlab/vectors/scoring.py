@@ -48,6 +48,40 @@ def kl_divergence(
     return (logprobs.exp() * (logprobs - reference)).sum(-1)
 
 
+def completion_logprobs(
+    lm: SteerableModel,
+    prompt_tokens: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 64,
+) -> list[list[float]]:
+    """Log-probability of each completion token under the unsteered model.
+
+    Each row is ``prompt + completion`` as token ids (no re-tokenising), left-padded, in
+    batches of ``batch_size``; only the completion's tokens are scored.
+
+    >>> completion_logprobs(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
+    [[-0.4, -1.2, ...], ...]
+    """
+    out: list[list[float]] = []
+    for start in range(0, len(completions), batch_size):
+        chunk = completions[start : start + batch_size]
+        rows = [list(p) + list(c) for p, c in zip(prompt_tokens[start : start + batch_size], chunk)]
+        batch = Batch.left_pad(rows, lm.pad_id)
+        device = lm.backend.input_device
+        with torch.inference_mode():
+            logits = lm.backend.forward(
+                batch.input_ids.to(device), batch.attention_mask.to(device), None
+            )  # [batch, pos, vocab]
+        logprobs = logits[:, :-1].float().log_softmax(-1).cpu()
+        targets = batch.input_ids[:, 1:]
+        picked = logprobs.gather(-1, targets[..., None])[..., 0]  # [batch, pos - 1]
+        out += [
+            picked[i, picked.shape[1] - len(c) :].tolist() if c else [] for i, c in enumerate(chunk)
+        ]
+    return out
+
+
 def completion_nll(
     lm: SteerableModel,
     prompt_tokens: Sequence[Sequence[int]],
@@ -57,33 +91,11 @@ def completion_nll(
 ) -> list[tuple[float, int]]:
     """Summed negative log-likelihood and token count of each completion, unsteered.
 
-    Each row is ``prompt + completion`` as token ids (no re-tokenising), left-padded,
-    in batches of ``batch_size``; only the completion's tokens are scored.
-
     >>> completion_nll(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
     [(12.3, 8), ...]
     """
-    out: list[tuple[float, int]] = []
-    device = lm.backend.input_device
-    for start in range(0, len(completions), batch_size):
-        rows = [
-            list(p) + list(c)
-            for p, c in zip(
-                prompt_tokens[start : start + batch_size], completions[start : start + batch_size]
-            )
-        ]
-        batch = Batch.left_pad(rows, lm.pad_id)
-        with torch.inference_mode():
-            logits = lm.backend.forward(
-                batch.input_ids.to(device), batch.attention_mask.to(device), None
-            )  # [batch, pos, vocab]
-        logprobs = logits[:, :-1].float().log_softmax(-1).cpu()
-        targets = batch.input_ids[:, 1:]
-        nll = -logprobs.gather(-1, targets[..., None])[..., 0]  # [batch, pos - 1]
-        for i, c in enumerate(completions[start : start + batch_size]):
-            n = len(c)
-            out.append((float(nll[i, nll.shape[1] - n :].sum()) if n else 0.0, n))
-    return out
+    rows = completion_logprobs(lm, prompt_tokens, completions, batch_size=batch_size)
+    return [(-sum(row), len(row)) for row in rows]
 
 
 def pooled_perplexity(nlls: Sequence[tuple[float, int]]) -> float:
