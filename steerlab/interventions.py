@@ -66,7 +66,10 @@ class Clamp:
 def _as_alphas(alpha: float | Sequence[float] | torch.Tensor) -> tuple[float, ...]:
     if isinstance(alpha, torch.Tensor):
         alpha = alpha.flatten().tolist()
-    values = (float(alpha),) if isinstance(alpha, numbers.Real) else tuple(map(float, alpha))
+    if isinstance(alpha, numbers.Real):
+        values: tuple[float, ...] = (float(alpha),)
+    else:
+        values = tuple(float(a) for a in alpha)  # type: ignore[union-attr]
     if not values:
         raise SteerError("alpha is empty: give a number or a non-empty list of numbers.")
     if not all(math.isfinite(a) for a in values):

@@ -111,7 +111,8 @@ def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):
         use_safetensors=None if trust_remote_code else True,
     )
     if device_map is None:
-        model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model.to(target)  # type: ignore[arg-type]  # transformers' decorated .to is mistyped
     return model.eval()
 
 
