@@ -191,3 +191,16 @@ def test_debouncer_calls_once_after_a_burst():
     assert calls == [19]
     with pytest.raises(ValueError):
         Debouncer(calls.append, delay=-1)
+
+
+def test_positions_from_token_k_and_top_k_controls(lm, vec):
+    panel = make_panel(lm, {"v": vec})
+    panel.controls.positions.value = 2
+    panel.controls.temperature.value = 1.0
+    panel.controls.top_k.value = 5
+    panel.controls.seed.value = 11
+    site = "blocks.1.hook_resid_pre"
+    expected = lm.generate(PROMPT, sl.Steer(site, vec, alpha=[0.0, 4.0], positions=2),
+                           max_new_tokens=8, temperature=1.0, top_k=5, seed=11)  # fmt: skip
+    assert [panel.baseline_text, panel.steered_text] == expected.text
+    assert panel.rendered.positions == 2 and panel.rendered.top_k == 5

@@ -25,6 +25,7 @@ class Controls:
     alpha: widgets.FloatSlider
     positions: widgets.Dropdown
     temperature: widgets.FloatSlider
+    top_k: widgets.IntSlider
     top_p: widgets.FloatSlider
     seed: widgets.IntText
     max_new_tokens: widgets.IntSlider
@@ -38,7 +39,9 @@ class Controls:
 
     def box(self) -> widgets.VBox:
         steering = widgets.VBox([self.vector, self.layer, self.hook, self.alpha, self.positions])
-        sampling = widgets.VBox([self.temperature, self.top_p, self.seed, self.max_new_tokens])
+        sampling = widgets.VBox(
+            [self.temperature, self.top_k, self.top_p, self.seed, self.max_new_tokens]
+        )
         return widgets.VBox([self.prompt, widgets.HBox([steering, sampling])])
 
 
@@ -96,12 +99,14 @@ def build_controls(
         ),
         alpha=slider(widgets.FloatSlider, "alpha", alpha, *alpha_range, 0.5, readout_format=".1f"),
         positions=widgets.Dropdown(
-            options=["all", "prompt", "generated"],
+            options=[("all", "all"), ("prompt", "prompt"), ("generated", "generated")]
+            + [(f"from token {k}", k) for k in (1, 2, 4, 8, 16)],
             value="all",
             description="positions",
             style=_STYLE,
         ),
         temperature=slider(widgets.FloatSlider, "temperature", 0.0, 0.0, 2.0, 0.05),
+        top_k=slider(widgets.IntSlider, "top_k (0: off)", 0, 0, 100, 1),
         top_p=slider(widgets.FloatSlider, "top_p", 1.0, 0.05, 1.0, 0.05),
         seed=widgets.IntText(value=0, description="seed", style=_STYLE),
         max_new_tokens=slider(widgets.IntSlider, "max tokens", max_new_tokens, 1, 200, 1),

@@ -28,6 +28,7 @@ class PanelRequest:
     alpha: float
     positions: Positions
     temperature: float
+    top_k: int  # 0 means no top-k cut
     top_p: float
     seed: int
     max_new_tokens: int
@@ -86,6 +87,7 @@ def stream_pair(
         steer,
         max_new_tokens=request.max_new_tokens,
         temperature=request.temperature,
+        top_k=request.top_k or None,
         top_p=request.top_p,
         seed=request.seed,
     )
