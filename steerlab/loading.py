@@ -96,7 +96,7 @@ def load(
     else:
         model = _load_hf(path, device, torch_dtype, _device_map(n_devices, device_map),
                          trust_remote_code, revision)  # fmt: skip
-    return SteerableModel(backend_for(model), tokenizer, name=str(name))
+    return SteerableModel(backend_for(model), tokenizer, name=str(name), revision=revision)
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):

@@ -78,10 +78,13 @@ class SteerableModel:
     >>> lm.generate("Once upon a time", max_new_tokens=5).text  # doctest: +SKIP
     """
 
-    def __init__(self, backend: Backend, tokenizer: Any, name: str = "") -> None:
+    def __init__(
+        self, backend: Backend, tokenizer: Any, name: str = "", revision: str | None = None
+    ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.name = name
+        self.revision = revision  # the hub revision it was loaded at, when one was asked for
         self._sites = backend.sites()
 
     @property

@@ -168,3 +168,10 @@ def test_a_combined_vector_round_trips_its_metadata(vec, tmp_path, hf_lm):
     back = SteeringVector.load(combined.save(tmp_path / "sum.safetensors"), model=hf_lm)
     assert back.provenance == combined.provenance
     assert all(torch.equal(back.directions[s], combined.directions[s]) for s in SITES)
+
+
+def test_the_model_revision_is_recorded(tmp_path, hf_lm, monkeypatch):
+    monkeypatch.setattr(hf_lm, "revision", "v1.2-main")
+    vector = extract(hf_lm, ["good"], ["bad"], SITES[:1], progress=False)
+    back = SteeringVector.load(vector.save(tmp_path / "r.safetensors"), model=hf_lm)
+    assert back.provenance.revision == "v1.2-main" == vector.provenance.revision

@@ -35,6 +35,7 @@ class Provenance:
     """
 
     model: str = ""
+    revision: str = ""
     backend: str = ""
     method: str = ""
     data_sha256: str = ""
