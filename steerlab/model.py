@@ -8,63 +8,28 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from steerlab.activations import Activations
 from steerlab.backends.base import Backend
 from steerlab.generation.loop import DecodeConfig, _Builder, decode
-from steerlab.generation.prompts import (
-    Batch,
-    Prompt,
-    PromptError,
-    encode,
-    normalise,
-    token_positions,
-)
+from steerlab.generation.prompts import Prompt, token_positions
 from steerlab.generation.result import Generation, Step
 from steerlab.hooks import HookSet, count_hooks, scoped_hooks
-from steerlab.intervene import Recorder, TokenLayout, attach_steer, check_steers, expand_rows
-from steerlab.interventions import Steer
-from steerlab.sites import Site, resolve
+from steerlab.intervene import Recorder, TokenLayout, attach_steer
+from steerlab.rows import Rows, SteerArg, lay_out
+from steerlab.sites import resolve
 
 _ATTACH_LOCK = threading.Lock()
-
-
-class SteersLike(Protocol):
-    """Anything that turns into steers, such as a ``SteeringVector`` times an alpha."""
-
-    def steers(self) -> list[Steer]: ...
-
-
-SteerArg = Steer | SteersLike | Sequence[Steer] | None
-
-
-def _steers(steer: SteerArg) -> list[Steer]:
-    if steer is None:
-        return []
-    if hasattr(steer, "steers"):
-        return steer.steers()
-    return [s for item in steer for s in _steers(item)]
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """Checked prompts laid out as rows (prompt x alpha, prompt-major), with their steers."""
-
-    prompts: list[Prompt]
-    batch: Batch
-    steers: list[tuple[Site, Steer, torch.Tensor]]  # each with its alpha on every row
-    prompt_index: list[int]
-    alphas: list[tuple[float, ...]]
 
 
 @dataclass(frozen=True)
 class _Plan:
     """A checked generation request: rows, the config, and what to collect."""
 
-    rows: _Rows
+    rows: Rows
     builder: _Builder
     config: DecodeConfig
 
@@ -126,22 +91,6 @@ class SteerableModel:
                 return candidate
         return 0
 
-    def _encode(self, prompts: Sequence[Prompt], chat: bool) -> list[list[int]]:
-        rows = [encode(self.tokenizer, p, chat=chat) for p in prompts]
-        for i, row in enumerate(rows):
-            if not row:
-                raise PromptError(f"Prompt {i} encodes to no tokens.")
-        return rows
-
-    def _check_length(self, rows: list[list[int]], new: int) -> None:
-        n_ctx = self.backend.n_ctx
-        longest = max(len(r) for r in rows)
-        if n_ctx is not None and longest + new > n_ctx:
-            raise PromptError(
-                f"The longest prompt has {longest} tokens; with max_new_tokens={new} that is "
-                f"{longest + new}, beyond this model's context window of {n_ctx}."
-            )
-
     def stream(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -171,25 +120,8 @@ class SteerableModel:
         )  # fmt: skip
         return self._run(self._plan(prompts, steer, config, chat, capture))
 
-    def _rows(
-        self, prompts: Prompt | Sequence[Prompt], steer: SteerArg, chat: bool, new_tokens: int
-    ) -> _Rows:
-        """Check prompts and steers and lay out the rows; nothing touches the model."""
-        prompts = normalise(prompts)
-        steers = _steers(steer)
-        sites = check_steers(self.backend, steers)
-        prompt_index, alphas = expand_rows(len(prompts), steers)
-        encoded = self._encode(prompts, chat)
-        self._check_length(encoded, new_tokens)
-        batch = Batch.left_pad([encoded[p] for p in prompt_index], self.pad_id)
-        attached = [
-            (site, steer, torch.tensor([a[i] for a in alphas]))
-            for i, (site, steer) in enumerate(zip(sites, steers))
-        ]
-        return _Rows(prompts, batch, attached, prompt_index, alphas)
-
     @contextmanager
-    def _steering(self, rows: _Rows, layout: TokenLayout) -> Iterator[HookSet]:
+    def _steering(self, rows: Rows, layout: TokenLayout) -> Iterator[HookSet]:
         """Steers attached, in forward order, for the length of the block; always removed.
 
         Only one steerlab call may have hooks on a model at a time: a second one (another
@@ -220,7 +152,7 @@ class SteerableModel:
         if capture and not config.use_cache:
             raise ValueError("capture needs use_cache=True.")
         captured = [resolve(name, self._sites) for name in capture]
-        rows = self._rows(prompts, steer, chat, config.max_new_tokens)
+        rows = lay_out(self, prompts, steer, chat=chat, new_tokens=config.max_new_tokens)
         meta = {"prompt_index": rows.prompt_index, "alphas": rows.alphas, "prompts": rows.prompts,
                 "seed": config.seed}  # fmt: skip
         builder = _Builder(self.tokenizer, rows.batch, meta, list(config.stop))
@@ -283,7 +215,7 @@ class SteerableModel:
         (last,) = deque(steps, maxlen=1)  # max_new_tokens >= 1: there is a last step
         return last.result()
 
-    def _forward(self, rows: _Rows, recorder: Recorder | None, last_only: bool) -> torch.Tensor:
+    def _forward(self, rows: Rows, recorder: Recorder | None, last_only: bool) -> torch.Tensor:
         layout = TokenLayout(rows.batch.prompt_lengths)
         layout.update(token_positions(rows.batch.attention_mask))
         device = self.backend.input_device
@@ -310,7 +242,9 @@ class SteerableModel:
 
         >>> lm.logits(["Once"], steer, last_only=True)[:, -1].softmax(-1)  # doctest: +SKIP
         """
-        return self._forward(self._rows(prompts, steer, chat, 0), None, last_only)
+        return self._forward(
+            lay_out(self, prompts, steer, chat=chat, new_tokens=0), None, last_only
+        )
 
     def run_with_cache(
         self,
@@ -332,7 +266,7 @@ class SteerableModel:
         """
         names = self._sites if sites is None else list(sites)
         recorder = Recorder([resolve(name, self._sites) for name in names])
-        rows = self._rows(prompts, steer, chat, 0)
+        rows = lay_out(self, prompts, steer, chat=chat, new_tokens=0)
         self._forward(rows, recorder, last_only=True)
         batch = rows.batch
         str_tokens = [
