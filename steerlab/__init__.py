@@ -11,6 +11,7 @@ from importlib import import_module
 from typing import Any
 
 from steerlab.activations import Activations
+from steerlab.amplify import amplify
 from steerlab.generation.result import Generation, Step
 from steerlab.interventions import Ablate, Add, Clamp, Steer, SteerError
 from steerlab.loading import load, wrap
@@ -62,6 +63,7 @@ __all__ = [
     "Step",
     "SweepResult",
     "VectorFileError",
+    "amplify",
     "extract",
     "load",
     "mean_diff",

