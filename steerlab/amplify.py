@@ -31,11 +31,8 @@ class AmplifiedBackend:
         self.after, self.before, self.beta = after, before, beta
         self.model = after.model  # steering hooks, and the hook count, live on ``after``
         self.n_layers, self.d_model = after.n_layers, after.d_model
-        self.n_ctx = (
-            min(n for n in (after.n_ctx, before.n_ctx) if n is not None)
-            if (after.n_ctx or before.n_ctx)
-            else None
-        )
+        limits = [n for n in (after.n_ctx, before.n_ctx) if n is not None]
+        self.n_ctx = min(limits) if limits else None
 
     @property
     def input_device(self) -> torch.device:
