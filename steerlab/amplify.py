@@ -18,6 +18,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from steerlab.backends.base import ActivationFn, Backend
+from steerlab.engine.cache import PairCacheOps
 from steerlab.model import SteerableModel
 from steerlab.sites import Site
 
@@ -33,6 +34,7 @@ class AmplifiedBackend:
         self.n_layers, self.d_model = after.n_layers, after.d_model
         limits = [n for n in (after.n_ctx, before.n_ctx) if n is not None]
         self.n_ctx = min(limits) if limits else None
+        self.cache_ops = PairCacheOps(after.cache_ops, before.cache_ops)
 
     @property
     def input_device(self) -> torch.device:
@@ -47,20 +49,29 @@ class AmplifiedBackend:
     def new_cache(self, batch: int) -> tuple[Any, Any]:
         return self.after.new_cache(batch), self.before.new_cache(batch)
 
+    def modules(self) -> list[torch.nn.Module]:
+        return [*self.after.modules(), *self.before.modules()]  # a call holds both models
+
+    def generation_eos(self) -> set[int]:
+        return self.after.generation_eos()
+
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         cache: tuple[Any, Any] | None,
         *,
+        positions: torch.Tensor | None = None,
         last_only: bool = False,
     ) -> torch.Tensor:
         after_cache, before_cache = cache if cache is not None else (None, None)
-        after = self.after.forward(input_ids, attention_mask, after_cache, last_only=last_only)
+        after = self.after.forward(input_ids, attention_mask, after_cache, positions=positions,
+                                   last_only=last_only)  # fmt: skip
         device = self.before.input_device
         before = self.before.forward(
-            input_ids.to(device), attention_mask.to(device), before_cache, last_only=last_only
-        ).to(after.device, after.dtype)
+            input_ids.to(device), attention_mask.to(device), before_cache,
+            positions=None if positions is None else positions.to(device), last_only=last_only,
+        ).to(after.device, after.dtype)  # fmt: skip
         return after + self.beta * (after - before)
 
 

@@ -1,25 +1,36 @@
-"""Scoped hook registration: every hook steerlab adds comes off in ``finally``.
+"""Steerlab's hooks on a model: tagged, counted and removed by reading the model itself.
 
-Hooks are tagged, so ``count_hooks`` reads the real state of the model rather
-than a counter that could drift; the model's own hooks are never touched.
+Removal never goes through ``RemovableHandle``: a handle holds only a weak reference to
+its module's hook dict, and the cyclic garbage collector clears weak references before it
+runs a dead stream's ``finally``. Scanning the modules' own dicts for the tag removes
+every steerlab hook, including one registered an instant before a KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 _TAG = "__steerlab_hook__"
+_DICTS = ("_forward_hooks", "_forward_pre_hooks")
+_SIDE_DICTS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+               "_forward_pre_hooks_with_kwargs")  # fmt: skip
 
 
 def tag(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark ``fn`` as a steerlab hook, so ``count_hooks`` can find it."""
+    """Mark ``fn`` as a steerlab hook before it is registered."""
     setattr(fn, _TAG, True)
     return fn
+
+
+def _tagged(module: nn.Module) -> list[tuple[dict, int]]:
+    found = []
+    for name in _DICTS:
+        hooks = getattr(module, name, {})
+        found += [(hooks, key) for key, fn in list(hooks.items()) if getattr(fn, _TAG, False)]
+    return found
 
 
 def count_hooks(model: nn.Module) -> int:
@@ -28,39 +39,27 @@ def count_hooks(model: nn.Module) -> int:
     >>> count_hooks(nn.Linear(2, 2))
     0
     """
-    total = 0
-    for module in model.modules():
-        for hooks in (module._forward_hooks, module._forward_pre_hooks):
-            total += sum(1 for fn in hooks.values() if getattr(fn, _TAG, False))
-    return total
+    return sum(len(_tagged(module)) for module in model.modules())
 
 
-class HookSet:
-    """Handles collected while hooks are attached; ``remove`` is idempotent."""
+def remove_hooks(model: nn.Module) -> int:
+    """Remove every steerlab hook from ``model``; the model's own hooks stay. Returns how many.
 
-    def __init__(self) -> None:
-        self._handles: list[RemovableHandle] = []
-
-    def add(self, handles: RemovableHandle | list[RemovableHandle]) -> None:
-        self._handles += handles if isinstance(handles, list) else [handles]
-
-    def remove(self) -> None:
-        while self._handles:
-            self._handles.pop().remove()
-
-    def __len__(self) -> int:
-        return len(self._handles)
-
-
-@contextmanager
-def scoped_hooks() -> Iterator[HookSet]:
-    """Yield a ``HookSet`` whose hooks are removed on any exit.
-
-    That covers a normal exit, an exception raised inside a hook, a
-    KeyboardInterrupt and a generator closed halfway (GeneratorExit).
+    A KeyboardInterrupt arriving mid-way does not stop the removal: it is re-raised once
+    every hook is off.
     """
-    hooks = HookSet()
-    try:
-        yield hooks
-    finally:
-        hooks.remove()
+    removed, interrupted = 0, False
+    while True:
+        try:
+            for module in model.modules():
+                for hooks, key in _tagged(module):
+                    hooks.pop(key, None)
+                    for side in _SIDE_DICTS:
+                        getattr(module, side, {}).pop(key, None)
+                    removed += 1
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt
+    return removed

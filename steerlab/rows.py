@@ -1,4 +1,4 @@
-"""A checked request laid out as rows: prompts x alphas, prompt-major, with their steers.
+"""A checked request laid out as rows: prompts x alphas, prompt-major, as engine requests.
 
 Everything here runs before the model is touched, so bad input fails before any compute.
 """
@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from steerlab.generation.prompts import Batch, Prompt, PromptError, encode, normalise
-from steerlab.intervene import check_steers, expand_rows
-from steerlab.interventions import Steer
-from steerlab.sites import Site
+from steerlab.engine.request import Request, RowSteer, Sampling
+from steerlab.generation.prompts import Prompt, PromptError, encode, normalise
+from steerlab.sites import resolve
+from steerlab.steering.ops import SteerError
+from steerlab.steering.steer import Steer
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -29,12 +28,37 @@ class SteersLike(Protocol):
 SteerArg = Steer | SteersLike | Sequence[Steer] | None
 
 
-def _steers(steer: SteerArg) -> list[Steer]:
+def as_steers(steer: Any) -> list[Steer]:
+    """``steer=`` as a flat list of ``Steer``; anything else is refused by type."""
     if steer is None:
         return []
-    if hasattr(steer, "steers"):
+    if isinstance(steer, Steer) or hasattr(steer, "steers"):
         return steer.steers()
-    return [s for item in steer for s in _steers(item)]
+    if isinstance(steer, (list, tuple)):
+        return [s for item in steer for s in as_steers(item)]
+    raise SteerError(
+        f"steer must be a Steer, a steering vector times alpha, or a list of them; got "
+        f"{type(steer).__name__} {steer!r:.60}."
+    )
+
+
+def expand_rows(
+    n_prompts: int, steers: Sequence[Steer]
+) -> tuple[list[int], list[tuple[float, ...]]]:
+    """Rows for prompts x alphas, prompt-major: ``(prompt index, alpha per steer)`` per row.
+
+    Every steer's alpha list must have the same length k, or length 1.
+    """
+    lengths = {len(s.alpha) for s in steers} - {1}
+    if len(lengths) > 1:
+        raise SteerError(f"Steers have alpha lists of different lengths: {sorted(lengths)}.")
+    k = lengths.pop() if lengths else 1
+    prompt_index, alphas = [], []
+    for p in range(n_prompts):
+        for j in range(k):
+            prompt_index.append(p)
+            alphas.append(tuple(s.alpha[j if len(s.alpha) > 1 else 0] for s in steers))
+    return prompt_index, alphas
 
 
 @dataclass(frozen=True)
@@ -42,10 +66,28 @@ class Rows:
     """Checked prompts laid out as rows (prompt x alpha, prompt-major), with their steers."""
 
     prompts: list[Prompt]
-    batch: Batch
-    steers: list[tuple[Site, Steer, torch.Tensor]]  # each with its alpha on every row
+    encoded: list[list[int]]  # per row: the token ids fed
+    steers: list[Steer]
     prompt_index: list[int]
     alphas: list[tuple[float, ...]]
+
+    def requests(self, sampling: Sampling) -> list[Request]:
+        """One engine request per row; rows of one prompt share a random stream."""
+        seen: dict[str, int] = {}
+        streams = []
+        for prompt in self.prompts:  # repeats of one text get different streams
+            text = repr(prompt)
+            seen[text] = seen.get(text, -1) + 1
+            streams.append(f"{seen[text]}|{text}")
+        return [
+            Request(
+                tuple(ids),
+                tuple(RowSteer.of(s, a) for s, a in zip(self.steers, alphas)),
+                sampling,
+                streams[p],
+            )  # fmt: skip
+            for ids, p, alphas in zip(self.encoded, self.prompt_index, self.alphas)
+        ]
 
 
 def lay_out(
@@ -55,33 +97,47 @@ def lay_out(
     *,
     chat: bool,
     new_tokens: int,
+    continuing: int = 0,
 ) -> Rows:
     """Check prompts and steers against ``lm`` and lay out the rows; nothing runs.
+
+    ``continuing`` is the length of a cache the rows continue: their prompts are then
+    encoded as continuation text (no BOS), and may be empty.
 
     >>> lay_out(lm, ["Hi"], Steer(site, v, alpha=[0, 4]), chat=False, new_tokens=8).alphas  # doctest: +SKIP
     [(0.0,), (4.0,)]
     """
     prompts = normalise(prompts)
-    steers = _steers(steer)
-    sites = check_steers(lm.backend, steers)
+    steers = as_steers(steer)
+    for s in steers:
+        resolve(s.site, lm.sites())
+        if s.vector.shape[0] != lm.d_model:
+            raise SteerError(
+                f"Vector for {s.site} has size {s.vector.shape[0]}, "
+                f"but this model has d_model={lm.d_model}."
+            )
     prompt_index, alphas = expand_rows(len(prompts), steers)
-    encoded = [encode(lm.tokenizer, p, chat=chat) for p in prompts]
-    for i, row in enumerate(encoded):
-        if not row:
-            raise PromptError(f"Prompt {i} encodes to no tokens.")
-    _check_length(encoded, new_tokens, lm.backend.n_ctx)
-    batch = Batch.left_pad([encoded[p] for p in prompt_index], lm.pad_id)
-    attached = [
-        (site, steer, torch.tensor([a[i] for a in alphas]))
-        for i, (site, steer) in enumerate(zip(sites, steers))
-    ]
-    return Rows(prompts, batch, attached, prompt_index, alphas)
+    if continuing:
+        encoded = [_continuation(lm.tokenizer, p) for p in prompts]
+    else:
+        encoded = [encode(lm.tokenizer, p, chat=chat) for p in prompts]
+        for i, row in enumerate(encoded):
+            if not row:
+                raise PromptError(f"Prompt {i} encodes to no tokens.")
+    _check_length(encoded, new_tokens + continuing, lm.n_ctx)
+    return Rows(prompts, [encoded[p] for p in prompt_index], steers, prompt_index, alphas)
+
+
+def _continuation(tokenizer: Any, prompt: Prompt) -> list[int]:
+    if not isinstance(prompt, str):
+        raise PromptError("Continuing a cache takes text (or None), not a list of messages.")
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
 
 
 def _check_length(rows: list[list[int]], new: int, n_ctx: int | None) -> None:
     longest = max(len(r) for r in rows)
     if n_ctx is not None and longest + new > n_ctx:
         raise PromptError(
-            f"The longest prompt has {longest} tokens; with max_new_tokens={new} that is "
-            f"{longest + new}, beyond this model's context window of {n_ctx}."
+            f"The longest prompt has {longest} tokens; with max_new_tokens (and any cached "
+            f"tokens) that is {longest + new}, beyond this model's context window of {n_ctx}."
         )

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from steerlab.engine.cache import CacheOps
 from steerlab.sites import Site
 
 # Receives an activation [batch, pos, d_model]; returns a replacement or None.
@@ -33,7 +35,20 @@ class Backend(Protocol):
 
     def attach(self, site: Site, fn: ActivationFn) -> list[RemovableHandle]: ...
 
+    @property
+    def cache_ops(self) -> CacheOps:
+        """How this backend's cache object is copied, cropped and compacted."""
+        ...
+
     def new_cache(self, batch: int) -> Any: ...
+
+    def modules(self) -> list[nn.Module]:
+        """Every torch module a forward runs through (hooks and the call lock live there)."""
+        ...
+
+    def generation_eos(self) -> set[int]:
+        """End-of-sequence ids from the model's generation config (may be empty)."""
+        ...
 
     def forward(
         self,
@@ -41,9 +56,17 @@ class Backend(Protocol):
         attention_mask: torch.Tensor,  # [batch, cached_pos + new_pos]
         cache: Any | None,
         *,
+        positions: torch.Tensor | None = None,  # [batch, new_pos]; from the mask when None
         last_only: bool = False,
     ) -> torch.Tensor:  # logits [batch, new_pos or 1, vocab]
         ...
+
+
+def config_eos(config: Any) -> set[int]:
+    """The EOS ids a generation config names: one id, a list of them, or none."""
+    eos = getattr(config, "eos_token_id", None)
+    ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    return {i for i in ids if isinstance(i, int)}
 
 
 def position_ids(attention_mask: torch.Tensor, new_pos: int) -> torch.Tensor:

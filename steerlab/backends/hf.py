@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.backends.base import ActivationFn, position_ids
+from steerlab.backends.base import ActivationFn, config_eos, position_ids
+from steerlab.engine.cache import DynamicCacheOps
 from steerlab.hooks import tag
 from steerlab.sites import EMBED, Site, all_sites
 
@@ -136,10 +137,18 @@ class HFBackend:
         first = self._on_input(block, remember)
         return [first, self._on_output(attn, steer_attn)]
 
+    cache_ops = DynamicCacheOps()
+
     def new_cache(self, batch: int) -> Any:
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
+
+    def modules(self) -> list[nn.Module]:
+        return [self.model]
+
+    def generation_eos(self) -> set[int]:
+        return config_eos(getattr(self.model, "generation_config", None))
 
     def forward(
         self,
@@ -147,12 +156,15 @@ class HFBackend:
         attention_mask: torch.Tensor,
         cache: Any | None,
         *,
+        positions: torch.Tensor | None = None,
         last_only: bool = False,
     ) -> torch.Tensor:
+        if positions is None:
+            positions = position_ids(attention_mask, input_ids.shape[1])
         output = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids(attention_mask, input_ids.shape[1]),
+            position_ids=positions,
             past_key_values=cache,
             use_cache=cache is not None,
             logits_to_keep=1 if last_only else 0,

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.backends.base import ActivationFn, position_ids
+from steerlab.backends.base import ActivationFn, config_eos, position_ids
+from steerlab.engine.cache import DynamicCacheOps, LensCacheOps
 from steerlab.hooks import tag
 from steerlab.sites import Site, all_sites
 
@@ -26,6 +27,9 @@ class _LensBackend:
         self.n_layers: int = model.cfg.n_layers
         self.d_model: int = model.cfg.d_model
         self.n_ctx: int | None = model.cfg.n_ctx
+
+    def modules(self) -> list[nn.Module]:
+        return [self.model]
 
     def sites(self) -> list[str]:
         return [name for name in all_sites(self.n_layers) if name in self.model.hook_dict]
@@ -41,6 +45,10 @@ class HookedBackend(_LensBackend):
     """A ``transformer_lens.HookedTransformer``, decoded with its own KV cache."""
 
     kind = "hooked"
+    cache_ops = LensCacheOps()
+
+    def generation_eos(self) -> set[int]:
+        return config_eos(getattr(self.model, "generation_config", None))
 
     @property
     def input_device(self) -> torch.device:
@@ -57,6 +65,7 @@ class HookedBackend(_LensBackend):
         attention_mask: torch.Tensor,
         cache: Any | None,
         *,
+        positions: torch.Tensor | None = None,
         last_only: bool = False,
     ) -> torch.Tensor:
         # The TL cache keeps the mask of earlier steps itself and derives positions from it.
@@ -69,6 +78,10 @@ class BridgeBackend(_LensBackend):
     """A ``transformer_lens.model_bridge.TransformerBridge`` over a HuggingFace model."""
 
     kind = "bridge"
+    cache_ops = DynamicCacheOps()
+
+    def generation_eos(self) -> set[int]:
+        return config_eos(getattr(self.model.original_model, "generation_config", None))
 
     @property
     def input_device(self) -> torch.device:
@@ -85,13 +98,16 @@ class BridgeBackend(_LensBackend):
         attention_mask: torch.Tensor,
         cache: Any | None,
         *,
+        positions: torch.Tensor | None = None,
         last_only: bool = False,
     ) -> torch.Tensor:
+        if positions is None:
+            positions = position_ids(attention_mask, input_ids.shape[1])
         return self.model(
             input_ids,
             return_type="logits",
             attention_mask=attention_mask,
-            position_ids=position_ids(attention_mask, input_ids.shape[1]),
+            position_ids=positions,
             past_key_values=cache,
             use_cache=cache is not None,
             logits_to_keep=1 if last_only else 0,

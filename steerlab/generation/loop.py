@@ -1,186 +1,175 @@
 """The decode loop: prefill once, then one token per step through the KV cache.
 
-Steering is not in here: hooks attached around the loop see every forward pass,
-and the loop only keeps ``TokenLayout`` up to date for them.
+Steering is not in here: hooks attached around the loop see every forward pass through
+the call's per-forward context. The loop samples, records, and drops finished rows.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from steerlab.backends.base import Backend
-from steerlab.generation.prompts import Batch, token_positions
-from steerlab.generation.result import Generation, Step
+from steerlab.engine.cache import KVCache
+from steerlab.engine.context import ForwardContext
+from steerlab.engine.guard import Call
+from steerlab.engine.request import Request
 from steerlab.generation.sampling import sample_next
-from steerlab.intervene import Recorder, TokenLayout
+from steerlab.generation.state import RandomStreams, RowStates
 
 
-@dataclass(frozen=True)
-class DecodeConfig:
-    """How to decode; checked on construction, so bad values fail before any compute."""
-
-    max_new_tokens: int = 40
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_at_eos: bool = True
-    stop: tuple[str, ...] = ()
-    use_cache: bool = True
-
-    def __post_init__(self) -> None:
-        if (
-            isinstance(self.max_new_tokens, bool)
-            or not isinstance(self.max_new_tokens, int)
-            or (self.max_new_tokens < 1)
-        ):
-            raise ValueError(f"max_new_tokens must be an int >= 1; got {self.max_new_tokens!r}.")
-        t = self.temperature
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0; got {t!r}.")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}.")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1; got {self.top_k!r}.")
+def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
 
 
-class _Builder:
-    """Accumulates new tokens per row and turns them into a ``Generation``."""
+class Batch:
+    """The rows of a call still decoding, and every column fed: ids, mask, generated flags.
 
-    def __init__(self, tokenizer: Any, batch: Batch, meta: dict[str, Any], stop: list[str]):
-        self.tokenizer = tokenizer
-        self.meta = meta
-        self.stop = stop
-        rows = batch.input_ids.shape[0]
-        self.prompt_tokens = [
-            ids[mask.bool()].tolist() for ids, mask in zip(batch.input_ids, batch.attention_mask)
-        ]
-        self.tokens: list[list[int]] = [[] for _ in range(rows)]
-        self.logprobs: list[list[float]] = [[] for _ in range(rows)]
-        self.reasons = ["length"] * rows
-        self.done = [False] * rows
-        self.recorder: Recorder | None = None
-
-    def text(self, row: int) -> str:
-        text = self.tokenizer.decode(self.tokens[row], skip_special_tokens=True)
-        if self.reasons[row] == "stop":
-            cut = min((text.find(s) for s in self.stop if s in text), default=len(text))
-            text = text[:cut]
-        return text
-
-    def texts(self) -> list[str]:
-        return [self.text(r) for r in range(len(self.tokens))]
-
-    def add(self, tokens: list[int], logprobs: list[float], eos: set[int], stop_at_eos: bool):
-        for row, (token, logprob) in enumerate(zip(tokens, logprobs)):
-            if self.done[row]:
-                continue
-            if stop_at_eos and token in eos:
-                self.done[row], self.reasons[row] = True, "eos"
-                continue
-            self.tokens[row].append(token)
-            self.logprobs[row].append(logprob)
-            if self.stop and any(s in self.text_raw(row) for s in self.stop):
-                self.done[row], self.reasons[row] = True, "stop"
-
-    def text_raw(self, row: int) -> str:
-        return self.tokenizer.decode(self.tokens[row], skip_special_tokens=True)
-
-    def result(self) -> Generation:
-        activations = self.recorder.stacked() if self.recorder else None
-        return Generation(
-            text=self.texts(),
-            tokens=[list(t) for t in self.tokens],
-            prompt_tokens=self.prompt_tokens,
-            finish_reasons=list(self.reasons),
-            activations=activations,
-            logprobs=[list(lp) for lp in self.logprobs],
-            **self.meta,
-        )
-
-
-class PromptStreams:
-    """One seeded random stream per prompt, shared by that prompt's rows (its alphas).
-
-    A prompt's stream depends only on the seed, the prompt's text and which repeat of that
-    text it is, so a row samples the same tokens whatever else shares its batch, repeats of
-    one prompt get different samples, and a baseline row and a steered row of one prompt
-    draw the same numbers.
+    With a ``cache`` the new columns follow the cached ones (a row's new tokens are
+    left-padded within the new segment, so pads may sit mid-sequence; the mask covers
+    them). A cache with no new tokens recomputes its last position to get logits.
     """
 
-    def __init__(self, seed: int, prompts: list[Any], prompt_index: list[int]) -> None:
-        seen: dict[str, int] = {}
-        self.generators = []
-        for prompt in prompts:
-            text = repr(prompt)
-            repeat = seen[text] = seen.get(text, -1) + 1
-            key = hashlib.sha256(f"{seed}|{repeat}|{text}".encode()).digest()
-            self.generators.append(torch.Generator().manual_seed(int.from_bytes(key[:7], "big")))
-        self.rows = torch.tensor(prompt_index)
+    def __init__(self, backend: Backend, requests: Sequence[Request], cache: KVCache | None,
+                 pad_id: int, use_cache: bool) -> None:  # fmt: skip
+        self.backend, self.use_cache = backend, use_cache
+        self.rows = list(range(len(requests)))  # call rows still in the batch
+        new = [list(r.prompt) for r in requests]
+        first_generated = [False] * len(new)  # is each row's first new token a generated one
+        if cache is not None and not all(new):
+            if not bool(cache.mask[:, -1].all()):
+                raise ValueError(
+                    "A row of this cache finished before the cache's end, so it cannot "
+                    "continue without new tokens: give every row a prompt."
+                )
+            first_generated = cache.generated[:, -1].tolist()
+            new = [[int(cache.tokens[i, -1]), *row] for i, row in enumerate(new)]
+            cache.crop(cache.length - 1)
+        ids, mask = _left_pad(new, pad_id)
+        generated = torch.zeros_like(ids, dtype=torch.bool)
+        for i, row in enumerate(new):
+            if row:
+                generated[i, ids.shape[1] - len(row)] = first_generated[i]
+        if cache is None:
+            self.data = backend.new_cache(len(new)) if use_cache else None
+            self.tokens, self.mask, self.generated, self.fed = ids, mask, generated, 0
+        else:
+            self.data = cache.data
+            self.tokens = torch.cat([cache.tokens, ids], 1)  # [batch, seq]
+            self.mask = torch.cat([cache.mask, mask], 1)  # [batch, seq]
+            self.generated = torch.cat([cache.generated, generated], 1)  # [batch, seq]
+            self.fed = cache.length
 
-    def draw(self) -> torch.Tensor:  # [batch], uniform in [0, 1)
-        per_prompt = torch.cat([torch.rand(1, generator=g) for g in self.generators])
-        return per_prompt[self.rows]
+    def forward(self, call: Call, *, last_only: bool = True) -> torch.Tensor:
+        """Feed the columns not yet in the cache (every column without one).
+
+        Returns logits ``[batch, new_pos or 1, vocab]``.
+        """
+        start = self.fed if self.use_cache else 0
+        device = self.backend.input_device
+        context = ForwardContext.for_mask(torch.tensor(self.rows), self.mask,
+                                          self.generated[:, start:])  # fmt: skip
+        call.context = context
+        try:
+            with torch.inference_mode():
+                logits = self.backend.forward(
+                    self.tokens[:, start:].to(device), self.mask.to(device), self.data,
+                    positions=context.position_ids.to(device), last_only=last_only,
+                )  # fmt: skip
+        finally:
+            call.context = None
+        self.fed = self.tokens.shape[1]
+        return logits
+
+    def append(self, tokens: torch.Tensor, live: torch.Tensor) -> None:
+        """One new column: ``tokens`` [batch], real where ``live`` [batch] bool."""
+        self.tokens = torch.cat([self.tokens, tokens.cpu()[:, None]], 1)
+        self.mask = torch.cat([self.mask, live.long()[:, None]], 1)
+        self.generated = torch.cat([self.generated, live[:, None]], 1)
+
+    def keep(self, index: list[int]) -> None:
+        """Keep only the batch rows at ``index``: finished rows leave, their cache with them."""
+        picked = torch.tensor(index)
+        self.rows = [self.rows[i] for i in index]
+        self.tokens, self.mask = self.tokens[picked], self.mask[picked]
+        self.generated = self.generated[picked]
+        if self.data is not None:
+            self.data = self.backend.cache_ops.select(self.data, picked)
+
+    def cache(self) -> KVCache:
+        """The cache as it stands, with the tokens it holds."""
+        return KVCache(self.data, self.backend.cache_ops, self.tokens, self.mask, self.generated)
+
+
+def sample(logits: torch.Tensor, uniform: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """One token per row, each row with its own settings; rows that agree sample together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(requests):
+        s = r.sampling
+        groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+    if len(groups) == 1:
+        ((temperature, top_k, top_p),) = groups
+        return sample_next(logits, uniform, temperature=temperature, top_k=top_k, top_p=top_p)
+    token = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for (temperature, top_k, top_p), index in groups.items():
+        at = torch.tensor(index, device=logits.device)
+        token[at] = sample_next(logits[at], uniform[index], temperature=temperature,
+                                top_k=top_k, top_p=top_p)  # fmt: skip
+    return token
 
 
 def decode(
-    backend: Backend,
     batch: Batch,
-    layout: TokenLayout,
-    builder: _Builder,
-    config: DecodeConfig,
+    states: RowStates,
+    call: Call,
     *,
-    prompts: list[Any],
-    prompt_index: list[int],  # [batch]: rows of one prompt share one random stream
     eos_ids: set[int],
     pad_id: int,
-) -> Iterator[Step]:
-    """Yield one ``Step`` per new token; hooks must already be attached.
+    compact: bool,
+    keep_cache: bool,
+) -> Iterator[int]:
+    """Decode every row to its end, yielding the step index after each step.
 
     Forward passes run under ``torch.inference_mode``, but never across a ``yield``: the
-    caller's code between steps keeps autograd.
+    caller's code between steps keeps autograd. With ``compact``, finished rows leave the
+    batch once half of it has finished; with ``keep_cache`` the last tokens are fed too,
+    so the cache ends exactly at the end of the text.
     """
-    device = backend.input_device
-    ids = batch.input_ids.to(device)  # [batch, prompt]
-    mask = batch.attention_mask.to(device)  # [batch, prompt]
-    use_cache = config.use_cache
-    cache = backend.new_cache(ids.shape[0]) if use_cache else None
-    assert config.seed is not None, "the plan fixes a seed before decoding"
-    streams = PromptStreams(config.seed, prompts, prompt_index)
-    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
-
-    layout.update(token_positions(mask))
-    with torch.inference_mode():
-        logits = backend.forward(ids, mask, cache, last_only=True)[:, -1]  # [batch, vocab]
-    for step in range(config.max_new_tokens):
-        uniform = streams.draw()  # [batch]
-        token = sample_next(
-            logits,
-            uniform,
-            temperature=config.temperature,
-            top_k=config.top_k,
-            top_p=config.top_p,
-        ).to(device)  # [batch]
+    streams = RandomStreams(states.requests)
+    logits = batch.forward(call)[:, -1]  # [batch, vocab]
+    for step in range(max(r.sampling.max_new_tokens for r in states.requests)):
+        _check_finite(logits, step)
+        live = torch.tensor([not states.done[r] for r in batch.rows])  # [batch]
+        token = sample(logits, streams.draw(batch.rows), [states.requests[r] for r in batch.rows])
         logprob = logits.float().log_softmax(-1).gather(-1, token[:, None].to(logits.device))
-        token = token.masked_fill(finished, pad_id)
-        builder.add(token.tolist(), logprob.squeeze(-1).tolist(), eos_ids, config.stop_at_eos)
-        yield Step(step, token.tolist(), list(builder.done), builder)
-        finished = torch.tensor(builder.done, device=device)
-        if bool(finished.all()) or step == config.max_new_tokens - 1:
+        token = token.cpu().masked_fill(~live, pad_id)  # [batch]
+        for row, t, lp, alive in zip(batch.rows, token.tolist(), logprob[:, 0].tolist(), live):
+            if alive:
+                states.add(row, t, lp, eos_ids)
+        batch.append(token, live)
+        finished = all(states.done[r] for r in batch.rows)
+        if finished and keep_cache:
+            batch.forward(call)  # the cache ends exactly at the end of the text
+        yield step
+        if finished:
             return
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        if use_cache:
-            feed = token[:, None]  # [batch, 1]
-            layout.update(token_positions(mask)[:, -1:])
-        else:  # recompute the whole sequence: the reference the cache is tested against
-            ids = torch.cat([ids, token[:, None]], dim=1)
-            feed = ids
-            layout.update(token_positions(mask))
-        with torch.inference_mode():
-            logits = backend.forward(feed, mask, cache, last_only=True)[:, -1]
+        done = [states.done[r] for r in batch.rows]
+        if compact and 2 * sum(done) >= len(done):
+            batch.keep([i for i, d in enumerate(done) if not d])
+        logits = batch.forward(call)[:, -1]
+
+
+def _check_finite(logits: torch.Tensor, step: int) -> None:
+    if bool(torch.isnan(logits).any()):
+        raise FloatingPointError(
+            f"The model produced NaN logits at step {step}: steering or amplification is too "
+            "strong for this dtype. Lower alpha or beta, or use float32."
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ class Generation:
         logprobs: log-probability of each new token under the (steered) model.
         seed: the sampling seed (drawn fresh when none was given), to repeat the run.
         activations: site -> [row, pos, d_model] over prompt and new tokens, when captured.
+        cache: the KV cache at the end of the text, with ``keep_cache=True`` or ``cache=``.
     """
 
     text: list[str]
@@ -35,6 +37,7 @@ class Generation:
     prompts: list[Any] = field(repr=False)
     seed: int = 0
     activations: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    cache: Any = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -61,20 +64,40 @@ class Generation:
         )
 
 
-@dataclass(frozen=True)
 class Step:
-    """One decode step of ``lm.stream``: the token each row just produced."""
+    """One decode step of ``lm.stream``: the token each row just produced.
 
-    index: int
-    token_ids: list[int]  # the new token of each row (the pad id for rows already done)
-    done: list[bool]
-    _builder: Any = field(repr=False)
+    A step is a snapshot: its ``text`` is each row's completion as it stood after this
+    step, even once the stream has moved on; ``new_text`` is what this step added.
+    """
+
+    def __init__(self, index: int, token_ids: list[int], done: list[bool],
+                 make_result: Callable[[list[int] | None], Generation], states: Any,
+                 lengths: list[int], before: list[int], reasons: list[str]) -> None:  # fmt: skip
+        self.index = index
+        self.token_ids = token_ids  # the new token of each row (the pad id for rows already done)
+        self.done = done
+        self._make_result, self._states = make_result, states
+        self._lengths, self._before, self._reasons = lengths, before, reasons
 
     @property
     def text(self) -> list[str]:
-        """Each row's completion so far."""
-        return self._builder.texts()
+        """Each row's completion after this step."""
+        return [self._states.text(r, n, why) for r, (n, why)
+                in enumerate(zip(self._lengths, self._reasons))]  # fmt: skip
+
+    @property
+    def new_text(self) -> list[str]:
+        """The text each row added at this step ("" for rows already done)."""
+        out = []
+        for r, (n, before, why) in enumerate(zip(self._lengths, self._before, self._reasons)):
+            now, then = self._states.text(r, n, why), self._states.text(r, before, "length")
+            out.append(now[len(then) :] if now.startswith(then) else now)
+        return out
 
     def result(self) -> Generation:
-        """The generation as it stands after this step."""
-        return self._builder.result()
+        """The generation as it stood after this step."""
+        return self._make_result(self._lengths)
+
+    def __repr__(self) -> str:
+        return f"Step(index={self.index}, token_ids={self.token_ids}, done={self.done})"

@@ -1,0 +1,82 @@
+"""Per-row decoding state: new tokens, finish reasons, text, and steps as snapshots."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from steerlab.engine.request import Completion, Request
+
+
+class RowStates:
+    """New tokens of every row of a call, and when and why each row finished."""
+
+    def __init__(self, tokenizer: Any, requests: Sequence[Request]) -> None:
+        self.tokenizer = tokenizer
+        self.requests = list(requests)
+        n = len(self.requests)
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.reasons = ["length"] * n
+        self.done = [False] * n
+
+    def decoded(self, row: int, length: int | None = None) -> str:
+        return self.tokenizer.decode(self.tokens[row][:length], skip_special_tokens=True)
+
+    def text(self, row: int, length: int | None = None, reason: str | None = None) -> str:
+        """A row's completion (its first ``length`` tokens), cut before a stop string."""
+        text = self.decoded(row, length)
+        if (reason or self.reasons[row]) == "stop":
+            stops = self.requests[row].sampling.stop
+            text = text[: min((text.find(s) for s in stops if s in text), default=len(text))]
+        return text
+
+    def add(self, row: int, token: int, logprob: float, eos: set[int]) -> None:
+        """Record one sampled token for a live row, and whether it ends the row."""
+        sampling = self.requests[row].sampling
+        if sampling.stop_at_eos and token in eos:
+            self.done[row], self.reasons[row] = True, "eos"
+            return
+        self.tokens[row].append(token)
+        self.logprobs[row].append(logprob)
+        if sampling.stop and any(s in self.decoded(row) for s in sampling.stop):
+            self.done[row], self.reasons[row] = True, "stop"
+        elif len(self.tokens[row]) >= sampling.max_new_tokens:
+            self.done[row] = True
+
+    def cancel(self, row: int) -> None:
+        """End a row now (its client went away, say); it leaves the batch like a finished one."""
+        if not self.done[row]:
+            self.done[row], self.reasons[row] = True, "cancelled"
+
+    def completions(self) -> list[Completion]:
+        return [
+            Completion(self.text(r), list(self.tokens[r]), list(self.logprobs[r]), self.reasons[r])
+            for r in range(len(self.requests))
+        ]
+
+
+class RandomStreams:
+    """One seeded random stream per distinct ``(seed, stream)`` of the call's rows.
+
+    A stream draws one number per step while a sampling row that uses it is alive, so a
+    row gets the same numbers whatever else shares its batch.
+    """
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self.keys = [(r.sampling.seed, r.stream) for r in requests]
+        self.sampled = [r.sampling.temperature > 0 for r in requests]
+        self.generators: dict[tuple[int, str], torch.Generator] = {}
+        for seed, stream in dict.fromkeys(self.keys):
+            digest = hashlib.sha256(f"{seed}|{stream}".encode()).digest()
+            generator = torch.Generator().manual_seed(int.from_bytes(digest[:7], "big"))
+            self.generators[(seed, stream)] = generator
+
+    def draw(self, rows: Sequence[int]) -> torch.Tensor:  # [len(rows)], uniform in [0, 1)
+        live = dict.fromkeys(self.keys[r] for r in rows if self.sampled[r])
+        drawn = {key: torch.rand(1, generator=self.generators[key]) for key in live}
+        zero = torch.zeros(1)
+        return torch.cat([drawn.get(self.keys[r], zero) for r in rows])

@@ -1,0 +1,85 @@
+"""Attaching a call's steers to a backend: one hook per distinct steer, alphas per row.
+
+A mixed batch holds rows with different steers. Each distinct steer (site, vector, op,
+positions) is hooked once with a per-row alpha, 0 on rows that do not carry it; alpha 0
+leaves an activation bit-identical, so such rows are untouched. A hook acts only while its
+own call has a forward running, and reads rows and positions from that forward's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from steerlab.backends.base import Backend
+from steerlab.engine.guard import Call
+from steerlab.engine.request import RowSteer
+from steerlab.sites import Site, resolve
+from steerlab.steering.ops import Operation, SteerError
+from steerlab.steering.steer import Positions, position_mask
+
+
+@dataclass(frozen=True)
+class AttachedSteer:
+    """One distinct steer of a call, with its alpha on every row of the call."""
+
+    site: Site
+    vector: torch.Tensor  # [d_model]
+    positions: Positions
+    op: Operation
+    alphas: torch.Tensor  # [rows]
+
+
+def check_row_steers(backend: Backend, rows: Sequence[Sequence[RowSteer]]) -> None:
+    """Every steer of every row against the model, before anything runs."""
+    valid = backend.sites()
+    for steers in rows:
+        for steer in steers:
+            resolve(steer.site, valid)
+            if steer.vector.shape[0] != backend.d_model:
+                raise SteerError(
+                    f"Vector for {steer.site} has size {steer.vector.shape[0]}, "
+                    f"but this model has d_model={backend.d_model}."
+                )
+
+
+def group_steers(rows: Sequence[Sequence[RowSteer]]) -> list[AttachedSteer]:
+    """Distinct steers over all rows, in forward order; steers with all alphas 0 are dropped."""
+    groups: dict[tuple, tuple[RowSteer, list[float]]] = {}
+    for r, steers in enumerate(rows):
+        for steer in steers:
+            key = (steer.site, id(steer.vector), steer.positions, steer.op)
+            if key not in groups:
+                groups[key] = (steer, [0.0] * len(rows))
+            groups[key][1][r] = steer.alpha
+    attached = [
+        AttachedSteer(Site.parse(s.site), s.vector, s.positions, s.op, torch.tensor(alphas))
+        for s, alphas in groups.values()
+        if any(alphas)
+    ]
+    return sorted(attached, key=lambda a: a.site.forward_order)
+
+
+def attach_steer(backend: Backend, steer: AttachedSteer, call: Call) -> None:
+    """Hook ``steer`` in for ``call``; it acts on that call's forwards only."""
+    moved: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def apply(act: torch.Tensor) -> torch.Tensor | None:
+        context = call.context
+        if context is None:  # a forward that is not this call's
+            return None
+        key = (act.device, act.dtype)
+        if key not in moved:  # move the vector to wherever this layer lives, once
+            moved[key] = (steer.vector.to(*key), steer.alphas.to(*key))
+        vector, row_alphas = moved[key]
+        rows, pos, generated = context.on(act.device)
+        alphas = row_alphas[rows]  # [batch]
+        batch, seq, d = act.shape
+        touched = position_mask(steer.positions, pos, generated) & (alphas != 0)[:, None]
+        alpha = alphas[:, None].expand(batch, seq).reshape(-1, 1)
+        new = steer.op(act.reshape(-1, d), vector, alpha).reshape(batch, seq, d)
+        return torch.where(touched[..., None], new, act)
+
+    backend.attach(steer.site, apply)
