@@ -109,6 +109,7 @@ class SteerableModel:
         use_cache: bool = True,
         cache: KVCache | None = None,
         keep_cache: bool = False,
+        wait: float = 0.0,
     ) -> Iterator[Step]:
         """Generate token by token, yielding a ``Step`` after each new token.
 
@@ -123,7 +124,7 @@ class SteerableModel:
         rows = self._rows(prompts, steer, chat, max_new_tokens, cache)
         progress = self.engine.stream(
             rows.requests(sampling), cache=cache, keep_cache=keep_cache, capture=capture,
-            use_cache=use_cache, description=f"stream of {len(rows.encoded)} rows",
+            use_cache=use_cache, wait=wait, description=f"stream of {len(rows.encoded)} rows",
         )  # fmt: skip
         return self._steps(progress, rows, seed)
 
@@ -185,6 +186,7 @@ class SteerableModel:
         use_cache: bool = True,
         cache: KVCache | None = None,
         keep_cache: bool = False,
+        wait: float = 0.0,
     ) -> Generation:
         """Generate completions, steered or not, one row per prompt x alpha.
 
@@ -205,6 +207,8 @@ class SteerableModel:
             cache: a ``KVCache`` to continue (advanced in place; ``fork()`` it to keep it).
                 Positions, and what ``positions="prompt"/"generated"`` mean, continue.
             keep_cache: return the cache in ``Generation.cache``, ending at the text's end.
+            wait: seconds to queue behind another call on this model (a paused stream, a
+                panel, another thread); 0 refuses at once, naming the call in flight.
 
         >>> lm.generate("Once upon a time", max_new_tokens=10).text  # doctest: +SKIP
         """
@@ -212,6 +216,7 @@ class SteerableModel:
             prompts, steer, max_new_tokens=max_new_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
             chat=chat, capture=capture, use_cache=use_cache, cache=cache, keep_cache=keep_cache,
+            wait=wait,
         )  # fmt: skip
         (last,) = deque(steps, maxlen=1)  # max_new_tokens >= 1: there is a last step
         return last.result()

@@ -21,7 +21,7 @@ BLOCK_KINDS = (
 EMBED = "hook_embed"
 # Within a block: input, attention written, mid, MLP written, output.
 _FORWARD = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
-_BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(hook_\w+)$")
+_BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(hook_\w+)\Z")
 
 
 class SiteError(ValueError):
@@ -79,7 +79,16 @@ def resolve(name: str, valid: list[str]) -> Site:
     """
     if name in valid:
         return Site.parse(name)
+    if not isinstance(name, str):
+        raise SiteError(f"A site name is a string such as 'blocks.0.hook_resid_pre'; got {name!r}.")
+    if name != name.strip():
+        raise SiteError(
+            f"Site name {name!r} has leading or trailing whitespace; use {name.strip()!r}."
+        )
     match = _BLOCK_RE.match(name)
+    if match and match.group(1) != str(int(match.group(1))):
+        fixed = f"blocks.{int(match.group(1))}.{match.group(2)}"
+        raise SiteError(f"Site name {name!r} writes its layer with a leading zero; use {fixed!r}.")
     layers = sorted({layer for v in valid if (layer := Site.parse(v).layer) is not None})
     if match and match.group(2) in BLOCK_KINDS and layers:
         raise SiteError(

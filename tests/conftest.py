@@ -15,6 +15,11 @@ import steerlab as sl  # noqa: E402
 from steerlab.testing import save_tiny  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--stress-count", type=int, default=20,
+                     help="iterations of the random-interrupt stress test")  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     """Local HF-format folders of a tiny random GPT-2 and Llama."""
