@@ -160,7 +160,7 @@ def test_random_interrupts_never_leave_a_hook(lm, direction, request):
     for _ in range(count):
         target, seen = rng.randrange(1, 400), [0]
 
-        def tracer(frame, event, arg):
+        def tracer(frame, event, arg, target=target, seen=seen):
             if "steerlab" in frame.f_code.co_filename and event == "line":
                 seen[0] += 1
                 if seen[0] == target:

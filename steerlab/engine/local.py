@@ -86,12 +86,14 @@ class LocalEngine:
         use_cache: bool = True,
         wait: float = 0.0,
         description: str = "generate",
+        compact: bool = True,
     ) -> Iterator[Progress]:
         """Decode ``requests`` as one batch, yielding ``Progress`` after every step.
 
         Checks run now; the model is touched from the first ``next``. A ``cache`` is
         continued and advanced in place (``fork`` it first to keep it). Finished rows leave
-        the batch unless the cache is kept or activations are captured.
+        the batch once half of it has (``compact``), unless the cache is kept or
+        activations are captured.
         """
         sites = self.check(requests, capture)
         if cache is not None and cache.batch_size != len(requests):
@@ -104,18 +106,19 @@ class LocalEngine:
             raise ValueError("A request with no prompt tokens needs a cache to continue.")
         recorder = Recorder(sites) if sites else None
         keep = keep_cache or cache is not None
-        return self._stream(list(requests), cache, keep, recorder, use_cache, wait, description)
+        compact = compact and not keep and recorder is None
+        return self._stream(list(requests), cache, keep, recorder, use_cache, wait, description,
+                            compact)  # fmt: skip
 
     def _stream(self, requests: list[Request], cache: KVCache | None, keep_cache: bool,
-                recorder: Recorder | None, use_cache: bool, wait: float,
-                description: str) -> Iterator[Progress]:  # fmt: skip
+                recorder: Recorder | None, use_cache: bool, wait: float, description: str,
+                compact: bool) -> Iterator[Progress]:  # fmt: skip
         states = RowStates(self.tokenizer, requests)
         with calling(self.models(), description, wait=wait) as call:
             self._attach(requests, recorder, call)
             batch = Batch(self.backend, requests, cache, self.pad_id, use_cache)
             steps = decode(batch, states, call, eos_ids=self.eos_ids(), pad_id=self.pad_id,
-                           compact=not keep_cache and recorder is None,
-                           keep_cache=keep_cache)  # fmt: skip
+                           compact=compact, keep_cache=keep_cache)  # fmt: skip
             lengths = [0] * len(requests)
             for index in steps:
                 before, lengths = lengths, [len(t) for t in states.tokens]
@@ -150,9 +153,11 @@ class LocalEngine:
             batch.forward(call)
         return _cache_of(batch, cache, keep=True)()  # type: ignore[return-value]
 
-    def run(self, requests: Sequence[Request], *, wait: float = 0.0) -> list[Completion]:
+    def run(self, requests: Sequence[Request], *, wait: float = 0.0,
+            compact: bool = True) -> list[Completion]:  # fmt: skip
         """Decode every request; one ``Completion`` per request, in order."""
-        (last,) = deque(self.stream(requests, wait=wait, description="run"), maxlen=1)
+        steps = self.stream(requests, wait=wait, description="run", compact=compact)
+        (last,) = deque(steps, maxlen=1)
         return last.states.completions()
 
     def stream_completions(
