@@ -40,7 +40,7 @@ def test_equal_contents_are_equal_vectors(vec):
     assert vec == rebuilt(vec)
     assert vec == copy.deepcopy(vec)
     assert vec * 2 == 2 * vec == rebuilt(vec, scale=2.0)
-    assert not (vec != rebuilt(vec))
+    assert (vec != rebuilt(vec)) is False  # != is the negation, not identity
 
 
 def test_any_difference_in_contents_makes_them_unequal(vec):

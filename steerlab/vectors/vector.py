@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -78,7 +78,7 @@ class SteeringVector:
         sizes = set()
         for name, tensor in self.directions.items():
             Site.parse(name)  # canonical names only
-            tensor = _as_tensor(tensor)
+            tensor = _as_tensor(tensor)  # numpy arrays welcome
             if not isinstance(tensor, torch.Tensor) or tensor.ndim != 1:
                 raise ValueError(f"The direction at {name} must be a 1-D tensor [d_model].")
             if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
@@ -314,7 +314,7 @@ class SteeringVector:
         )
 
 
-def _as_tensor(value: object) -> object:
+def _as_tensor(value: Any) -> Any:
     """A numpy array (anything with ``__array__``) as a tensor; the caller checks the rest."""
     if isinstance(value, torch.Tensor) or not hasattr(value, "__array__"):
         return value
