@@ -5,9 +5,9 @@ only changes ``scale``, and ``scale`` is folded into the steer's alpha, never in
 direction. That is why ``(2 * v)`` at alpha 1 and ``v`` at alpha 2 steer with the very
 same tensor and strength, bit for bit.
 
-A vector is a value: ``==`` compares contents (sites, directions bit for bit with their
-dtype, scale, provenance), and it is unhashable like any mutable-looking container of
-tensors. It multiplies by one number only: ``vec * [0, 4]`` is refused with the fix,
+A vector is a value: ``==`` compares contents (the sites, every direction element for
+element and in the same dtype, on any device, the scale, the provenance). It is deliberately
+unhashable, as a dict of tensors is: use it as a value, not as a dict key. It multiplies by one number only: ``vec * [0, 4]`` is refused with the fix,
 ``vec.steers(alpha=[0, 4])``, because a list of alphas is a batch of rows, which belongs
 to a steer, not to the vector.
 """
@@ -93,7 +93,7 @@ class SteeringVector:
         object.__setattr__(self, "directions", MappingProxyType(ordered))
         object.__setattr__(self, "scale", float(self.scale))
 
-    __hash__ = None  # type: ignore[assignment]  # equal by contents, which tensors make unhashable
+    __hash__ = None  # type: ignore[assignment]  # equal by contents; no key or set member
     __array_ufunc__ = None  # numpy defers to the methods below instead of broadcasting over us
 
     def __eq__(self, other: object) -> bool:
