@@ -27,10 +27,10 @@ lab: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab tutorials/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
-	$(PYTEST) -q -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
+	$(PYTEST) -q -rs -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
 
 test-fast: $(STAMP)
-	$(PYTEST) -q -m "not browser and not slow" tests
+	$(PYTEST) -q -rs -m "not browser and not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check steerlab tests benchmarks

@@ -7,8 +7,8 @@ The core (loading, steering, generation, vectors) never imports plotly or ipywid
 >>> lm = sl.load("steerlab-tiny")  # doctest: +SKIP
 """
 
-from importlib import import_module
-from typing import Any
+from importlib import import_module as _import_module
+from typing import Any as _Any
 
 from steerlab.activations import Activations
 from steerlab.amplify import amplify
@@ -41,12 +41,17 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'steerlab' has no attribute {name!r}")
     module_name, attribute = _LAZY[name]
-    module = import_module(module_name)
+    module = _import_module(module_name)
     return module if attribute is None else getattr(module, attribute)
+
+
+def __dir__() -> list[str]:
+    """The public names, lazy ones included, so ``sl.exp<TAB>`` completes to ``export``."""
+    return sorted([*__all__, "__version__"])
 
 
 __all__ = [

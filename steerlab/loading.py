@@ -13,6 +13,7 @@ import torch
 
 from steerlab.backends import backend_for
 from steerlab.model import SteerableModel
+from steerlab.progress import delayed_library_bars
 
 BackendName = Literal["bridge", "hooked", "hf"]
 BACKENDS = ("bridge", "hooked", "hf")
@@ -51,6 +52,7 @@ def _device_map(n_devices: int | None, device_map: Any) -> Any:
     return "balanced"
 
 
+@delayed_library_bars()  # no weight-loading bar for a model that loads in under a second
 def load(
     name: str | Path,
     backend: BackendName = "bridge",

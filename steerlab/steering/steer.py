@@ -11,11 +11,14 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from steerlab.steering.ops import Add, Operation, SteerError, op_to_data
+
+if TYPE_CHECKING:
+    from steerlab.vectors.vector import SteeringVector
 
 Positions = Literal["all", "prompt", "generated"] | int
 
@@ -85,15 +88,23 @@ class Steer:
     def __init__(
         self,
         site: str,
-        vector: torch.Tensor,
+        vector: torch.Tensor | SteeringVector,
         alpha: float | Sequence[float] | torch.Tensor = 1.0,
         positions: Positions = "all",
         op: Operation | None = None,
     ) -> None:
+        from steerlab.vectors.vector import SteeringVector  # here: vectors imports this module
+
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
+        if isinstance(vector, SteeringVector):  # its direction at site; its scale joins alpha
+            alpha = [vector.scale * a for a in _as_alphas(alpha)]
+            vector = vector.direction_at(site)
         if not isinstance(vector, torch.Tensor):
-            raise SteerError(f"vector must be a torch.Tensor, got {type(vector).__name__}.")
+            raise SteerError(
+                f"vector must be a torch.Tensor or a SteeringVector, got {type(vector).__name__}"
+                " (for a numpy array: torch.as_tensor(array, dtype=torch.float32))."
+            )
         if vector.ndim != 1:
             raise SteerError(f"vector must be 1-D [d_model]; got shape {tuple(vector.shape)}.")
         if not vector.is_floating_point():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from steerlab.generation.prompts import Prompt
+from steerlab.progress import bar
 from steerlab.sites import resolve
 from steerlab.vectors.methods import Method, mean_diff
 from steerlab.vectors.vector import Provenance, SteeringVector
@@ -116,7 +117,7 @@ def extract(
             (a leading BOS left out).
         chat: apply the tokenizer's chat template to every prompt.
         batch_size: prompts per forward pass.
-        progress: show a progress bar over batches.
+        progress: show a progress bar over batches once extraction takes over a second.
 
     Returns:
         A ``SteeringVector`` with one direction per site, scale 1, and its provenance
@@ -139,14 +140,12 @@ def extract(
         raise TypeError(f"method must be a Method such as steerlab.mean_diff; got {method!r}.")
     method.check(len(positive), len(negative))
 
-    from tqdm.auto import tqdm
-
     prompts = positive + negative
     read: dict[str, list[torch.Tensor]] = {s: [] for s in names}
     norm_sums = dict.fromkeys(names, 0.0)
     counts = dict.fromkeys(names, 0)
     starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc="extract", disable=not progress, leave=False):
+    for start in bar(starts, desc="extract", disable=not progress):
         acts = lm.run_with_cache(prompts[start : start + batch_size], names, chat=chat)
         mask = acts.attention_mask
         content = _without_bos(acts.tokens, mask, lm.tokenizer.bos_token_id)

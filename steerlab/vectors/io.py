@@ -29,6 +29,9 @@ FORMAT_VERSION = "1"
 _PICKLE_SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib"}
 _MAX_HEADER = 1 << 24
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+# Backend kinds a vector can be read from. "amplified" is ``sl.amplify``'s pair of models: its
+# activations are the ``after`` model's, and ``model`` names both ("a amplified vs b").
+BACKEND_KINDS = ("bridge", "hooked", "hf", "amplified", "")
 # Free text (model names, paths, versions, method names like "(mean_diff + probe)"): printable,
 # no quoting or code punctuation. Metadata is never executed; this keeps it boring to read.
 _TEXT = re.compile(r"^[A-Za-z0-9 _./:@+\-()?,]{0,300}$")
@@ -119,7 +122,7 @@ SCHEMA: dict[str, Callable[[str], Any]] = {
     "format_version": lambda v: v if v == FORMAT_VERSION else _fail(f"format version {v!r}"),
     "model": _text,
     "revision": _text,
-    "backend": lambda v: v if v in ("bridge", "hooked", "hf", "") else _fail(f"backend {v!r}"),
+    "backend": lambda v: v if v in BACKEND_KINDS else _fail(f"backend {v!r}"),
     "d_model": _int,
     "sites": _sites,
     "method": _text,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from steerlab.generation.prompts import Prompt, normalise
+from steerlab.progress import bar
 from steerlab.sites import Site
 from steerlab.vectors.scoring import (
     completion_nll,
@@ -69,16 +70,25 @@ class SweepResult:
         """The highest-scoring cell whose perplexity is within ``max_ppl_ratio`` x baseline.
 
         Ties go to the smaller ``|alpha|``, then the lower perplexity. Raises ``ValueError`` naming the closest
-        miss when no cell qualifies.
+        miss when no cell qualifies, or saying that ``score=`` is needed when no cell has a score.
         """
+        if all(math.isnan(r["score"]) for r in self.records):
+            raise ValueError(
+                "No cell has a score, so there is no best one: run sl.sweep(..., score=fn) with "
+                "fn(text) -> float (e.g. steerlab.toy.concept_score), or read the perplexity "
+                "and kl columns yourself."
+            )
         limit = max_ppl_ratio * self.baseline["perplexity"]
-        fluent = [
-            r for r in self.records if r["perplexity"] <= limit and not math.isnan(r["score"])
-        ]
-        good = [r for r in fluent if min_score is None or r["score"] >= min_score]
+        fluent = [r for r in self.records if r["perplexity"] <= limit]
+        scored = [r for r in fluent if not math.isnan(r["score"])]
+        good = [r for r in scored if min_score is None or r["score"] >= min_score]
         if not good:
-            top = max(fluent, key=lambda r: r["score"], default=None)
-            hint = f" best fluent score was {top['score']:.3g}" if top else " no cell was fluent"
+            top = max(scored, key=lambda r: r["score"], default=None)
+            hint = (
+                f" best fluent score was {top['score']:.3g}" if top
+                else " no fluent cell has a score" if fluent
+                else " no cell was fluent"
+            )  # fmt: skip
             raise ValueError(
                 f"No cell has perplexity <= {limit:.3g} ({max_ppl_ratio}x baseline)"
                 f"{'' if min_score is None else f' and score >= {min_score}'};{hint}."
@@ -170,12 +180,10 @@ def sweep(
         temperature: 0 for greedy; with a ``seed``, rows of a prompt share random numbers.
         seed: sampling seed.
         chat: apply the chat template to the prompts.
-        progress: show a progress bar over sites.
+        progress: show a progress bar over sites once the sweep takes over a second.
 
     >>> table = sweep(lm, vec, ["Once upon a time"], [-4, 0, 4], layers=[1, 2])  # doctest: +SKIP
     """
-    from tqdm.auto import tqdm
-
     prompts = normalise(prompts)
     alphas = [float(a) for a in alphas]
     if not alphas:
@@ -197,7 +205,7 @@ def sweep(
     }
     records: list[dict[str, Any]] = []
     completions: dict[tuple[Any, ...], list[str]] = {}
-    for name, v, site in tqdm(cells, desc="sweep", disable=not progress, leave=False):
+    for name, v, site in bar(cells, desc="sweep", disable=not progress):
         for record, texts in _sweep_site(lm, v.at(site), prompts, alphas, options, scorer):
             key: tuple[Any, ...] = (site, record["alpha"])
             if named:

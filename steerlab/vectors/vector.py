@@ -4,6 +4,12 @@ A vector is ``scale * directions``. Scalar arithmetic (``v * 4``, ``-v``, ``v / 
 only changes ``scale``, and ``scale`` is folded into the steer's alpha, never into the
 direction. That is why ``(2 * v)`` at alpha 1 and ``v`` at alpha 2 steer with the very
 same tensor and strength, bit for bit.
+
+A vector is a value: ``==`` compares contents (the sites, every direction element for
+element and in the same dtype, on any device, the scale, the provenance). It is deliberately
+unhashable, as a dict of tensors is: use it as a value, not as a dict key. It multiplies by one number only: ``vec * [0, 4]`` is refused with the fix,
+``vec.steers(alpha=[0, 4])``, because a list of alphas is a batch of rows, which belongs
+to a steer, not to the vector.
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steerlab.interventions import Operation, Positions, Steer
+from steerlab.interventions import Operation, Positions, Steer, SteerError
 from steerlab.sites import Site
 
 if TYPE_CHECKING:
@@ -52,7 +58,9 @@ class SteeringVector:
     """A steering direction per site, a scale, and where it came from.
 
     Build one with ``steerlab.extract`` or ``SteeringVector.load``; combine with
-    ``+``, ``-``, ``*``, ``/``. Pass it (times an alpha) straight to ``lm.generate``.
+    ``+``, ``-``, ``*``, ``/`` (by one number). Pass it (times an alpha) straight to
+    ``lm.generate``, or to ``Steer(site, vec)`` for its direction at one site.
+    Directions may be given as torch tensors or numpy arrays.
 
     >>> v = SteeringVector({"blocks.1.hook_resid_pre": torch.ones(4)})
     >>> (2 * v).steers()[0].alpha
@@ -70,6 +78,7 @@ class SteeringVector:
         sizes = set()
         for name, tensor in self.directions.items():
             Site.parse(name)  # canonical names only
+            tensor = _as_tensor(tensor)  # numpy arrays welcome
             if not isinstance(tensor, torch.Tensor) or tensor.ndim != 1:
                 raise ValueError(f"The direction at {name} must be a 1-D tensor [d_model].")
             if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
@@ -83,6 +92,19 @@ class SteeringVector:
         ordered = dict(sorted(clean.items(), key=lambda kv: Site.parse(kv[0])))
         object.__setattr__(self, "directions", MappingProxyType(ordered))
         object.__setattr__(self, "scale", float(self.scale))
+
+    __hash__ = None  # type: ignore[assignment]  # equal by contents; no key or set member
+    __array_ufunc__ = None  # numpy defers to the methods below instead of broadcasting over us
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SteeringVector):
+            return NotImplemented
+        return (
+            self.sites == other.sites
+            and all(_same(self.directions[s], other.directions[s]) for s in self.sites)
+            and self.scale == other.scale
+            and self.provenance == other.provenance
+        )
 
     def __reduce__(self):  # a mappingproxy cannot be copied or pickled; rebuild from a dict
         return (type(self), (dict(self.directions), self.scale, self.provenance))
@@ -112,6 +134,19 @@ class SteeringVector:
         """L2 norm of the effective vector at each site."""
         return {s: abs(self.scale) * float(d.norm()) for s, d in self.directions.items()}
 
+    def direction_at(self, site: str) -> torch.Tensor:
+        """The unscaled direction at ``site``, for ``Steer(site, vec)`` (scale goes to alpha).
+
+        Raises:
+            SteerError: the vector has no direction at ``site``.
+        """
+        if site not in self.directions:
+            raise SteerError(
+                f"This SteeringVector has no direction at {site!r}; it has {self.sites}. "
+                "Steer at one of those, or extract at that site first."
+            )
+        return self.directions[site]
+
     def at(self, site: str) -> SteeringVector:
         """The same vector restricted to one site."""
         self[site]  # a clear KeyError for a missing site
@@ -120,16 +155,16 @@ class SteeringVector:
     # --- arithmetic ---------------------------------------------------------------------
 
     def __mul__(self, k: float) -> SteeringVector:
-        if not isinstance(k, numbers.Real) or isinstance(k, bool):
+        if isinstance(k, SteeringVector):
             return NotImplemented
-        return replace(self, scale=self.scale * float(k))
+        return replace(self, scale=self.scale * _scalar(k, "*"))
 
     __rmul__ = __mul__
 
     def __truediv__(self, k: float) -> SteeringVector:
-        if not isinstance(k, numbers.Real) or isinstance(k, bool):
+        if isinstance(k, SteeringVector):
             return NotImplemented
-        return replace(self, scale=self.scale / float(k))
+        return replace(self, scale=self.scale / _scalar(k, "/"))
 
     def __neg__(self) -> SteeringVector:
         return replace(self, scale=-self.scale)
@@ -277,3 +312,33 @@ class SteeringVector:
             f"&middot; scale {self.scale:g}<table><thead><tr><th>site</th><th>|v|</th>"
             f"<th>residual norm</th></tr></thead><tbody>{rows}</tbody></table>"
         )
+
+
+def _as_tensor(value: Any) -> Any:
+    """A numpy array (anything with ``__array__``) as a tensor; the caller checks the rest."""
+    if isinstance(value, torch.Tensor) or not hasattr(value, "__array__"):
+        return value
+    return torch.as_tensor(value.__array__())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical values of the same dtype; the device does not matter."""
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
+
+
+def _scalar(k: object, op: str) -> float:
+    """``k`` as a float, or a TypeError that says how to write what was meant.
+
+    Plain numbers, numpy scalars and 0-d arrays or tensors are one number. A list or an
+    array of alphas is refused: one vector has one scale, and one row per alpha is a steer.
+    """
+    if isinstance(k, numbers.Real) and not isinstance(k, bool):
+        return float(k)
+    if hasattr(k, "__array__") and getattr(k, "shape", None) == ():  # a 0-d array or tensor
+        return float(k)  # type: ignore[arg-type]
+    if isinstance(k, (list, tuple)) or hasattr(k, "__array__"):
+        raise TypeError(
+            f"SteeringVector {op} takes one number, not {type(k).__name__} {k!r}. For one row "
+            "per alpha, write vec.steers(alpha=[...]) (or sl.Steer(site, vec, alpha=[...]))."
+        )
+    raise TypeError(f"SteeringVector {op} takes one number, not {type(k).__name__}.")
