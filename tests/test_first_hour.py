@@ -35,7 +35,10 @@ def test_tab_completes_lazy_names():
 # --- quiet by default -------------------------------------------------------------------------
 
 
-def test_loading_and_extracting_a_toy_model_print_no_progress_bar(capfd):
+def test_loading_and_extracting_a_toy_model_print_no_progress_bar(capfd, monkeypatch):
+    # A long delay makes this independent of machine speed: it checks that every bar on
+    # this path waits for the delay, not that this machine loads the model in under 1 s.
+    monkeypatch.setattr(progress, "DELAY_S", 60.0)
     lm = sl.load("steerlab-tiny", backend="hf")
     sl.extract(lm, ["I was happy."], ["I was sad."], ["blocks.1.hook_resid_pre"])
     err = capfd.readouterr().err
