@@ -209,3 +209,62 @@ def test_nan_logits_raise_instead_of_an_empty_completion(lm, direction):
     with pytest.raises(FloatingPointError, match="NaN"):
         lm.generate(PROMPTS, sl.Steer(SITE, direction, alpha=1e38), max_new_tokens=3)
     assert lm.hook_count() == 0
+
+
+# --- vector files -------------------------------------------------------------------------------
+
+
+def _vector(lm) -> sl.SteeringVector:
+    return sl.SteeringVector({SITE: torch.ones(lm.d_model)})
+
+
+def test_a_save_that_fails_midway_leaves_the_old_file(lm, tmp_path, monkeypatch):
+    path = _vector(lm).save(tmp_path / "v.safetensors")
+    good = path.read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        (_vector(lm) * 2).save(path)
+    assert path.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir()] == ["v.safetensors"]  # no temporary left
+
+
+def test_a_fifo_named_safetensors_is_refused_without_blocking(tmp_path):
+    import os
+
+    fifo = tmp_path / "trap.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(sl.VectorFileError, match="not a regular file"):
+        sl.SteeringVector.load(fifo)
+
+
+def test_a_file_with_d_model_zero_is_refused(lm, tmp_path):
+    from steerlab.vectors import io
+
+    path = tmp_path / "empty.safetensors"
+    vec = _vector(lm)
+    meta = io._metadata(vec)
+    meta["d_model"] = "0"
+    header = {"__metadata__": meta, SITE: {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}
+    import json
+    import struct
+
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    with pytest.raises(sl.VectorFileError, match="d_model=0"):
+        sl.SteeringVector.load(path)
+
+
+def test_a_file_made_for_another_model_of_the_same_width_warns(lm, tiny_dirs, tmp_path):
+    from steerlab.vectors.io import VectorMismatchWarning
+
+    other = sl.load(tiny_dirs["llama"], backend="hf")
+    vec = sl.extract(other, ["I was happy."], ["I was sad."], [SITE])
+    path = vec.save(tmp_path / "llama.safetensors")
+    assert other.d_model == lm.d_model
+    with pytest.warns(VectorMismatchWarning, match="extracted on"):
+        sl.SteeringVector.load(path, model=lm)

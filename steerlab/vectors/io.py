@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
+import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -190,8 +193,26 @@ def save(vector: SteeringVector, path: str | Path) -> Path:
         offset += len(blob)
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    _write_atomically(path, struct.pack("<Q", len(text)) + text + b"".join(blobs))
     return path
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside ``path``, then rename it over ``path``.
+
+    A save that fails midway (disk full, Ctrl-C) leaves any earlier file intact.
+    """
+    handle, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.",
+                                         suffix=".tmp")  # fmt: skip
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def _looks_pickled(head: bytes) -> bool:
@@ -211,6 +232,9 @@ def read_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             f"Refusing {path.name}: {path.suffix} files may hold pickles, which can run code. "
             "steerlab reads steering vectors from .safetensors only."
         )
+    if not path.is_file():  # a FIFO or device would block the read below
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        raise VectorFileError(f"Refusing {path.name}: it {what}.")
     with path.open("rb") as f:
         head = f.read(8)
         size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
@@ -241,6 +265,8 @@ def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if missing:
         raise VectorFileError(f"{path.name} lacks metadata keys {missing}.")
     meta = {key: SCHEMA[key](value) for key, value in raw.items()}
+    if meta["d_model"] < 1:
+        raise VectorFileError(f"{path.name} says d_model={meta['d_model']}: it holds no vector.")
     if sorted(entries) != sorted(meta["sites"]):
         raise VectorFileError(f"{path.name}: tensor names do not match the 'sites' metadata.")
     for name, entry in entries.items():
@@ -254,6 +280,10 @@ def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return entries, meta
 
 
+class VectorMismatchWarning(UserWarning):
+    """A vector file made for another model of the same width."""
+
+
 def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> None:
     if meta["d_model"] != model.d_model:
         raise VectorFileError(
@@ -265,6 +295,14 @@ def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> Non
             resolve(site, model.sites())
         except SiteError as error:
             raise VectorFileError(f"{path.name} steers a site this model lacks: {error}") from None
+    made_for, this = meta["model"], getattr(model, "name", "")
+    if made_for and this and Path(made_for).name != Path(this).name:
+        warnings.warn(
+            f"{path.name} was extracted on {made_for!r}; this model is {this!r}. Same width, "
+            "but a direction found in one model's residual stream means nothing in another's.",
+            VectorMismatchWarning,
+            stacklevel=3,
+        )
 
 
 def load(path: str | Path, model: SteerableModel | None = None) -> SteeringVector:
