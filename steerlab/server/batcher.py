@@ -41,6 +41,8 @@ class Delta:
     text: str
     tokens: list[int]
     logprobs: list[float]
+    done: bool = False
+    reason: str = "length"
 
 
 @dataclass
@@ -68,10 +70,12 @@ class Job:
     finished: bool = False
     emitted: list[str] = field(default_factory=list)  # per row: text already streamed
     sent: list[int] = field(default_factory=list)  # per row: tokens already streamed
+    closed: list[bool] = field(default_factory=list)  # per row: its end was streamed
 
     def __post_init__(self) -> None:
         self.emitted = [""] * len(self.requests)
         self.sent = [0] * len(self.requests)
+        self.closed = [False] * len(self.requests)
 
     def answer(self, event: Done | Failed) -> None:
         self.finished = True
@@ -214,10 +218,12 @@ def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
         text = states.text(row) if done else _settled(states.decoded(row), job.requests[k].sampling.stop)
         grown = text[len(job.emitted[k]) :] if text.startswith(job.emitted[k]) else ""
         tokens = states.tokens[row][job.sent[k] :]
-        if grown or tokens:
-            job.post(Delta(step, k, grown, list(tokens), list(states.logprobs[row][job.sent[k] :])))
+        if grown or tokens or (done and not job.closed[k]):
+            logprobs = list(states.logprobs[row][job.sent[k] :])
+            job.post(Delta(step, k, grown, list(tokens), logprobs, done, states.reasons[row]))
             job.emitted[k] += grown
             job.sent[k] += len(tokens)
+            job.closed[k] = done
 
 
 def _settled(text: str, stops: tuple[str, ...]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -111,9 +111,11 @@ async def batch(body: BatchRequest, request: Request) -> Response:
     state = _state(request)
     _check_model(state, body.model)
     plan = plan_batch(body, state.models.lm, state.store, state.limits, _beta(state, body))
-    job, events = _submit(state, plan, stream=False)
-    done = await _finish(job, events, request)
-    return JSONResponse(responses.batch(plan, done, state.name, body.logprobs))
+    job, events = _submit(state, plan, body.stream)
+    if not body.stream:
+        done = await _finish(job, events, request)
+        return JSONResponse(responses.batch(plan, done, state.name, body.logprobs))
+    return EventSourceResponse(_batch_sse(job, events, plan, state.name, body.logprobs))
 
 
 @router.post("/v1/vectors")
@@ -194,3 +196,24 @@ async def _sse(job: Job, events: asyncio.Queue[Event], chunk: Callable[..., dict
 
 def _data(payload: dict[str, Any]) -> bytes:
     return format_sse_event(data_str=json.dumps(payload))
+
+
+async def _batch_sse(job: Job, events: asyncio.Queue[Event], plan: Plan, name: str,
+                     logprobs: bool) -> AsyncIterator[bytes]:  # fmt: skip
+    """``/v1/batch`` streamed: the rows' layout, a delta per row per step, then the result."""
+    try:
+        yield _data({"object": "batch.plan", "prompt_token_ids": plan.prompt_tokens,
+                     "prompt_index": plan.prompt_index, "alphas": plan.alphas, "seed": plan.seed})  # fmt: skip
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                yield _data({"object": "batch.delta", **asdict(event)})
+            elif isinstance(event, Done):
+                yield _data(responses.batch(plan, event.completions, name, logprobs))
+                yield format_sse_event(data_str="[DONE]")
+                return
+            else:
+                yield _data(event.error.body())
+                return
+    finally:
+        job.cancelled = not job.finished

@@ -110,3 +110,4 @@ class BatchRequest(Sampled):
     alphas: list[float] | None = None
     chat: bool = False
     logprobs: bool = True
+    stream: bool = False
