@@ -52,10 +52,11 @@ def create_app(
         yield
         batcher.stop()
 
-    app = FastAPI(title="steerlab", lifespan=lifespan, dependencies=[Depends(_auth(api_key))],
-                  max_body_size=limits.max_body_bytes)  # fmt: skip
+    app = FastAPI(title="steerlab", lifespan=lifespan, dependencies=[Depends(_auth(api_key))])
     app.state.steerlab = state
-    app.include_router(router)
+    # Bodies sent without a Content-Length are cut off here (a 413 through _http_error);
+    # the middleware below answers those that announce their size before reading them.
+    app.include_router(router, max_body_size=limits.max_body_bytes)
     app.middleware("http")(_body_limit(limits.max_body_bytes))
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]

@@ -97,6 +97,7 @@ class Batcher:
         self._held: deque[Job] = deque()  # taken from the queue but over the batch's cap
         self._thread = threading.Thread(target=self._loop, name="steerlab-engine", daemon=True)
         self.batches = 0  # batches decoded so far, for /health and tests
+        self.cancelled = 0  # jobs whose rows were ended early because their client went away
 
     def start(self) -> None:
         self._thread.start()
@@ -191,6 +192,7 @@ class Batcher:
                         for row in rows:
                             states.cancel(row)  # the row leaves the batch
                         job.finished = True
+                        self.cancelled += 1
                         continue
                     if job.stream:
                         _emit(job, rows, states, progress.index)

@@ -53,7 +53,8 @@ def _beta(state: ServerState, body: Sampled) -> float | None:
 async def health(request: Request) -> dict[str, Any]:
     state = _state(request)
     return {"status": "ok", "model": state.name, "hooks": state.models.hook_count(),
-            "queued": state.batcher.pending(), "batches": state.batcher.batches}  # fmt: skip
+            "queued": state.batcher.pending(), "batches": state.batcher.batches,
+            "cancelled": state.batcher.cancelled}  # fmt: skip
 
 
 @router.get("/v1/models")
