@@ -7,8 +7,9 @@ its solo run. Rows that finish leave the batch; a job whose rows are all done is
 at once. A cancelled job (its client went away) has its rows ended between steps.
 
 A failure inside a batch (NaN logits from one request's steer, say) fails that request
-alone: the unanswered jobs of the batch are retried one by one, and streamed text already
-sent is not sent again (a rerun decodes the same tokens). Rows with different
+alone: the unanswered jobs of the batch are retried, and streamed text already
+sent is not sent again (a rerun decodes the same tokens). Failing batches are split in
+halves until the failing request is alone. Rows with different
 amplification betas decode in separate batches, one per beta.
 """
 
@@ -118,7 +119,7 @@ class Batcher:
             if jobs is None:
                 return
             for beta in dict.fromkeys(j.beta for j in jobs):
-                group = [j for j in jobs if j.beta == beta and not j.cancelled]
+                group = [j for j in jobs if j.beta == beta]
                 try:
                     self._run(self.models.model_for(beta), group)
                 except Exception as error:  # never let the engine thread die
@@ -128,7 +129,7 @@ class Batcher:
                 self._check_hooks()
             for job in jobs:  # cancelled before their batch started
                 if not job.finished:
-                    job.answer(Failed(ApiError(499, "The client went away.", None, "cancelled")))
+                    self._drop(job)
 
     def _collect(self) -> list[Job] | None:
         """The next batch: the first waiting job, and those arriving within the window."""
@@ -154,24 +155,24 @@ class Batcher:
         return jobs
 
     def _run(self, lm: SteerableModel, jobs: list[Job]) -> None:
-        """Decode ``jobs`` as one batch; on failure, retry each unanswered job alone."""
+        """Decode ``jobs`` as one batch; on failure, split the unanswered jobs in halves and
+        retry each half, so one failing request costs about log2(jobs) extra batches."""
+        for job in jobs:
+            if job.cancelled and not job.finished:
+                self._drop(job)
+        jobs = [j for j in jobs if not j.finished]
         if not jobs:
             return
         try:
             self._decode(lm, jobs)
-            return
         except Exception as error:
             if len(jobs) == 1:
                 jobs[0].answer(Failed(_api_error(error, jobs[0])))
                 return
-            log.info("batch of %d jobs failed (%s); retrying one by one", len(jobs), error)
-        for job in jobs:
-            if job.finished or job.cancelled:
-                continue
-            try:
-                self._decode(lm, [job])
-            except Exception as error:
-                job.answer(Failed(_api_error(error, job)))
+            log.info("a batch of %d jobs failed (%s); retrying in halves", len(jobs), error)
+            left = [j for j in jobs if not j.finished]
+            self._run(lm, left[: len(left) // 2])
+            self._run(lm, left[len(left) // 2 :])
 
     def _decode(self, lm: SteerableModel, jobs: list[Job]) -> None:
         requests = [r for job in jobs for r in job.requests]
@@ -191,8 +192,7 @@ class Batcher:
                     if job.cancelled:
                         for row in rows:
                             states.cancel(row)  # the row leaves the batch
-                        job.finished = True
-                        self.cancelled += 1
+                        self._drop(job)
                         continue
                     if job.stream:
                         _emit(job, rows, states, progress.index)
@@ -200,6 +200,11 @@ class Batcher:
                         job.answer(Done([_completion(states, r) for r in rows]))
         finally:
             steps.close()  # type: ignore[attr-defined]
+
+    def _drop(self, job: Job) -> None:
+        """A job whose client went away: nobody to answer, its rows end now."""
+        job.finished = True
+        self.cancelled += 1
 
     def _check_hooks(self) -> None:
         left = self.models.hook_count()
