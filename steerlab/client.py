@@ -131,7 +131,9 @@ class RemoteModel:
 
     def _body(self, prompts: Any, steer: SteerArg, args: dict[str, Any]) -> dict[str, Any]:
         if args["capture"] or args["cache"] is not None or args["keep_cache"]:
-            raise ValueError("capture, cache and keep_cache run in-process only; use a local model.")
+            raise ValueError(
+                "capture, cache and keep_cache run in-process only; use a local model."
+            )
         listed = normalise(prompts)
         seed = fresh_seed() if args["seed"] is None else args["seed"]
         body: dict[str, Any] = {
@@ -224,7 +226,10 @@ class _RemoteStates:
         self.tokens[r] += delta["tokens"]
         self.logprobs[r] += delta["logprobs"]
         self.texts[r][len(self.tokens[r])] = self.text(r) + delta["text"]
-        self.done[r], self.reasons[r] = delta["done"], delta["reason"] if delta["done"] else "length"
+        self.done[r], self.reasons[r] = (
+            delta["done"],
+            delta["reason"] if delta["done"] else "length",
+        )
 
     def text(self, row: int, length: int | None = None, reason: str | None = None) -> str:
         texts = self.texts[row]

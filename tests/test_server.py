@@ -110,8 +110,10 @@ def test_connect_drives_the_server_like_a_local_model(server, ref, vector):
     steer = sl.Steer(SITE, vector, alpha=[0.0, 5.0], op=sl.Ablate())
     kwargs = dict(max_new_tokens=10, temperature=1.0, seed=3)
     prompts = ["Once upon a time", "Hi"]
-    assert remote.generate(prompts, steer, **kwargs).tokens == ref.generate(prompts, steer,
-                                                                            **kwargs).tokens
+    assert (
+        remote.generate(prompts, steer, **kwargs).tokens
+        == ref.generate(prompts, steer, **kwargs).tokens
+    )
     steps = list(remote.stream(prompts, steer, **kwargs))
     assert steps[-1].result().text == ref.generate(prompts, steer, **kwargs).text
     assert remote.sites() == ref.sites() and remote.hook_count() == 0
@@ -159,8 +161,11 @@ BAD = {
     "infinite alpha": ("inf-alpha", 400, "steering[0].alpha"),
     "unknown op": (_bad(op="scale"), 400, "steering[0].op"),
     "bad positions": (_bad(positions="middle"), 400, "steering[0].positions"),
-    "unknown vector name": (_body(steering=[{"site": SITE, "vector": "nope"}]), 400,
-                            "steering[0].vector"),
+    "unknown vector name": (
+        _body(steering=[{"site": SITE, "vector": "nope"}]),
+        400,
+        "steering[0].vector",
+    ),
     "max_tokens over the context window": (_body(max_tokens=5000), 400, "max_tokens"),
     "max_tokens over the window, under the cap": (_body(max_tokens=2000), 400, "max_tokens"),
     "n over the cap": (_body(n=50), 400, "n"),

@@ -78,7 +78,9 @@ def _auth(api_key: str | None) -> Callable[[Request], None]:
 
 def _body_limit(limit: int) -> Callable[[Request, Callable[[Request], Awaitable[Response]]],
                                          Awaitable[Response]]:  # fmt: skip
-    async def check(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def check(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > limit:
             error = ApiError(413, f"The body has {size} bytes; this server takes at most {limit}.",

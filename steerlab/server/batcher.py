@@ -222,7 +222,11 @@ def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
     """Post each row's new tokens, and its text so far minus what might yet change."""
     for k, row in enumerate(rows):
         done = states.done[row]
-        text = states.text(row) if done else _settled(states.decoded(row), job.requests[k].sampling.stop)
+        text = (
+            states.text(row)
+            if done
+            else _settled(states.decoded(row), job.requests[k].sampling.stop)
+        )
         grown = text[len(job.emitted[k]) :] if text.startswith(job.emitted[k]) else ""
         tokens = states.tokens[row][job.sent[k] :]
         if grown or tokens or (done and not job.closed[k]):

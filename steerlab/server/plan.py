@@ -33,7 +33,6 @@ from steerlab.sites import SiteError, resolve
 from steerlab.steering.ops import Operation, SteerError, op_from_data
 from steerlab.steering.steer import Steer
 
-
 _SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
@@ -167,7 +166,7 @@ def beta_of(body: Sampled, default: float | None, amplifies: bool) -> float | No
 def plan_completion(body: CompletionRequest, lm: SteerableModel, store: VectorStore,
                     limits: Limits, beta: float | None) -> Plan:  # fmt: skip
     """``/v1/completions``: ``lm.generate([p] * n for each prompt p, steer, ...)``."""
-    prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+    prompts: list[Prompt] = [body.prompt] if isinstance(body.prompt, str) else [*body.prompt]
     if body.logprobs:
         raise ApiError(400, "Only the sampled tokens' logprobs are returned: use logprobs=0.",
                        "logprobs")  # fmt: skip
@@ -212,11 +211,12 @@ def plan_batch(body: BatchRequest, lm: SteerableModel, store: VectorStore, limit
         raise ApiError(400, "prompts is empty.", "prompts")
     seed = seed_of(body.seed)
     shared = steers_of(body.steering, lm, store, body.alphas)
-    if all(isinstance(p, str) for p in body.prompts):
+    texts = [p for p in body.prompts if isinstance(p, str)]
+    if len(texts) == len(body.prompts):
         sampling = sampling_of(body, body.max_tokens or 64, seed, limits)
         check_size(len(body.prompts) * max([len(s.alpha) for s in shared] or [1]), limits,
                    "prompts")  # fmt: skip
-        rows, requests = rows_of(lm, list(body.prompts), shared, sampling, chat=body.chat,
+        rows, requests = rows_of(lm, [*texts], shared, sampling, chat=body.chat,
                                  param="prompts")  # fmt: skip
         return Plan(requests, rows.encoded, rows.prompt_index, rows.alphas, seed, beta)
     return _plan_items(body, shared, seed, lm, store, limits, beta)
@@ -232,8 +232,13 @@ def _plan_items(body: BatchRequest, shared: list[Steer], seed: int, lm: Steerabl
             m.model_dump() for m in item.prompt]  # fmt: skip
         merged = body.model_copy(update={k: v for k, v in item.model_dump().items()
                                          if v is not None and k in _SETTINGS})  # fmt: skip
-        steers = shared if item.steering is None else steers_of(
-            item.steering, lm, store, item.alphas or body.alphas, f"prompts[{i}].steering")
+        steers = (
+            shared
+            if item.steering is None
+            else steers_of(
+                item.steering, lm, store, item.alphas or body.alphas, f"prompts[{i}].steering"
+            )
+        )
         sampling = sampling_of(merged, merged.max_tokens or 64,
                                seed if item.seed is None else item.seed, limits)  # fmt: skip
         rows, requests = rows_of(lm, [prompt], steers, sampling, chat=body.chat,

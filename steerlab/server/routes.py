@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
@@ -142,10 +143,8 @@ def _submit(state: ServerState, plan: Plan, stream: bool) -> tuple[Job, asyncio.
     events: asyncio.Queue[Event] = asyncio.Queue()
 
     def post(event: Event) -> None:  # called from the engine thread
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
             loop.call_soon_threadsafe(events.put_nowait, event)
-        except RuntimeError:  # the loop is gone: nobody is listening
-            pass
 
     job = Job(plan.requests, plan.beta, post, stream=stream)
     state.batcher.submit(job)

@@ -24,7 +24,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 def looks_pickled(data: bytes) -> bool:
     """Pickle protocol 2-5 opcodes, or a zip archive (``torch.save``)."""
-    return data.startswith(b"PK\x03\x04") or (data[:1] == b"\x80" and data[1:2] in b"\x02\x03\x04\x05")
+    return data.startswith(b"PK\x03\x04") or (
+        data[:1] == b"\x80" and data[1:2] in b"\x02\x03\x04\x05"
+    )
 
 
 class VectorStore:
