@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[notebook,dev]"
+	$(PY) -m pip install --quiet -e ".[notebook,server,dev]"
 	touch $(STAMP)
 
 # Figure export (kaleido) and the JupyterLab browser test need a Chromium.

@@ -38,6 +38,7 @@ _LAZY = {
     "use_paper_theme": ("steerlab.plots", "use_paper_theme"),
     "export_button": ("steerlab.plots", "export_button"),
     "SteeringPanel": ("steerlab.widgets", "SteeringPanel"),
+    "connect": ("steerlab.client", "connect"),
 }
 
 

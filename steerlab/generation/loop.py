@@ -97,7 +97,7 @@ class Batch:
 
     def keep(self, index: list[int]) -> None:
         """Keep only the batch rows at ``index``: finished rows leave, their cache with them."""
-        picked = torch.tensor(index)
+        picked = torch.tensor(index, dtype=torch.long)
         self.rows = [self.rows[i] for i in index]
         self.tokens, self.mask = self.tokens[picked], self.mask[picked]
         self.generated = self.generated[picked]
@@ -159,9 +159,9 @@ def decode(
         if finished and keep_cache:
             batch.forward(call)  # the cache ends exactly at the end of the text
         yield step
-        if finished:
-            return
         done = [states.done[r] for r in batch.rows]
+        if finished or all(done):  # all(done): the caller cancelled the last rows
+            return
         if compact and 2 * sum(done) >= len(done):
             batch.keep([i for i, d in enumerate(done) if not d])
         logits = batch.forward(call)[:, -1]

@@ -1,0 +1,281 @@
+"""``connect``: a steering server as a model, with ``generate`` and ``stream`` like a local one.
+
+>>> lm = steerlab.connect("http://127.0.0.1:8000")  # doctest: +SKIP
+>>> lm.generate("Once upon a time", steer, max_new_tokens=20, seed=0).text  # doctest: +SKIP
+
+Requests go to the server's ``/v1/batch`` endpoint, which lays rows out and seeds them as
+``lm.generate`` does in-process: the same call gives the same tokens either way. Steers
+travel as data (site, the vector's floats, alphas, positions, op); custom operations,
+activation capture and KV caches stay in-process. Needs ``httpx`` (the ``server`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from steerlab.generation.prompts import Prompt, normalise
+from steerlab.generation.result import Generation, Step
+from steerlab.model import fresh_seed
+from steerlab.rows import SteerArg, as_steers
+from steerlab.steering.ops import op_to_data
+
+
+class ServerError(RuntimeError):
+    """A request the server refused or failed: its status, message and the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None) -> None:
+        where = f" ({param})" if param else ""
+        super().__init__(f"{status}{where}: {message}")
+        self.status, self.message, self.param = status, message, param
+
+
+class RemoteModel:
+    """A model behind a steerlab server; build it with ``connect``."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        card = self._get("/v1/models")["data"][0]
+        self.name: str = card["id"]
+        self.n_layers: int = card["n_layers"]
+        self.d_model: int = card["d_model"]
+        self.n_ctx: int | None = card["n_ctx"]
+        self._sites: list[str] = card["sites"]
+
+    def sites(self) -> list[str]:
+        return list(self._sites)
+
+    def hook_count(self) -> int:
+        """Steerlab hooks on the server's models right now (0 between batches)."""
+        return int(self._get("/health")["hooks"])
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        steer: SteerArg = None,
+        *,
+        max_new_tokens: int = 40,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_at_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        chat: bool = False,
+        capture: Sequence[str] = (),
+        use_cache: bool = True,
+        cache: Any = None,
+        keep_cache: bool = False,
+        amplify: float | None = None,
+    ) -> Generation:
+        """``SteerableModel.generate`` on the server; ``amplify=beta`` asks for LDA."""
+        body = self._body(prompts, steer, locals())
+        return _generation(self._post("/v1/batch", body), body)
+
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        steer: SteerArg = None,
+        *,
+        max_new_tokens: int = 40,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_at_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        chat: bool = False,
+        capture: Sequence[str] = (),
+        use_cache: bool = True,
+        cache: Any = None,
+        keep_cache: bool = False,
+        amplify: float | None = None,
+    ) -> Iterator[Step]:
+        """``SteerableModel.stream`` on the server: a ``Step`` per decode step.
+
+        Closing the generator early closes the connection, which frees the rows.
+        """
+        body = self._body(prompts, steer, locals())
+        return _steps(self._events("/v1/batch", {**body, "stream": True}), body)
+
+    def upload_vector(self, name: str, vector: Any) -> dict[str, Any]:
+        """Send a ``SteeringVector`` (or a ``.safetensors`` path) to the server as ``name``."""
+        import tempfile
+
+        if isinstance(vector, (str, Path)):
+            data = Path(vector).read_bytes()
+        else:
+            with tempfile.TemporaryDirectory() as folder:
+                data = vector.save(Path(folder) / "vector.safetensors").read_bytes()
+        return self._check(self._http.post("/v1/vectors", params={"name": name}, content=data))
+
+    def vectors(self) -> list[dict[str, Any]]:
+        return self._get("/v1/vectors")["data"]
+
+    def delete_vector(self, name: str) -> None:
+        self._check(self._http.delete(f"/v1/vectors/{name}"))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteModel({self.name!r} at {self.url}, n_layers={self.n_layers}, d_model={self.d_model})"
+
+    # --- wire -------------------------------------------------------------------------
+
+    def _body(self, prompts: Any, steer: SteerArg, args: dict[str, Any]) -> dict[str, Any]:
+        if args["capture"] or args["cache"] is not None or args["keep_cache"]:
+            raise ValueError(
+                "capture, cache and keep_cache run in-process only; use a local model."
+            )
+        listed = normalise(prompts)
+        seed = fresh_seed() if args["seed"] is None else args["seed"]
+        body: dict[str, Any] = {
+            "model": self.name, "max_tokens": args["max_new_tokens"],
+            "temperature": args["temperature"], "top_k": args["top_k"], "top_p": args["top_p"],
+            "seed": seed, "ignore_eos": not args["stop_at_eos"], "stop": args["stop"],
+            "chat": args["chat"], "steering": [_steer_data(s) for s in as_steers(steer)],
+            "prompts": [p if isinstance(p, str) else {"prompt": p} for p in listed],
+        }  # fmt: skip
+        if args["amplify"] is not None:
+            body["amplify"] = {"beta": args["amplify"]}
+        body["_prompts"] = listed  # kept client-side for the Generation
+        return body
+
+    def _get(self, path: str) -> dict[str, Any]:
+        return self._check(self._http.get(path))
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        wire = {k: v for k, v in body.items() if not k.startswith("_")}
+        return self._check(self._http.post(path, json=wire))
+
+    def _events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        wire = {k: v for k, v in body.items() if not k.startswith("_")}
+        with self._http.stream("POST", path, json=wire) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._check(response)
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if "error" in event:
+                    error = event["error"]
+                    raise ServerError(error.get("code", 500), error["message"], error.get("param"))
+                yield event
+
+    @staticmethod
+    def _check(response: Any) -> dict[str, Any]:
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                error = {"message": response.text, "param": None}
+            raise ServerError(response.status_code, error["message"], error.get("param"))
+        return response.json()
+
+
+def connect(url: str, *, api_key: str | None = None, timeout: float = 600.0) -> RemoteModel:
+    """A model served by ``steerlab serve`` at ``url``, with ``generate`` and ``stream``.
+
+    >>> lm = connect("http://127.0.0.1:8000")  # doctest: +SKIP
+    """
+    return RemoteModel(url, api_key=api_key, timeout=timeout)
+
+
+def _steer_data(steer: Any) -> dict[str, Any]:
+    data = {"site": steer.site, "vector": steer.vector.float().tolist(),
+            "alpha": list(steer.alpha), "positions": steer.positions}  # fmt: skip
+    op = op_to_data(steer.op)
+    data["op"] = op if len(op) > 1 else op["name"]
+    return data
+
+
+def _generation(reply: dict[str, Any], body: dict[str, Any]) -> Generation:
+    rows = [(result, row) for result in reply["results"] for row in result["rows"]]
+    return Generation(
+        text=[row["text"] for _, row in rows],
+        tokens=[row["token_ids"] for _, row in rows],
+        prompt_tokens=[result["prompt_token_ids"] for result, _ in rows],
+        finish_reasons=[row["finish_reason"] for _, row in rows],
+        prompt_index=[result["index"] for result, _ in rows],
+        alphas=[tuple(row["alphas"]) for _, row in rows],
+        logprobs=[row["logprobs"] or [] for _, row in rows],
+        prompts=body["_prompts"],
+        seed=reply["seed"],
+    )
+
+
+class _RemoteStates:
+    """Each row's text after each step, as the server streamed it (for ``Step.text``)."""
+
+    def __init__(self, n: int) -> None:
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.texts: list[dict[int, str]] = [{0: ""} for _ in range(n)]
+        self.reasons, self.done = ["length"] * n, [False] * n
+
+    def add(self, delta: dict[str, Any]) -> None:
+        r = delta["row"]
+        self.tokens[r] += delta["tokens"]
+        self.logprobs[r] += delta["logprobs"]
+        self.texts[r][len(self.tokens[r])] = self.text(r) + delta["text"]
+        self.done[r], self.reasons[r] = (
+            delta["done"],
+            delta["reason"] if delta["done"] else "length",
+        )
+
+    def text(self, row: int, length: int | None = None, reason: str | None = None) -> str:
+        texts = self.texts[row]
+        n = len(self.tokens[row]) if length is None else length
+        return texts[max(k for k in texts if k <= n)]
+
+
+def _steps(events: Iterator[dict[str, Any]], body: dict[str, Any]) -> Iterator[Step]:
+    plan = next(events)
+    n = len(plan["prompt_index"])
+    states = _RemoteStates(n)
+    lengths = [0] * n
+    pending: list[dict[str, Any]] = []
+
+    def step(index: int, deltas: list[dict[str, Any]]) -> Step:
+        nonlocal lengths
+        before = lengths
+        for delta in deltas:
+            states.add(delta)
+        lengths = [len(t) for t in states.tokens]
+        new = [-1] * n
+        for delta in deltas:
+            if delta["tokens"]:
+                new[delta["row"]] = delta["tokens"][-1]
+        reasons = list(states.reasons)
+        snapshot = (list(lengths), reasons)
+
+        def result(given: list[int] | None) -> Generation:
+            at = given or snapshot[0]
+            return Generation(
+                text=[states.text(r, at[r]) for r in range(n)],
+                tokens=[states.tokens[r][: at[r]] for r in range(n)],
+                prompt_tokens=plan["prompt_token_ids"], finish_reasons=snapshot[1],
+                prompt_index=plan["prompt_index"], alphas=[tuple(a) for a in plan["alphas"]],
+                logprobs=[states.logprobs[r][: at[r]] for r in range(n)],
+                prompts=body["_prompts"], seed=plan["seed"],
+            )  # fmt: skip
+
+        return Step(index, new, list(states.done), result, states, list(lengths), before, reasons)
+
+    for event in events:
+        if event.get("object") != "batch.delta":
+            break
+        if pending and event["step"] != pending[0]["step"]:
+            yield step(pending[0]["step"], pending)
+            pending = []
+        pending.append(event)
+    if pending:
+        yield step(pending[0]["step"], pending)

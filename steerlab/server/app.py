@@ -1,0 +1,108 @@
+"""``create_app``: the FastAPI application around one loaded model and its engine thread."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from steerlab.server.batcher import Batcher
+from steerlab.server.errors import ApiError, field_name
+from steerlab.server.models import ServedModels
+from steerlab.server.plan import Limits
+from steerlab.server.routes import ServerState, router
+from steerlab.server.vectors import VectorStore
+
+
+def create_app(
+    models: ServedModels,
+    *,
+    name: str | None = None,
+    api_key: str | None = None,
+    limits: Limits | None = None,
+    window_ms: float = 5.0,
+    max_batch_rows: int = 64,
+) -> FastAPI:
+    """An OpenAI-compatible steering server for ``models`` (run it with uvicorn).
+
+    Args:
+        models: the served model, and optionally a 'before' model for amplification.
+        name: the model id clients send (default: the model's name).
+        api_key: when set, every request needs ``Authorization: Bearer <api_key>``.
+        limits: per-request caps (``n``, rows, ``max_tokens``, body size).
+        window_ms: how long the engine thread waits for more requests to batch together.
+        max_batch_rows: the most rows decoded in one batch.
+
+    >>> app = create_app(ServedModels(sl.load("steerlab-tiny", backend="hf")))  # doctest: +SKIP
+    >>> uvicorn.run(app, host="127.0.0.1", port=8000)  # doctest: +SKIP
+    """
+    limits = limits or Limits()
+    batcher = Batcher(models, window_s=window_ms / 1000, max_rows=max_batch_rows)
+    state = ServerState(models, VectorStore(models.lm), batcher, limits,
+                        name or models.lm.name or "model")  # fmt: skip
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        yield
+        batcher.stop()
+
+    app = FastAPI(title="steerlab", lifespan=lifespan, dependencies=[Depends(_auth(api_key))])
+    app.state.steerlab = state
+    # Bodies sent without a Content-Length are cut off here (a 413 through _http_error);
+    # the middleware below answers those that announce their size before reading them.
+    app.include_router(router, max_body_size=limits.max_body_bytes)
+    app.middleware("http")(_body_limit(limits.max_body_bytes))
+    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    return app
+
+
+def _auth(api_key: str | None) -> Callable[[Request], None]:
+    def check(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
+                           None, "authentication_error")  # fmt: skip
+
+    return check
+
+
+def _body_limit(limit: int) -> Callable[[Request, Callable[[Request], Awaitable[Response]]],
+                                         Awaitable[Response]]:  # fmt: skip
+    async def check(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > limit:
+            error = ApiError(413, f"The body has {size} bytes; this server takes at most {limit}.",
+                             "body")  # fmt: skip
+            return JSONResponse(error.body(), status_code=413)
+        return await call_next(request)
+
+    return check
+
+
+async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+    first = error.errors()[0]
+    param = field_name(first.get("loc", ()))
+    message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
+    return JSONResponse(ApiError(400, message, param or None).body(), status_code=400)
+
+
+async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+    param = "body" if error.status_code == 413 else None
+    body = ApiError(error.status_code, str(error.detail), param).body()
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)

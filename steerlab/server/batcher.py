@@ -1,0 +1,262 @@
+"""Dynamic batching: one engine thread owns the model and decodes concurrent requests together.
+
+Requests that arrive within ``window_s`` of the first waiting one (up to ``max_rows`` rows)
+decode as one mixed batch through ``lm.engine.stream``: each row carries its own steers and
+sampling, and its random stream depends only on its own request, so a row's tokens equal
+its solo run. Rows that finish leave the batch; a job whose rows are all done is answered
+at once. A cancelled job (its client went away) has its rows ended between steps.
+
+A failure inside a batch (NaN logits from one request's steer, say) fails that request
+alone: the unanswered jobs of the batch are retried, and streamed text already
+sent is not sent again (a rerun decodes the same tokens). Failing batches are split in
+halves until the failing request is alone. Rows with different
+amplification betas decode in separate batches, one per beta.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from steerlab.engine.guard import CallInFlightError
+from steerlab.engine.request import Completion, Request
+from steerlab.generation.state import RowStates
+from steerlab.model import SteerableModel
+from steerlab.server.errors import ApiError
+from steerlab.server.models import ServedModels
+
+log = logging.getLogger("steerlab.server")
+
+
+@dataclass
+class Delta:
+    """New output of one row of a streaming job."""
+
+    step: int
+    row: int
+    text: str
+    tokens: list[int]
+    logprobs: list[float]
+    done: bool = False
+    reason: str = "length"
+
+
+@dataclass
+class Done:
+    completions: list[Completion]
+
+
+@dataclass
+class Failed:
+    error: ApiError
+
+
+Event = Delta | Done | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    """One HTTP request's rows, and where its events go (``post`` must be thread-safe)."""
+
+    requests: list[Request]
+    beta: float | None
+    post: Callable[[Event], None]
+    stream: bool = False
+    cancelled: bool = False
+    finished: bool = False
+    emitted: list[str] = field(default_factory=list)  # per row: text already streamed
+    sent: list[int] = field(default_factory=list)  # per row: tokens already streamed
+    closed: list[bool] = field(default_factory=list)  # per row: its end was streamed
+
+    def __post_init__(self) -> None:
+        self.emitted = [""] * len(self.requests)
+        self.sent = [0] * len(self.requests)
+        self.closed = [False] * len(self.requests)
+
+    def answer(self, event: Done | Failed) -> None:
+        self.finished = True
+        self.post(event)
+
+
+class Batcher:
+    """The engine thread and its queue. ``submit`` is safe from any thread.
+
+    >>> batcher = Batcher(ServedModels(lm), window_s=0.005, max_rows=64)  # doctest: +SKIP
+    >>> batcher.start(); batcher.submit(job)  # doctest: +SKIP
+    """
+
+    def __init__(self, models: ServedModels, *, window_s: float = 0.005, max_rows: int = 64,
+                 lock_wait: float = 60.0) -> None:  # fmt: skip
+        self.models, self.window_s, self.max_rows = models, window_s, max_rows
+        self.lock_wait = lock_wait  # queue this long behind another call on the same model
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._held: deque[Job] = deque()  # taken from the queue but over the batch's cap
+        self._thread = threading.Thread(target=self._loop, name="steerlab-engine", daemon=True)
+        self.batches = 0  # batches decoded so far, for /health and tests
+        self.cancelled = 0  # jobs whose rows were ended early because their client went away
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def pending(self) -> int:
+        return self._queue.qsize() + len(self._held)
+
+    def _loop(self) -> None:
+        while True:
+            jobs = self._collect()
+            if jobs is None:
+                return
+            for beta in dict.fromkeys(j.beta for j in jobs):
+                group = [j for j in jobs if j.beta == beta]
+                try:
+                    self._run(self.models.model_for(beta), group)
+                except Exception as error:  # never let the engine thread die
+                    for job in group:
+                        if not job.finished:
+                            job.answer(Failed(_api_error(error, job)))
+                self._check_hooks()
+            for job in jobs:  # cancelled before their batch started
+                if not job.finished:
+                    self._drop(job)
+
+    def _collect(self) -> list[Job] | None:
+        """The next batch: the first waiting job, and those arriving within the window."""
+        first = self._held.popleft() if self._held else self._queue.get()
+        if first is None:
+            return None
+        jobs, rows = [first], len(first.requests)
+        deadline = time.monotonic() + self.window_s
+        while rows < self.max_rows:
+            try:
+                job = self._held.popleft() if self._held else self._queue.get(
+                    timeout=max(deadline - time.monotonic(), 0))  # fmt: skip
+            except queue.Empty:
+                break
+            if job is None:
+                self._queue.put(None)  # stop after this batch
+                break
+            if rows + len(job.requests) > self.max_rows:
+                self._held.appendleft(job)
+                break
+            jobs.append(job)
+            rows += len(job.requests)
+        return jobs
+
+    def _run(self, lm: SteerableModel, jobs: list[Job]) -> None:
+        """Decode ``jobs`` as one batch; on failure, split the unanswered jobs in halves and
+        retry each half, so one failing request costs about log2(jobs) extra batches."""
+        for job in jobs:
+            if job.cancelled and not job.finished:
+                self._drop(job)
+        jobs = [j for j in jobs if not j.finished]
+        if not jobs:
+            return
+        try:
+            self._decode(lm, jobs)
+        except Exception as error:
+            if len(jobs) == 1:
+                jobs[0].answer(Failed(_api_error(error, jobs[0])))
+                return
+            log.info("a batch of %d jobs failed (%s); retrying in halves", len(jobs), error)
+            left = [j for j in jobs if not j.finished]
+            self._run(lm, left[: len(left) // 2])
+            self._run(lm, left[len(left) // 2 :])
+
+    def _decode(self, lm: SteerableModel, jobs: list[Job]) -> None:
+        requests = [r for job in jobs for r in job.requests]
+        spans, start = [], 0
+        for job in jobs:
+            spans.append((job, range(start, start + len(job.requests))))
+            start += len(job.requests)
+        self.batches += 1
+        steps = lm.engine.stream(requests, wait=self.lock_wait,
+                                 description=f"server batch of {len(requests)} rows")  # fmt: skip
+        try:
+            for progress in steps:
+                states = progress.states
+                for job, rows in spans:
+                    if job.finished:
+                        continue
+                    if job.cancelled:
+                        for row in rows:
+                            states.cancel(row)  # the row leaves the batch
+                        self._drop(job)
+                        continue
+                    if job.stream:
+                        _emit(job, rows, states, progress.index)
+                    if all(states.done[r] for r in rows):
+                        job.answer(Done([_completion(states, r) for r in rows]))
+        finally:
+            steps.close()  # type: ignore[attr-defined]
+
+    def _drop(self, job: Job) -> None:
+        """A job whose client went away: nobody to answer, its rows end now."""
+        job.finished = True
+        self.cancelled += 1
+
+    def _check_hooks(self) -> None:
+        left = self.models.hook_count()
+        if left:  # the engine removes its hooks in ``finally``; this is a second line
+            log.warning("%d steerlab hooks left after a batch; removing them", left)
+            self.models.remove_hooks()
+
+
+def _completion(states: RowStates, row: int) -> Completion:
+    return Completion(states.text(row), list(states.tokens[row]), list(states.logprobs[row]),
+                      states.reasons[row])  # fmt: skip
+
+
+def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
+    """Post each row's new tokens, and its text so far minus what might yet change."""
+    for k, row in enumerate(rows):
+        done = states.done[row]
+        text = (
+            states.text(row)
+            if done
+            else _settled(states.decoded(row), job.requests[k].sampling.stop)
+        )
+        grown = text[len(job.emitted[k]) :] if text.startswith(job.emitted[k]) else ""
+        tokens = states.tokens[row][job.sent[k] :]
+        if grown or tokens or (done and not job.closed[k]):
+            logprobs = list(states.logprobs[row][job.sent[k] :])
+            job.post(Delta(step, k, grown, list(tokens), logprobs, done, states.reasons[row]))
+            job.emitted[k] += grown
+            job.sent[k] += len(tokens)
+            job.closed[k] = done
+
+
+def _settled(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` without a tail that may still change: a partial character or stop string."""
+    cut = len(text.rstrip("\ufffd"))
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return text[:cut]
+
+
+def _api_error(error: Exception, job: Job) -> ApiError:
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, FloatingPointError):
+        param = "steering" if any(r.steers for r in job.requests) else "amplify"
+        return ApiError(422, str(error), param)
+    if isinstance(error, CallInFlightError):
+        return ApiError(503, f"The model is busy: {error}", None, "server_busy")
+    if isinstance(error, ValueError):
+        return ApiError(400, str(error))
+    log.exception("request failed", exc_info=error)
+    return ApiError(500, f"{type(error).__name__}: {error}", None, "server_error")

@@ -1,0 +1,47 @@
+"""Errors a client sees: OpenAI's JSON error shape, with ``param`` naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """A request the server refuses (4xx) or a computation that failed for one request.
+
+    Attributes:
+        status: the HTTP status code.
+        message: what went wrong, for a person.
+        param: the request field at fault, as ``steering[0].vector``; None when no one field is.
+        kind: OpenAI's error ``type`` (``invalid_request_error``, ``authentication_error`` ...).
+    """
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.status}}  # fmt: skip
+
+
+def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
+    """A pydantic location as a field path: ``("body", "steering", 0, "alpha")`` -> ``steering[0].alpha``.
+
+    >>> field_name(("body", "steering", 0, "alpha"))
+    'steering[0].alpha'
+    """
+    out = ""
+    for part in loc:
+        if part == "body" and not out:
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _type_tag(str(part)):
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _type_tag(part: str) -> bool:
+    """Pydantic names the member of a union that failed (``float``, ``list[float]``)."""
+    return "[" in part or "-" in part or part in {"float", "int", "str", "bool", "dict", "list"}

@@ -1,0 +1,253 @@
+"""From a checked request body to engine rows, exactly as ``lm.generate`` lays them out.
+
+A server request is defined as an in-process call: ``/v1/completions`` with prompt P and
+``n`` is ``lm.generate([P] * n, steer, ...)``, rows prompt-major, the k-th repeat of a text
+drawing from its own random stream. A row's stream depends only on its own request, so
+what else shares its batch never changes its tokens. Everything here runs before compute
+and fails with an ``ApiError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from steerlab.engine.request import Request, Sampling
+from steerlab.generation.prompts import Prompt, PromptError
+from steerlab.model import SteerableModel, fresh_seed
+from steerlab.rows import Rows, lay_out
+from steerlab.server.errors import ApiError
+from steerlab.server.schemas import (
+    BatchItem,
+    BatchRequest,
+    ChatRequest,
+    CompletionRequest,
+    Sampled,
+    Steering,
+)
+from steerlab.server.vectors import VectorStore
+from steerlab.sites import SiteError, resolve
+from steerlab.steering.ops import Operation, SteerError, op_from_data
+from steerlab.steering.steer import Steer
+
+_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; larger requests get a 400 naming the field."""
+
+    max_n: int = 16
+    max_rows: int = 64  # prompts x n x alphas in one request
+    max_tokens: int = 4096
+    max_body_bytes: int = 8 << 20
+
+
+@dataclass
+class Plan:
+    """One request's rows, and what its response reports about them (one entry per row)."""
+
+    requests: list[Request]
+    prompt_tokens: list[list[int]]
+    prompt_index: list[int]
+    alphas: list[tuple[float, ...]]
+    seed: int
+    beta: float | None
+
+
+def steers_of(items: Sequence[Steering], lm: SteerableModel, store: VectorStore,
+              alphas: Sequence[float] | None = None, where: str = "steering") -> list[Steer]:  # fmt: skip
+    """The ``Steer`` values a ``steering`` list asks for, each checked against ``lm``."""
+    out: list[Steer] = []
+    for i, item in enumerate(items):
+        out += _steers(item, lm, store, alphas, f"{where}[{i}]")
+    return out
+
+
+def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
+            alphas: Sequence[float] | None, param: str) -> list[Steer]:  # fmt: skip
+    alpha = _alphas(item.alpha if item.alpha is not None else (alphas or 1.0), f"{param}.alpha")
+    op = _op(item.op, f"{param}.op")
+    if item.site is not None:
+        try:
+            resolve(item.site, lm.sites())
+        except SiteError as error:
+            raise ApiError(400, str(error), f"{param}.site") from None
+    if isinstance(item.vector, str):
+        pairs = store.directions(item.vector, item.site, f"{param}.vector")
+    else:
+        if item.site is None:
+            raise ApiError(400, "An inline vector needs a site.", f"{param}.site")
+        pairs = [(item.site, 1.0, _inline(item.vector, lm.d_model, f"{param}.vector"))]
+    try:
+        return [Steer(site, direction, [scale * a for a in alpha], item.positions, op)
+                for site, scale, direction in pairs]  # fmt: skip
+    except SteerError as error:
+        raise ApiError(400, str(error), param) from None
+
+
+def _alphas(alpha: float | Sequence[float], param: str) -> list[float]:
+    values = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
+    if not values or not all(math.isfinite(a) for a in values):
+        raise ApiError(400, f"alpha must be a finite number or a non-empty list; got {alpha!r}.",
+                       param)  # fmt: skip
+    return [float(a) for a in values]
+
+
+def _op(op: str | dict, param: str) -> Operation:
+    try:
+        return op_from_data({"name": op} if isinstance(op, str) else op)
+    except SteerError as error:
+        raise ApiError(400, str(error), param) from None
+
+
+def _inline(values: list[float], d_model: int, param: str) -> torch.Tensor:
+    if len(values) != d_model:
+        raise ApiError(400, f"The vector has {len(values)} values; this model has d_model="
+                            f"{d_model}.", param)  # fmt: skip
+    if not all(math.isfinite(v) for v in values):
+        raise ApiError(400, "The vector has NaN or infinite values.", param)
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits) -> Sampling:
+    """The engine's ``Sampling`` for these settings; ``max_tokens`` is checked against the cap."""
+    if max_tokens > limits.max_tokens:
+        raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most "
+                            f"{limits.max_tokens}.", "max_tokens")  # fmt: skip
+    try:
+        stops = Sampling.stops(body.stop)
+        return Sampling(max_tokens, body.temperature, body.top_k, body.top_p, seed,
+                        not body.ignore_eos, stops)  # fmt: skip
+    except ValueError as error:
+        raise ApiError(400, str(error), "stop") from None
+
+
+def rows_of(lm: SteerableModel, prompts: list[Prompt], steers: list[Steer], sampling: Sampling,
+            *, chat: bool, param: str = "prompt") -> tuple[Rows, list[Request]]:  # fmt: skip
+    """Prompts x alphas as rows, with the context window checked against ``max_tokens``."""
+    try:
+        rows = lay_out(lm, prompts, steers, chat=chat, new_tokens=0)
+    except (PromptError, SteerError) as error:
+        raise ApiError(400, str(error), param) from None
+    longest = max(len(ids) for ids in rows.encoded)
+    if lm.n_ctx is not None and longest + sampling.max_new_tokens > lm.n_ctx:
+        raise ApiError(400, f"The prompt has {longest} tokens; with max_tokens="
+                            f"{sampling.max_new_tokens} that is beyond this model's context "
+                            f"window of {lm.n_ctx}.", "max_tokens")  # fmt: skip
+    return rows, rows.requests(sampling)
+
+
+def check_size(rows: int, limits: Limits, param: str) -> None:
+    if rows > limits.max_rows:
+        raise ApiError(400, f"This request asks for {rows} rows (prompts x n x alphas); this "
+                            f"server allows at most {limits.max_rows}.", param)  # fmt: skip
+
+
+def seed_of(seed: int | None) -> int:
+    return fresh_seed() if seed is None else seed
+
+
+def beta_of(body: Sampled, default: float | None, amplifies: bool) -> float | None:
+    """The request's amplification beta: its own, else the server's; None for none."""
+    if body.amplify is None:
+        return default
+    if not amplifies:
+        raise ApiError(400, "This server holds no 'before' model to amplify against; start it "
+                            "with --amplify-before PATH.", "amplify")  # fmt: skip
+    if not math.isfinite(body.amplify.beta):
+        raise ApiError(400, f"beta must be finite; got {body.amplify.beta!r}.", "amplify.beta")
+    return float(body.amplify.beta)
+
+
+def plan_completion(body: CompletionRequest, lm: SteerableModel, store: VectorStore,
+                    limits: Limits, beta: float | None) -> Plan:  # fmt: skip
+    """``/v1/completions``: ``lm.generate([p] * n for each prompt p, steer, ...)``."""
+    prompts: list[Prompt] = [body.prompt] if isinstance(body.prompt, str) else [*body.prompt]
+    if body.logprobs:
+        raise ApiError(400, "Only the sampled tokens' logprobs are returned: use logprobs=0.",
+                       "logprobs")  # fmt: skip
+    return _plan_one(body, prompts, body.n, body.max_tokens or 16, False, lm, store, limits, beta)
+
+
+def plan_chat(body: ChatRequest, lm: SteerableModel, store: VectorStore, limits: Limits,
+              beta: float | None) -> Plan:  # fmt: skip
+    """``/v1/chat/completions``: ``lm.generate([messages] * n, steer, chat=True, ...)``."""
+    if body.top_logprobs:
+        raise ApiError(400, "Only the sampled tokens' logprobs are returned: leave "
+                            "top_logprobs out.", "top_logprobs")  # fmt: skip
+    messages = [m.model_dump() for m in body.messages]
+    if not messages:
+        raise ApiError(400, "messages is empty.", "messages")
+    new = body.max_completion_tokens or body.max_tokens or 64
+    return _plan_one(body, [messages], body.n, new, True, lm, store, limits, beta, "messages")
+
+
+def _plan_one(body: CompletionRequest | ChatRequest, prompts: list[Prompt], n: int, new: int,
+              chat: bool, lm: SteerableModel, store: VectorStore, limits: Limits,
+              beta: float | None, param: str = "prompt") -> Plan:  # fmt: skip
+    if n > limits.max_n:
+        raise ApiError(400, f"n is {n}; this server allows at most {limits.max_n}.", "n")
+    check_size(len(prompts) * n, limits, "n")
+    steers = steers_of(body.steering, lm, store)
+    if any(len(s.alpha) > 1 for s in steers):
+        raise ApiError(400, "alpha must be one number here; use /v1/batch for a list.",
+                       "steering")  # fmt: skip
+    seed = seed_of(body.seed)
+    sampling = sampling_of(body, new, seed, limits)
+    expanded = [p for p in prompts for _ in range(n)]
+    rows, requests = rows_of(lm, expanded, steers, sampling, chat=chat, param=param)
+    return Plan(requests, rows.encoded, rows.prompt_index, rows.alphas, seed, beta)
+
+
+def plan_batch(body: BatchRequest, lm: SteerableModel, store: VectorStore, limits: Limits,
+               beta: float | None) -> Plan:  # fmt: skip
+    """``/v1/batch``: ``lm.generate(prompts, steer, ...)`` when settings are shared; a
+    prompt with settings of its own gets rows laid out and seeded as in that same call."""
+    if not body.prompts:
+        raise ApiError(400, "prompts is empty.", "prompts")
+    seed = seed_of(body.seed)
+    shared = steers_of(body.steering, lm, store, body.alphas)
+    texts = [p for p in body.prompts if isinstance(p, str)]
+    if len(texts) == len(body.prompts):
+        sampling = sampling_of(body, body.max_tokens or 64, seed, limits)
+        check_size(len(body.prompts) * max([len(s.alpha) for s in shared] or [1]), limits,
+                   "prompts")  # fmt: skip
+        rows, requests = rows_of(lm, [*texts], shared, sampling, chat=body.chat,
+                                 param="prompts")  # fmt: skip
+        return Plan(requests, rows.encoded, rows.prompt_index, rows.alphas, seed, beta)
+    return _plan_items(body, shared, seed, lm, store, limits, beta)
+
+
+def _plan_items(body: BatchRequest, shared: list[Steer], seed: int, lm: SteerableModel,
+                store: VectorStore, limits: Limits, beta: float | None) -> Plan:  # fmt: skip
+    plan = Plan([], [], [], [], seed, beta)
+    seen: dict[str, int] = {}
+    for i, item in enumerate(body.prompts):
+        item = item if isinstance(item, BatchItem) else BatchItem(prompt=item)
+        prompt: Prompt = item.prompt if isinstance(item.prompt, str) else [
+            m.model_dump() for m in item.prompt]  # fmt: skip
+        merged = body.model_copy(update={k: v for k, v in item.model_dump().items()
+                                         if v is not None and k in _SETTINGS})  # fmt: skip
+        steers = (
+            shared
+            if item.steering is None
+            else steers_of(
+                item.steering, lm, store, item.alphas or body.alphas, f"prompts[{i}].steering"
+            )
+        )
+        sampling = sampling_of(merged, merged.max_tokens or 64,
+                               seed if item.seed is None else item.seed, limits)  # fmt: skip
+        rows, requests = rows_of(lm, [prompt], steers, sampling, chat=body.chat,
+                                 param=f"prompts[{i}]")  # fmt: skip
+        text = repr(prompt)  # the k-th repeat of a text draws from stream k, as in lay_out
+        seen[text] = seen.get(text, -1) + 1
+        plan.requests += [replace(r, stream=f"{seen[text]}|{text}") for r in requests]
+        plan.prompt_tokens += rows.encoded
+        plan.prompt_index += [i] * len(requests)
+        plan.alphas += rows.alphas
+        check_size(len(plan.requests), limits, "prompts")
+    return plan

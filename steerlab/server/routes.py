@@ -1,0 +1,219 @@
+"""The endpoints: OpenAI's models, completions and chat, plus health, vectors and batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse, format_sse_event
+
+from steerlab.engine.request import Completion
+from steerlab.server import responses
+from steerlab.server.batcher import Batcher, Delta, Done, Event, Failed, Job
+from steerlab.server.errors import ApiError
+from steerlab.server.models import ServedModels
+from steerlab.server.plan import Limits, Plan, beta_of, plan_batch, plan_chat, plan_completion
+from steerlab.server.schemas import BatchRequest, ChatRequest, CompletionRequest, Sampled
+from steerlab.server.vectors import VectorStore
+
+router = APIRouter()
+
+
+@dataclass
+class ServerState:
+    """What every request reads: the models, the vectors, the engine thread, the limits."""
+
+    models: ServedModels
+    store: VectorStore
+    batcher: Batcher
+    limits: Limits
+    name: str
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.steerlab
+
+
+def _check_model(state: ServerState, name: str) -> None:
+    if name != state.name:
+        raise ApiError(404, f"This server serves {state.name!r}, not {name!r}.", "model",
+                       "model_not_found")  # fmt: skip
+
+
+def _beta(state: ServerState, body: Sampled) -> float | None:
+    return beta_of(body, state.models.default_beta, state.models.amplifies)
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    return {"status": "ok", "model": state.name, "hooks": state.models.hook_count(),
+            "queued": state.batcher.pending(), "batches": state.batcher.batches,
+            "cancelled": state.batcher.cancelled}  # fmt: skip
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    lm = state.models.lm
+    card = {"id": state.name, "object": "model", "owned_by": "steerlab", "created": 0,
+            "n_layers": lm.n_layers, "d_model": lm.d_model, "n_ctx": lm.n_ctx,
+            "sites": lm.sites(), "amplifies": state.models.amplifies,
+            "beta": state.models.default_beta}  # fmt: skip
+    return {"object": "list", "data": [card]}
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    _check_model(state, body.model)
+    plan = plan_completion(body, state.models.lm, state.store, state.limits, _beta(state, body))
+    tokenizer, logprobs = state.models.lm.tokenizer, body.logprobs is not None
+    job, events = _submit(state, plan, body.stream)
+    if not body.stream:
+        done = await _finish(job, events, request)
+        return JSONResponse(responses.completion(plan, done, state.name, body.n, logprobs,
+                                                 tokenizer))  # fmt: skip
+    base = responses.head("cmpl", state.name, "text_completion")
+
+    def chunk(delta: Delta, finish: str | None = None) -> dict[str, Any]:
+        return responses.text_chunk(base, delta, logprobs, tokenizer, finish)
+
+    return EventSourceResponse(_sse(job, events, chunk))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatRequest, request: Request) -> Response:
+    state = _state(request)
+    _check_model(state, body.model)
+    plan = plan_chat(body, state.models.lm, state.store, state.limits, _beta(state, body))
+    tokenizer = state.models.lm.tokenizer
+    job, events = _submit(state, plan, body.stream)
+    if not body.stream:
+        done = await _finish(job, events, request)
+        return JSONResponse(responses.chat(plan, done, state.name, body.n, body.logprobs,
+                                           tokenizer))  # fmt: skip
+    base = responses.head("chatcmpl", state.name, "chat.completion.chunk")
+
+    def chunk(delta: Delta, finish: str | None = None, role: bool = False) -> dict[str, Any]:
+        return responses.chat_chunk(base, delta, body.logprobs, tokenizer, finish, role)
+
+    first = [chunk(Delta(0, k, "", [], []), role=True) for k in range(len(plan.requests))]
+    return EventSourceResponse(_sse(job, events, chunk, first))
+
+
+@router.post("/v1/batch")
+async def batch(body: BatchRequest, request: Request) -> Response:
+    state = _state(request)
+    _check_model(state, body.model)
+    plan = plan_batch(body, state.models.lm, state.store, state.limits, _beta(state, body))
+    job, events = _submit(state, plan, body.stream)
+    if not body.stream:
+        done = await _finish(job, events, request)
+        return JSONResponse(responses.batch(plan, done, state.name, body.logprobs))
+    return EventSourceResponse(_batch_sse(job, events, plan, state.name, body.logprobs))
+
+
+@router.post("/v1/vectors")
+async def upload_vector(request: Request, name: str = Query(...)) -> dict[str, Any]:
+    state = _state(request)
+    vector = state.store.add(name, await request.body())
+    return {"id": name, "object": "vector", "sites": vector.sites, "d_model": vector.d_model}
+
+
+@router.get("/v1/vectors")
+async def list_vectors(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": _state(request).store.listing()}
+
+
+@router.delete("/v1/vectors/{name}")
+async def delete_vector(name: str, request: Request) -> dict[str, Any]:
+    _state(request).store.remove(name)
+    return {"id": name, "object": "vector", "deleted": True}
+
+
+def _submit(state: ServerState, plan: Plan, stream: bool) -> tuple[Job, asyncio.Queue[Event]]:
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event] = asyncio.Queue()
+
+    def post(event: Event) -> None:  # called from the engine thread
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+    job = Job(plan.requests, plan.beta, post, stream=stream)
+    state.batcher.submit(job)
+    return job, events
+
+
+async def _finish(job: Job, events: asyncio.Queue[Event], request: Request) -> list[Completion]:
+    """The job's completions; a client that goes away while waiting cancels its rows."""
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), 0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    raise ApiError(499, "The client went away.", None, "cancelled") from None
+                continue
+            if isinstance(event, Done):
+                return event.completions
+            if isinstance(event, Failed):
+                raise event.error
+    finally:
+        job.cancelled = not job.finished
+
+
+async def _sse(job: Job, events: asyncio.Queue[Event], chunk: Callable[..., dict[str, Any]],
+               first: list[dict[str, Any]] = ()) -> AsyncIterator[bytes]:  # type: ignore[assignment]  # fmt: skip
+    """Server-sent events: a chunk per delta, finish reasons, then ``[DONE]``.
+
+    Closing the response (the client went away) cancels the job's rows between steps.
+    """
+    try:
+        for item in first:
+            yield _data(item)
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                yield _data(chunk(event))
+            elif isinstance(event, Done):
+                for k, c in enumerate(event.completions):
+                    yield _data(chunk(Delta(0, k, "", [], []), responses.FINISH[c.finish_reason]))
+                yield format_sse_event(data_str="[DONE]")
+                return
+            else:
+                yield _data(event.error.body())
+                return
+    finally:
+        job.cancelled = not job.finished
+
+
+def _data(payload: dict[str, Any]) -> bytes:
+    return format_sse_event(data_str=json.dumps(payload))
+
+
+async def _batch_sse(job: Job, events: asyncio.Queue[Event], plan: Plan, name: str,
+                     logprobs: bool) -> AsyncIterator[bytes]:  # fmt: skip
+    """``/v1/batch`` streamed: the rows' layout, a delta per row per step, then the result."""
+    try:
+        yield _data({"object": "batch.plan", "prompt_token_ids": plan.prompt_tokens,
+                     "prompt_index": plan.prompt_index, "alphas": plan.alphas, "seed": plan.seed})  # fmt: skip
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                yield _data({"object": "batch.delta", **asdict(event)})
+            elif isinstance(event, Done):
+                yield _data(responses.batch(plan, event.completions, name, logprobs))
+                yield format_sse_event(data_str="[DONE]")
+                return
+            else:
+                yield _data(event.error.body())
+                return
+    finally:
+        job.cancelled = not job.finished

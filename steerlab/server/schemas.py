@@ -1,0 +1,113 @@
+"""Request bodies as pydantic models: the OpenAI fields, plus ``steering`` and ``amplify``.
+
+Types are checked here (a string where a number belongs is refused with the field named);
+what depends on the model (sites, vector length, context window) is checked in ``plan``.
+Unknown fields are ignored, as OpenAI-compatible servers do, so clients can send extras.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Positions = Literal["all", "prompt", "generated"] | Annotated[int, Field(ge=0)]
+
+
+class Steering(BaseModel):
+    """One steer: ``vector`` is the name of a vector the server holds, or the floats inline.
+
+    ``site`` may be left out for a named vector: it then steers at every site it has.
+    ``alpha`` is a number, or (in ``/v1/batch``) a list giving one row per alpha.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    site: str | None = None
+    vector: str | list[float]
+    alpha: float | list[float] | None = None
+    positions: Positions = "all"
+    op: Literal["add", "ablate", "clamp"] | dict[str, Any] = "add"
+
+
+class Amplify(BaseModel):
+    """Logit-difference amplification: decode from ``after + beta * (after - before)``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    beta: float
+
+
+class Sampled(BaseModel):
+    """Decoding settings shared by every generation endpoint."""
+
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    steering: list[Steering] = []
+    amplify: Amplify | None = None
+
+
+class CompletionRequest(Sampled):
+    """``POST /v1/completions``."""
+
+    model: str
+    prompt: str | list[str]
+    n: Annotated[int, Field(ge=1)] = 1
+    stream: bool = False
+    logprobs: Annotated[int, Field(ge=0)] | None = None
+    echo: bool = False
+
+
+class Message(BaseModel):
+    role: str
+    content: str
+
+
+class ChatRequest(Sampled):
+    """``POST /v1/chat/completions``."""
+
+    model: str
+    messages: list[Message]
+    n: Annotated[int, Field(ge=1)] = 1
+    stream: bool = False
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class BatchItem(BaseModel):
+    """One prompt of ``/v1/batch`` with its own settings (unset ones are the shared ones)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | list[Message]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    steering: list[Steering] | None = None
+    alphas: list[float] | None = None
+
+
+class BatchRequest(Sampled):
+    """``POST /v1/batch``: many prompts in one request, one result per prompt.
+
+    Shared settings apply to every prompt unless its item sets its own. ``alphas`` gives
+    every steer without an ``alpha`` of its own that list: one prompt x k alphas = k rows.
+    Rows are laid out and seeded as ``lm.generate(prompts, ...)`` lays them out.
+    """
+
+    model: str
+    prompts: list[str | BatchItem]
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    alphas: list[float] | None = None
+    chat: bool = False
+    logprobs: bool = True
+    stream: bool = False
