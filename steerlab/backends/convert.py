@@ -174,19 +174,19 @@ _LLAMA_MAPPED = {
     "vocab_size", "hidden_act", "rope_parameters", "rope_scaling", "rope_theta",
 }  # fmt: skip
 _DROPOUT = {"attention_dropout", "attn_pdrop", "embd_pdrop", "resid_pdrop"}
+# n_ctx is a legacy duplicate of n_positions that modeling_gpt2 never reads; the summary_*
+# fields configure a classification head; reorder_and_upcast_attn only changes rounding.
+_GPT2_INERT = {
+    *_DROPOUT, "n_ctx", "reorder_and_upcast_attn", "summary_type", "summary_use_proj",
+    "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+}  # fmt: skip
 
 FAMILIES: dict[str, Family] = {
     "gpt2": Family(
         _gpt2_config,
         "convert_gpt2_weights",
         mapped=frozenset(_GPT2_MAPPED),
-        # n_ctx is a legacy duplicate of n_positions that modeling_gpt2 never reads; the
-        # summary_* fields configure a classification head; reorder_and_upcast_attn only
-        # changes rounding.
-        inert=frozenset({
-            *_DROPOUT, "n_ctx", "reorder_and_upcast_attn", "summary_type", "summary_use_proj",
-            "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
-        }),  # fmt: skip
+        inert=frozenset(_GPT2_INERT),
     ),
     "llama": Family(
         _llama_config,

@@ -20,9 +20,11 @@ from torch import nn
 
 from steerlab.backends.base import Backend
 
-# Largest |logit difference| allowed, as a fraction of the largest |logit|. Two correct
-# implementations differ only by rounding; the measured silent errors are >= 1e-2.
-TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+# Allowed ||logits - hf_logits|| / ||hf_logits|| per dtype. Two correct implementations
+# differ only by rounding (float32: ~1e-6 measured); the silent errors measured on tiny
+# models in float32 are 5e-3 to 1e-2. In half precision rounding on a deep model can reach
+# a few percent, so there the check catches only gross errors.
+TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 PROBE_TOKENS = 8
 
@@ -98,17 +100,17 @@ def check(backend: Backend, reference: Reference, *, strict: bool, name: str) ->
     """
     ids = reference.input_ids.to(backend.input_device)
     logits = backend.forward(ids, torch.ones_like(ids), None).float().cpu()
-    scale = reference.logits.abs().max().clamp_min(1e-6)
-    diff = (logits - reference.logits).abs().max()
+    error = float((logits - reference.logits).norm() / reference.logits.norm().clamp_min(1e-12))
     tolerance = TOLERANCE.get(reference.dtype, 1e-2)
-    if bool(diff <= tolerance * scale):
+    if error <= tolerance:
         return
     message = (
         f"backend={backend.kind!r} disagrees with the HuggingFace model it was built from on "
-        f"{name!r}: on {ids.shape[1]} probe tokens the logits differ by up to {diff:.3g} "
-        f"({diff / scale:.2g} of the largest logit; {reference.dtype} rounding allows "
-        f"{tolerance:g}). Results on this backend may be wrong: use backend='hf' for this "
-        "model. sl.load(..., strict=True) refuses instead of warning."
+        f"{name!r}: on {ids.shape[1]} probe tokens the logits differ by {error:.2g} of their "
+        f"norm (max |difference| {(logits - reference.logits).abs().max():.3g}; "
+        f"{reference.dtype} rounding allows {tolerance:g}). Results on this backend may be "
+        "wrong: use backend='hf' for this model. sl.load(..., strict=True) refuses instead "
+        "of warning."
     )
     if strict:
         raise ParityError(message)
