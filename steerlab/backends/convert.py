@@ -102,7 +102,7 @@ def _gpt2_config(c: Any) -> dict[str, Any]:
     )
 
 
-def rope_parameters(c: Any) -> dict[str, Any]:
+def _rope_settings(c: Any) -> dict[str, Any]:
     """The RoPE settings as one dict, from transformers 5 or the older split fields."""
     rope = getattr(c, "rope_parameters", None)
     if rope is None:
@@ -113,12 +113,13 @@ def rope_parameters(c: Any) -> dict[str, Any]:
 
 def _rope_config(c: Any) -> dict[str, Any]:
     """RoPE fields for TransformerLens: plain, linear, or llama3 (NTK-by-parts)."""
-    rope = rope_parameters(c)
+    rope = _rope_settings(c)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_KEYS:
         _refuse(c, [f"rope_parameters rope_type={kind!r} (TransformerLens reproduces "
                     f"{', '.join(ROPE_KEYS)} for this family)"])  # fmt: skip
-    extra = sorted(set(rope) - ROPE_KEYS[kind])
+    unused = set(rope) - ROPE_KEYS[kind]
+    extra = sorted(k for k in unused if (k, rope[k]) != ("partial_rotary_factor", 1.0))
     _refuse(c, [f"rope_parameters[{key!r}]={rope[key]!r} (not mapped)" for key in extra])
     fields: dict[str, Any] = dict(rotary_base=rope.get("rope_theta", 10000.0))
     if kind == "linear":
