@@ -12,6 +12,7 @@ from typing import Any as _Any
 
 from steerlab.activations import Activations
 from steerlab.amplify import amplify
+from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.generation.result import Generation, Step
 from steerlab.interventions import Ablate, Add, Clamp, Steer, SteerError
 from steerlab.loading import load, wrap
@@ -61,6 +62,8 @@ __all__ = [
     "Add",
     "Clamp",
     "Generation",
+    "ParityError",
+    "ParityWarning",
     "SiteError",
     "Steer",
     "SteerError",

