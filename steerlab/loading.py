@@ -156,6 +156,7 @@ def load(
     if device is not None and (device_map is not None or (n_devices or 1) > 1):
         raise ValueError("Give device, or n_devices / device_map, not both.")
     path = _locate(name)
+    _require_safetensors(path, trust_remote_code)
     torch_dtype = _dtype(dtype)
     tokenizer = _tokenizer(path, trust_remote_code, revision)
     hub = dict(trust_remote_code=trust_remote_code, revision=revision)
@@ -172,6 +173,25 @@ def load(
     if reference is not None:
         check(loaded, reference, strict=strict, name=str(name))
     return SteerableModel(loaded, tokenizer, name=str(name), revision=revision)
+
+
+def _require_safetensors(path: str, trust_remote_code: bool) -> None:
+    """A local folder must hold safetensors weights: a ``.bin`` is a pickle.
+
+    The hf backend asks transformers for safetensors only; the bridge and hooked loaders
+    would fall back to ``pytorch_model.bin`` (read with ``weights_only=True``, but a pickle
+    all the same), so a folder with only ``.bin`` weights is refused on every backend
+    unless ``trust_remote_code`` is on.
+    """
+    folder = Path(path)
+    if trust_remote_code or not folder.is_dir():
+        return
+    if not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin")):
+        raise ValueError(
+            f"{folder} holds only pickled .bin weights; steerlab loads safetensors. Convert "
+            "them once (model.save_pretrained(folder, safe_serialization=True)), or pass "
+            "trust_remote_code=True if you trust the folder."
+        )
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):

@@ -45,3 +45,15 @@ def test_an_uncached_hub_id_offline_says_so(monkeypatch):
         sl.load("steerlab-tests/never-downloaded")
     message = str(error.value)
     assert "steerlab-tiny" in message and "not in the HuggingFace cache" in message
+
+
+def test_a_folder_with_only_pickled_bin_weights_is_refused_on_every_backend(tiny_dirs, tmp_path):
+    import shutil
+
+    folder = tmp_path / "bin_only"
+    shutil.copytree(tiny_dirs["gpt2"], folder)
+    for weights in folder.glob("*.safetensors"):
+        weights.rename(folder / "pytorch_model.bin")
+    for backend in ("hf", "hooked", "bridge"):
+        with pytest.raises(ValueError, match="pickled .bin"):
+            sl.load(folder, backend=backend)
