@@ -61,6 +61,7 @@ def load(
     device_map: str | dict[str, Any] | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    compile: bool = False,
 ) -> SteerableModel:
     """Load a causal LM on one of three backends, with canonical hook sites.
 
@@ -73,6 +74,7 @@ def load(
         device_map: an accelerate device map (``"auto"`` or a dict), for bridge and hf.
         trust_remote_code: allow the model's own Python code to run. Off by default.
         revision: a hub revision.
+        compile: decode through the compiled fast path (``SteerableModel.compile``).
 
     >>> lm = load("steerlab-tiny", backend="hf")  # doctest: +SKIP
     """
@@ -96,7 +98,8 @@ def load(
     else:
         model = _load_hf(path, device, torch_dtype, _device_map(n_devices, device_map),
                          trust_remote_code, revision)  # fmt: skip
-    return SteerableModel(backend_for(model), tokenizer, name=str(name), revision=revision)
+    lm = SteerableModel(backend_for(model), tokenizer, name=str(name), revision=revision)
+    return lm.compile() if compile else lm
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):

@@ -36,18 +36,21 @@ class CompiledEngine(LocalEngine):
     Args:
         eager: the engine to wrap (its backend, tokenizer, pad and EOS ids are shared).
         mode: ``torch.compile`` mode; None picks "reduce-overhead" (CUDA graphs) on CUDA.
+        backend: ``torch.compile`` backend; "aot_eager" traces the same graph without
+            generating code (quick to build, for tests).
 
     >>> lm.engine = CompiledEngine(lm.engine)  # or lm.compile()  # doctest: +SKIP
     """
 
-    def __init__(self, eager: LocalEngine, *, mode: str | None = None) -> None:
+    def __init__(self, eager: LocalEngine, *, mode: str | None = None,
+                 backend: str = "inductor") -> None:  # fmt: skip
         super().__init__(eager.backend, eager.tokenizer, pad_id=eager.pad_id, eos_ids=eager._eos)
         self.eager = eager
         self.model = hf_model_of(eager.backend)
         self.device = eager.backend.input_device
         if mode is None and self.device.type == "cuda":
             mode = "reduce-overhead"
-        self.mode = mode
+        self.mode, self.compiler = mode, backend
         self._family: Family | None = None
         self._runners: dict[tuple[int, int], StepRunner] = {}
         # Each bucket is one specialised graph; leave room for many (dynamo's default is 8).
@@ -60,8 +63,9 @@ class CompiledEngine(LocalEngine):
                use_cache: bool = True) -> str | None:  # fmt: skip
         """Why these requests run eagerly, or None when they fit the compiled step."""
         return (
-            call_reason(requests, cache=cache, keep_cache=keep_cache, capture=capture,
-                        use_cache=use_cache)  # fmt: skip
+            call_reason(
+                requests, cache=cache, keep_cache=keep_cache, capture=capture, use_cache=use_cache
+            )  # fmt: skip
             or model_reason(self.kind, self.model, _length(requests), self.n_ctx)
             or steer_reason(requests)
         )
@@ -72,7 +76,9 @@ class CompiledEngine(LocalEngine):
         if why is not None:
             return f"eager: {why}"
         rows, length = bucket(len(requests)), bucket(_length(requests), MIN_LENGTH)
-        return f"compiled: batch bucket {rows}, length bucket {length}, mode {self.mode or 'default'}"
+        return (
+            f"compiled: batch bucket {rows}, length bucket {length}, mode {self.mode or 'default'}"
+        )
 
     def compile_times(self) -> dict[tuple[int, int], float]:
         """Seconds the first step of each (batch, length) bucket took, compilation included."""
@@ -119,7 +125,7 @@ class CompiledEngine(LocalEngine):
                 self._family = FAMILIES[self.model.config.get_text_config().model_type](self.model)
             dtype = self.model.get_input_embeddings().weight.dtype  # type: ignore[union-attr]
             self._runners[key] = StepRunner(self._family, *key, self.d_model, dtype,
-                                            self.device, self.mode)  # fmt: skip
+                                            self.device, self.mode, self.compiler)  # fmt: skip
         return self._runners[key]
 
     def warm(self, batch: int = 1, length: int = MIN_LENGTH) -> float:

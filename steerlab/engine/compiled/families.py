@@ -62,41 +62,46 @@ class GPT2:
     """GPT-2: learned positions, LayerNorm, fused QKV (Conv1D), GELU MLP."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.body = part(model, "transformer")
-        self.blocks = [plain(b) for b in self.body.h]
-        self.attns = [part(b, "attn") for b in self.blocks]
-        self.lm_head = part(model, "lm_head")
-        attn = self.attns[0]
-        self.n_layers, self.head_dim = len(self.blocks), attn.head_dim
-        self.n_kv_heads = attn.num_heads
-        self.width = attn.split_size
+        body = part(model, "transformer")
+        blocks = [plain(b) for b in body.h]
+        self.wte, self.wpe = part(body, "wte").weight, part(body, "wpe").weight
+        self.ln_f, self.lm_head = part(body, "ln_f"), part(model, "lm_head")
+        # Every module the step calls, resolved now: the step itself only indexes lists.
+        self.ln_1 = [part(b, "ln_1") for b in blocks]
+        self.ln_2 = [part(b, "ln_2") for b in blocks]
+        self.c_attn = [part(b, "attn.c_attn") for b in blocks]
+        self.attn_proj = [part(b, "attn.c_proj") for b in blocks]
+        self.c_fc = [part(b, "mlp.c_fc") for b in blocks]
+        self.act = [part(b, "mlp.act") for b in blocks]
+        self.mlp_proj = [part(b, "mlp.c_proj") for b in blocks]
+        attns = [part(b, "attn") for b in blocks]
+        self.scales = [float(a.scaling) for a in attns]
+        self.n_layers, self.head_dim = len(blocks), attns[0].head_dim
+        self.n_kv_heads, self.width = attns[0].num_heads, attns[0].split_size
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, part(self.body, "wte").weight)
+        return F.embedding(ids, self.wte)
 
     def place(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return h + F.embedding(positions, part(self.body, "wpe").weight), None
+        return h + F.embedding(positions, self.wpe), None
 
     def qkv(self, layer: int, h: torch.Tensor, placed: Any) -> tuple[torch.Tensor, ...]:
-        x = part(self.blocks[layer], "ln_1")(h)
-        q, k, v = part(self.attns[layer], "c_attn")(x).split(self.width, dim=2)
+        q, k, v = self.c_attn[layer](self.ln_1[layer](h)).split(self.width, dim=2)
         n, d = self.n_kv_heads, self.head_dim
         return _heads(q, n, d), _heads(k, n, d), _heads(v, n, d)
 
     def attn_out(self, layer: int, o: torch.Tensor) -> torch.Tensor:
-        return part(self.attns[layer], "c_proj")(o)
+        return self.attn_proj[layer](o)
 
     def mlp(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        block = self.blocks[layer]
-        mlp = part(block, "mlp")
-        x = part(block, "ln_2")(h)
-        return part(mlp, "c_proj")(part(mlp, "act")(part(mlp, "c_fc")(x)))
+        x = self.ln_2[layer](h)
+        return self.mlp_proj[layer](self.act[layer](self.c_fc[layer](x)))
 
     def scaling(self, layer: int) -> float:
-        return float(self.attns[layer].scaling)
+        return self.scales[layer]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(part(self.body, "ln_f")(h))
+        return self.lm_head(self.ln_f(h))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -108,48 +113,57 @@ class Llama:
     """Llama and its close kin (Mistral, Qwen2): RMSNorm, rotary positions, gated MLP."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.body = part(model, "model")
-        self.blocks = [plain(b) for b in self.body.layers]
-        self.attns = [part(b, "self_attn") for b in self.blocks]
+        body = part(model, "model")
+        blocks = [plain(b) for b in body.layers]
+        self.embed_tokens = part(body, "embed_tokens").weight
+        self.rotary, self.norm = part(body, "rotary_emb"), part(body, "norm")
         self.lm_head = part(model, "lm_head")
+        self.ln_1 = [part(b, "input_layernorm") for b in blocks]
+        self.ln_2 = [part(b, "post_attention_layernorm") for b in blocks]
+        self.q = [part(b, "self_attn.q_proj") for b in blocks]
+        self.k = [part(b, "self_attn.k_proj") for b in blocks]
+        self.v = [part(b, "self_attn.v_proj") for b in blocks]
+        self.o = [part(b, "self_attn.o_proj") for b in blocks]
+        self.gate = [part(b, "mlp.gate_proj") for b in blocks]
+        self.up = [part(b, "mlp.up_proj") for b in blocks]
+        self.down = [part(b, "mlp.down_proj") for b in blocks]
+        self.act = [part(b, "mlp.act_fn") for b in blocks]
+        attns = [part(b, "self_attn") for b in blocks]
+        self.scales = [float(a.scaling) for a in attns]
         config = model.config.get_text_config()  # type: ignore[operator]
-        self.n_layers, self.head_dim = len(self.blocks), self.attns[0].head_dim
+        self.n_layers, self.head_dim = len(blocks), attns[0].head_dim
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, part(self.body, "embed_tokens").weight)
+        return F.embedding(ids, self.embed_tokens)
 
     def place(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        cos, sin = part(self.body, "rotary_emb")(h, positions)  # [B, 1, head_dim] each
+        cos, sin = self.rotary(h, positions)  # [B, 1, head_dim] each
         return h, (cos[:, None], sin[:, None])
 
     def qkv(self, layer: int, h: torch.Tensor, placed: Any) -> tuple[torch.Tensor, ...]:
-        attn, d = self.attns[layer], self.head_dim
-        x = part(self.blocks[layer], "input_layernorm")(h)
-        q = _heads(part(attn, "q_proj")(x), self.n_heads, d)
-        k = _heads(part(attn, "k_proj")(x), self.n_kv_heads, d)
-        v = _heads(part(attn, "v_proj")(x), self.n_kv_heads, d)
+        x, d = self.ln_1[layer](h), self.head_dim
+        q = _heads(self.q[layer](x), self.n_heads, d)
+        k = _heads(self.k[layer](x), self.n_kv_heads, d)
+        v = _heads(self.v[layer](x), self.n_kv_heads, d)
         cos, sin = placed
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
 
     def attn_out(self, layer: int, o: torch.Tensor) -> torch.Tensor:
-        return part(self.attns[layer], "o_proj")(o)
+        return self.o[layer](o)
 
     def mlp(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        block = self.blocks[layer]
-        mlp = part(block, "mlp")
-        x = part(block, "post_attention_layernorm")(h)
-        gate = part(mlp, "act_fn")(part(mlp, "gate_proj")(x))
-        return part(mlp, "down_proj")(gate * part(mlp, "up_proj")(x))
+        x = self.ln_2[layer](h)
+        return self.down[layer](self.act[layer](self.gate[layer](x)) * self.up[layer](x))
 
     def scaling(self, layer: int) -> float:
-        return float(self.attns[layer].scaling)
+        return self.scales[layer]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(part(self.body, "norm")(h))
+        return self.lm_head(self.norm(h))
 
 
 FAMILIES: dict[str, type] = {"gpt2": GPT2, "llama": Llama, "mistral": Llama, "qwen2": Llama}

@@ -13,14 +13,17 @@ from steerlab.engine.compiled.step import decode_step
 from steerlab.engine.compiled.tables import StaticCache, SteerTable
 from steerlab.engine.request import Request
 
-_COMPILED: dict[str | None, Callable[..., torch.Tensor]] = {}  # per process, per mode
+_COMPILED: dict[tuple[str | None, str], Callable[..., torch.Tensor]] = {}  # per process
 
 
-def compiled_step(mode: str | None) -> Callable[..., torch.Tensor]:
-    """``decode_step`` compiled once per process and mode; dynamo caches a graph per bucket."""
-    if mode not in _COMPILED:
-        _COMPILED[mode] = torch.compile(decode_step, mode=mode, dynamic=False, fullgraph=True)
-    return _COMPILED[mode]
+def compiled_step(mode: str | None, backend: str = "inductor") -> Callable[..., torch.Tensor]:
+    """``decode_step`` compiled once per process, mode and backend; dynamo then keeps one
+    graph per bucket and model. ``backend="aot_eager"`` traces without generating code."""
+    key = (mode, backend)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(decode_step, mode=mode, backend=backend, dynamic=False,
+                                       fullgraph=True)  # fmt: skip
+    return _COMPILED[key]
 
 
 def bucket(n: int, smallest: int = 1) -> int:
@@ -43,8 +46,10 @@ class StepRunner:
     """
 
     def __init__(self, family: Family, batch: int, length: int, d_model: int,
-                 dtype: torch.dtype, device: torch.device, mode: str | None) -> None:  # fmt: skip
+                 dtype: torch.dtype, device: torch.device, mode: str | None,
+                 backend: str = "inductor") -> None:  # fmt: skip
         self.family, self.batch, self.length, self.mode = family, batch, length, mode
+        self.backend = backend
         self.cache = StaticCache(family.n_layers, batch, family.n_kv_heads, length,
                                  family.head_dim, dtype, device)  # fmt: skip
         self.table = SteerTable(1 + 5 * family.n_layers, batch, d_model, dtype, device)
@@ -79,7 +84,7 @@ class StepRunner:
         first = self.compile_seconds is None
         start = time.perf_counter()
         with torch.no_grad():
-            logits = compiled_step(self.mode)(self.family, *self.inputs(), self.cache.tensors(),
+            logits = compiled_step(self.mode, self.backend)(self.family, *self.inputs(), self.cache.tensors(),
                                               self.table.tensors())  # fmt: skip
         if first:
             self.compile_seconds = time.perf_counter() - start
