@@ -124,12 +124,13 @@ class SteerableModel:
         >>> lm.compile().explain("Once", steer, capture=["blocks.0.hook_resid_post"])  # doctest: +SKIP
         'eager: capturing activations (capture=)'
         """
-        if isinstance(request, Request):
-            requests: list[Request] = [request]
-        elif isinstance(request, (list, tuple)) and request and isinstance(request[0], Request):
-            requests = list(request)
+        given: Any = request
+        if isinstance(given, Request):
+            requests: list[Request] = [given]
+        elif isinstance(given, (list, tuple)) and given and isinstance(given[0], Request):
+            requests = list(given)
         else:
-            rows = lay_out(self, request, steer, chat=chat, new_tokens=max_new_tokens)
+            rows = lay_out(self, given, steer, chat=chat, new_tokens=max_new_tokens)
             requests = rows.requests(Sampling(max_new_tokens))
         explain = getattr(self.engine, "explain", None)
         if explain is None:

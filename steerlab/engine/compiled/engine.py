@@ -123,7 +123,7 @@ class CompiledEngine(LocalEngine):
             if self._family is None:
                 assert self.model is not None
                 self._family = FAMILIES[self.model.config.get_text_config().model_type](self.model)
-            dtype = self.model.get_input_embeddings().weight.dtype  # type: ignore[union-attr]
+            dtype = self.model.get_input_embeddings().weight.dtype
             self._runners[key] = StepRunner(self._family, *key, self.d_model, dtype,
                                             self.device, self.mode, self.compiler)  # fmt: skip
         return self._runners[key]

@@ -130,7 +130,7 @@ class Llama:
         self.act = [part(b, "mlp.act_fn") for b in blocks]
         attns = [part(b, "self_attn") for b in blocks]
         self.scales = [float(a.scaling) for a in attns]
-        config = model.config.get_text_config()  # type: ignore[operator]
+        config = model.config.get_text_config()  # type: ignore[union-attr,operator]
         self.n_layers, self.head_dim = len(blocks), attns[0].head_dim
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
@@ -169,7 +169,7 @@ class Llama:
 FAMILIES: dict[str, type] = {"gpt2": GPT2, "llama": Llama, "mistral": Llama, "qwen2": Llama}
 
 
-def hf_model_of(backend: Any) -> nn.Module | None:
+def hf_model_of(backend: Any) -> Any:
     """The HF causal LM under an hf or bridge backend (None for other backends)."""
     if backend.kind == "hf":
         return backend.model
@@ -180,7 +180,7 @@ def hf_model_of(backend: Any) -> nn.Module | None:
 
 def family_reason(model: nn.Module, length: int) -> str | None:
     """Why the compiled step cannot run ``model`` for ``length`` positions, or None."""
-    config = model.config.get_text_config()  # type: ignore[operator]
+    config = model.config.get_text_config()  # type: ignore[union-attr,operator]
     kind = config.model_type
     if kind not in FAMILIES:
         return f"model_type {kind!r} has no compiled step (have: {', '.join(sorted(FAMILIES))})"

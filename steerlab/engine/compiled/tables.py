@@ -45,10 +45,12 @@ class SteerTable:
 
     def __init__(self, n_sites: int, batch: int, d_model: int, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
-        shape, kw = (n_sites, batch), {"dtype": dtype, "device": device}
-        self.vector = torch.zeros(*shape, d_model, **kw)
-        self.unit = torch.zeros(*shape, d_model, **kw)
-        self.add, self.proj, self.target = (torch.zeros(shape, **kw) for _ in range(3))
+        shape = (n_sites, batch)
+        self.vector = torch.zeros(*shape, d_model, dtype=dtype, device=device)
+        self.unit = torch.zeros(*shape, d_model, dtype=dtype, device=device)
+        self.add, self.proj, self.target = (
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(3)
+        )
         self.on_generated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.from_pos = torch.zeros(shape, dtype=torch.long, device=device)
 
