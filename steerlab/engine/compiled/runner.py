@@ -18,11 +18,17 @@ _COMPILED: dict[tuple[str | None, str], Callable[..., torch.Tensor]] = {}  # per
 
 def compiled_step(mode: str | None, backend: str = "inductor") -> Callable[..., torch.Tensor]:
     """``decode_step`` compiled once per process, mode and backend; dynamo then keeps one
-    graph per bucket and model. ``backend="aot_eager"`` traces without generating code."""
+    graph per bucket and model. ``backend="aot_eager"`` traces without generating code.
+
+    Without a mode (the CPU default) the generated C++ kernels run single-threaded: a decode
+    step's elementwise work is tiny, and an OpenMP barrier per kernel costs more than it
+    saves (matrix products still use torch's threads).
+    """
     key = (mode, backend)
     if key not in _COMPILED:
+        options = {"cpp.threads": 1} if mode is None and backend == "inductor" else None
         _COMPILED[key] = torch.compile(decode_step, mode=mode, backend=backend, dynamic=False,
-                                       fullgraph=True)  # fmt: skip
+                                       fullgraph=True, options=options)  # fmt: skip
     return _COMPILED[key]
 
 
