@@ -34,6 +34,7 @@ def main() -> None:
         f"| {r['target']} |"
         for r in rows
     ]
+    lines += compiled_section()
     out = Path(__file__).parent / "RESULTS.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
@@ -42,6 +43,19 @@ def main() -> None:
         import bench_sweep
 
         bench_sweep.main()
+
+
+def compiled_section() -> list[str]:
+    """The compiled fast path (bench_compiled.py), then the GPU figures kept from a GPU run."""
+    import bench_compiled
+
+    rows, notes = bench_compiled.run()
+    lines = ["", "## Compiled fast path (`lm.compile()`), CPU", "",
+             "| comparison | ours (s) | baseline (s) | ratio | target |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {r['comparison']} | {r['ours_s']:.3f} | {r['baseline_s']:.3f} | "
+              f"{r['ratio']:.2f} | {r['target']} |" for r in rows]  # fmt: skip
+    gpu = Path(__file__).parent / "RESULTS_compiled_gpu.md"
+    return lines + ["", *notes] + (["", gpu.read_text()] if gpu.exists() else [])
 
 
 if __name__ == "__main__":

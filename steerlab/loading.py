@@ -131,6 +131,7 @@ def load(
     trust_remote_code: bool = False,
     revision: str | None = None,
     strict: bool = False,
+    compile: bool = False,
 ) -> SteerableModel:
     """Load a causal LM on one of three backends, with canonical hook sites.
 
@@ -148,6 +149,7 @@ def load(
         trust_remote_code: allow the model's own Python code to run. Off by default.
         revision: a hub revision.
         strict: refuse a model whose logits disagree with HuggingFace's, instead of warning.
+        compile: decode through the compiled fast path (``SteerableModel.compile``).
 
     >>> lm = load("steerlab-tiny", backend="hf")  # doctest: +SKIP
     """
@@ -172,7 +174,8 @@ def load(
     loaded = backend_for(model)
     if reference is not None:
         check(loaded, reference, strict=strict, name=str(name))
-    return SteerableModel(loaded, tokenizer, name=str(name), revision=revision)
+    lm = SteerableModel(loaded, tokenizer, name=str(name), revision=revision)
+    return lm.compile() if compile else lm
 
 
 def _require_safetensors(path: str, trust_remote_code: bool) -> None:

@@ -14,7 +14,7 @@ from steerlab.activations import Activations
 from steerlab.backends.base import Backend
 from steerlab.engine.cache import KVCache
 from steerlab.engine.local import LocalEngine, Progress
-from steerlab.engine.request import Sampling
+from steerlab.engine.request import Request, Sampling
 from steerlab.generation.prompts import Prompt
 from steerlab.generation.result import Generation, Step
 from steerlab.rows import Rows, SteerArg, as_steers, lay_out
@@ -91,6 +91,51 @@ class SteerableModel:
             if candidate is not None:
                 return candidate
         return 0
+
+    def compile(self, *, mode: str | None = None, backend: str = "inductor") -> SteerableModel:
+        """Decode through a static KV cache and one compiled step per bucket; returns ``self``.
+
+        Steering stays data (moving alpha never recompiles). Calls the compiled step cannot
+        take run eagerly; ``explain`` says which path a call takes. Compiling happens on
+        the first call of each batch-size and length bucket.
+
+        >>> lm = steerlab.load("steerlab-tiny", backend="hf").compile()  # doctest: +SKIP
+        """
+        from steerlab.engine.compiled import CompiledEngine
+
+        if not isinstance(self.engine, CompiledEngine):
+            self.engine = CompiledEngine(self.engine, mode=mode, backend=backend)
+        return self
+
+    def explain(
+        self,
+        request: Request | Sequence[Request] | Prompt | Sequence[Prompt],
+        steer: SteerArg = None,
+        *,
+        max_new_tokens: int = 40,
+        chat: bool = False,
+        **options: Any,
+    ) -> str:
+        """Which path a call would take, compiled or eager, and why.
+
+        Takes engine ``Request`` rows, or the prompts and steer of a ``generate`` call;
+        ``options`` are ``cache``, ``keep_cache``, ``capture`` and ``use_cache``.
+
+        >>> lm.compile().explain("Once", steer, capture=["blocks.0.hook_resid_post"])  # doctest: +SKIP
+        'eager: capturing activations (capture=)'
+        """
+        given: Any = request
+        if isinstance(given, Request):
+            requests: list[Request] = [given]
+        elif isinstance(given, (list, tuple)) and given and isinstance(given[0], Request):
+            requests = list(given)
+        else:
+            rows = lay_out(self, given, steer, chat=chat, new_tokens=max_new_tokens)
+            requests = rows.requests(Sampling(max_new_tokens))
+        explain = getattr(self.engine, "explain", None)
+        if explain is None:
+            return "eager: the model is not compiled (lm.compile())"
+        return explain(requests, **options)
 
     def stream(
         self,

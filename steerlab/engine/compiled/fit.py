@@ -1,0 +1,66 @@
+"""Whether a call fits the compiled path, and if not, why (what ``lm.explain`` shows)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from steerlab.engine.compiled.families import family_reason
+from steerlab.engine.compiled.tables import unsupported_op
+from steerlab.engine.request import Request
+from steerlab.hooks import _TAG
+
+
+def foreign_hooks(model: nn.Module) -> bool:
+    """Hooks on ``model`` that are not steerlab's: the compiled step would skip them."""
+    for module in model.modules():
+        for name in ("_forward_hooks", "_forward_pre_hooks"):
+            if any(not getattr(fn, _TAG, False) for fn in getattr(module, name, {}).values()):
+                return True
+    return False
+
+
+def steer_reason(requests: Sequence[Request]) -> str | None:
+    """Steers the compiled step cannot hold: custom operations, two on one site of a row."""
+    for i, request in enumerate(requests):
+        sites = [s.site for s in request.steers]
+        if len(set(sites)) < len(sites):
+            return f"row {i} has two steers at one site (the compiled table holds one per site)"
+        for steer in request.steers:
+            if unsupported_op(steer.op):
+                return f"custom operation {steer.op!r} (compiled: Add, Ablate, Clamp)"
+    return None
+
+
+def call_reason(requests: Sequence[Request], *, cache: object, keep_cache: bool,
+                capture: Sequence[str], use_cache: bool) -> str | None:  # fmt: skip
+    """Call options the compiled path does not take."""
+    if cache is not None:
+        return "continuing a cache (cache=)"
+    if keep_cache:
+        return "keep_cache=True"
+    if capture:
+        return "capturing activations (capture=)"
+    if not use_cache:
+        return "use_cache=False"
+    if not all(r.prompt for r in requests):
+        return "a request with no prompt tokens"
+    return None
+
+
+def model_reason(kind: str, model: nn.Module | None, length: int,
+                 n_ctx: int | None) -> str | None:  # fmt: skip
+    """What about the model (and the call's length) rules the compiled step out."""
+    if model is None:
+        return f"the {kind!r} backend has no compiled step (hf and bridge do)"
+    why = family_reason(model, length)
+    if why is not None:
+        return why
+    if n_ctx is not None and length > n_ctx:
+        return f"{length} positions exceed the model's context of {n_ctx}"
+    if len({p.device for p in model.parameters()}) > 1:
+        return "the model is split over several devices"
+    if foreign_hooks(model):
+        return "the model has hooks of its own (the compiled step would bypass them)"
+    return None

@@ -1,0 +1,97 @@
+"""``StepRunner``: one batch-size and length bucket, its buffers and its compiled step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from steerlab.engine.compiled.families import Family
+from steerlab.engine.compiled.step import decode_step
+from steerlab.engine.compiled.tables import StaticCache, SteerTable
+from steerlab.engine.request import Request
+
+_COMPILED: dict[tuple[str | None, str], Callable[..., torch.Tensor]] = {}  # per process
+
+
+def compiled_step(mode: str | None, backend: str = "inductor") -> Callable[..., torch.Tensor]:
+    """``decode_step`` compiled once per process, mode and backend; dynamo then keeps one
+    graph per bucket and model. ``backend="aot_eager"`` traces without generating code.
+
+    Without a mode (the CPU default) the generated C++ kernels run single-threaded: a decode
+    step's elementwise work is tiny, and an OpenMP barrier per kernel costs more than it
+    saves (matrix products still use torch's threads).
+    """
+    key = (mode, backend)
+    if key not in _COMPILED:
+        options = {"cpp.threads": 1} if mode is None and backend == "inductor" else None
+        _COMPILED[key] = torch.compile(decode_step, mode=mode, backend=backend, dynamic=False,
+                                       fullgraph=True, options=options)  # fmt: skip
+    return _COMPILED[key]
+
+
+def bucket(n: int, smallest: int = 1) -> int:
+    """The next power of two >= ``n`` (and >= ``smallest``): one graph serves a whole bucket.
+
+    >>> bucket(5), bucket(30, 64)
+    (8, 64)
+    """
+    size = smallest
+    while size < n:
+        size *= 2
+    return size
+
+
+class StepRunner:
+    """Static buffers for ``batch`` rows over ``length`` positions, and the step that uses them.
+
+    The buffers are allocated once and rewritten for every call, so their addresses stay
+    put (what a CUDA graph needs).
+    """
+
+    def __init__(self, family: Family, batch: int, length: int, d_model: int,
+                 dtype: torch.dtype, device: torch.device, mode: str | None,
+                 backend: str = "inductor") -> None:  # fmt: skip
+        self.family, self.batch, self.length, self.mode = family, batch, length, mode
+        self.backend = backend
+        self.cache = StaticCache(family.n_layers, batch, family.n_kv_heads, length,
+                                 family.head_dim, dtype, device)  # fmt: skip
+        self.table = SteerTable(1 + 5 * family.n_layers, batch, d_model, dtype, device)
+        self.ids = torch.zeros(batch, dtype=torch.long, device=device)
+        self.pos = torch.ones(batch, dtype=torch.long, device=device)
+        self.live = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)
+        self.compile_seconds: float | None = None
+        if device.type == "cuda":  # CUDA graphs replay these addresses; mark them fixed
+            for t in (*self.cache.tensors(), *self.table.tensors(), *self.inputs()):
+                torch._dynamo.mark_static_address(t)
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        return self.ids, self.pos, self.live, self.column
+
+    def start(self, requests: Sequence[Request], layers: Any, mask: torch.Tensor) -> None:
+        """A call's data in: its steers, and its prefilled cache (``layers`` of keys, values)."""
+        self.table.fill(requests)
+        self.cache.load(layers, mask.to(self.cache.mask.device))
+        self.live.zero_()
+        self.pos.fill_(1)
+        self.ids.zero_()
+
+    def step(self, ids: torch.Tensor, pos: torch.Tensor, live: torch.Tensor,
+             column: int) -> torch.Tensor:  # fmt: skip
+        """Feed ``ids`` [rows] at ``pos`` [rows] into ``column``; logits [rows, vocab]."""
+        rows = ids.shape[0]
+        self.ids[:rows].copy_(ids)
+        self.pos[:rows].copy_(pos)
+        self.live[:rows].copy_(live)
+        self.column.fill_(column)
+        first = self.compile_seconds is None
+        start = time.perf_counter()
+        with torch.no_grad():
+            logits = compiled_step(self.mode, self.backend)(self.family, *self.inputs(), self.cache.tensors(),
+                                              self.table.tensors())  # fmt: skip
+        if first:
+            self.compile_seconds = time.perf_counter() - start
+        return logits[:rows]

@@ -1,0 +1,140 @@
+"""The compiled fast path against the eager engine: same tokens, same draws, no recompiles.
+
+One compiled model per module (compiling is the slow part); the eager reference is a second
+load of the same weights. Llama and the bridge are marked slow: each is one more compile.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import steerlab as sl
+from steerlab.engine.compiled.fit import model_reason
+from steerlab.engine.request import Request, RowSteer
+from steerlab.testing import save_tiny
+
+PROMPTS = ["Once upon a time", "The sea was", "Hi"]
+
+
+def _steers(d_model: int) -> list[sl.Steer]:
+    torch.manual_seed(1)
+    v = torch.randn(d_model)
+    return [
+        sl.Steer("blocks.1.hook_resid_pre", v, alpha=[0.0, 4.0], positions="generated"),
+        sl.Steer("blocks.2.hook_attn_out", v, alpha=[-3.0, 2.0], positions=3, op=sl.Ablate()),
+        sl.Steer("hook_embed", v, alpha=[0.5, 1.0], positions="all", op=sl.Clamp(2.0)),
+        sl.Steer("blocks.0.hook_mlp_out", v, alpha=[0.0, 6.0], positions="prompt"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[sl.SteerableModel, sl.SteerableModel]:
+    return sl.load("steerlab-tiny", backend="hf", compile=True), sl.load("steerlab-tiny", "hf")
+
+
+def _assert_same(fast: sl.SteerableModel, eager: sl.SteerableModel, steers: list[sl.Steer],
+                 **kw: object) -> None:  # fmt: skip
+    for steer in steers:
+        assert fast.explain(PROMPTS, steer).startswith("compiled")
+        got = fast.generate(PROMPTS, steer, max_new_tokens=24, stop_at_eos=False, **kw)
+        want = eager.generate(PROMPTS, steer, max_new_tokens=24, stop_at_eos=False, **kw)
+        assert got.tokens == want.tokens, steer
+        assert fast.hook_count() == 0
+
+
+def test_greedy_equals_eager(pair) -> None:
+    fast, eager = pair
+    _assert_same(fast, eager, _steers(fast.d_model))
+
+
+def test_seeded_sampling_equals_eager_draw_for_draw(pair) -> None:
+    fast, eager = pair
+    _assert_same(fast, eager, _steers(fast.d_model), temperature=0.9, top_p=0.95, seed=7)
+
+
+def test_logits_match_eager_closely(pair) -> None:
+    fast, eager = pair
+    steer = _steers(fast.d_model)[0]
+    got = fast.generate(PROMPTS[0], steer, max_new_tokens=16, stop_at_eos=False)
+    want = eager.generate(PROMPTS[0], steer, max_new_tokens=16, stop_at_eos=False)
+    diff = max(abs(a - b) for g, w in zip(got.logprobs, want.logprobs) for a, b in zip(g, w))
+    assert diff < 1e-4
+
+
+def test_no_recompile_for_alpha_prompt_site_op_or_batch_in_bucket(pair) -> None:
+    fast, _ = pair
+    v = torch.randn(fast.d_model)
+    fast.generate(PROMPTS, sl.Steer("blocks.1.hook_resid_pre", v, alpha=[0.0, 1.0]),
+                  max_new_tokens=20)  # fmt: skip  # 6 rows: batch bucket 8
+    graphs = counters["stats"]["unique_graphs"]
+    calls = [
+        (PROMPTS, sl.Steer("blocks.1.hook_resid_pre", v, alpha=[0.0, 9.0])),
+        (
+            PROMPTS[:2] + ["A much longer prompt than before"],
+            sl.Steer("blocks.3.hook_resid_post", v, alpha=[1.0, 2.0]),
+        ),  # fmt: skip
+        (PROMPTS, sl.Steer("hook_embed", v, alpha=[2.0, -2.0], op=sl.Ablate())),
+        (PROMPTS[:1], sl.Steer("blocks.0.hook_resid_mid", v, alpha=[1.0] * 7, positions=2)),
+    ]
+    for prompts, steer in calls:
+        fast.generate(prompts, steer, max_new_tokens=20)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert fast.engine.compile_times()  # the first step of each bucket, timed
+
+
+def test_stream_closed_early_takes_hooks_off_and_frees_the_model(pair) -> None:
+    fast, _ = pair
+    steer = _steers(fast.d_model)[0]
+    steps = fast.stream(PROMPTS, steer, max_new_tokens=10)
+    next(steps), next(steps)
+    steps.close()
+    assert fast.hook_count() == 0
+    assert len(fast.generate(PROMPTS[0], max_new_tokens=3, stop_at_eos=False).tokens[0]) == 3
+
+
+def test_fallbacks_say_why(pair) -> None:
+    fast, eager = pair
+    v = torch.randn(fast.d_model)
+    steer = sl.Steer("blocks.1.hook_resid_pre", v)
+    assert fast.explain("Hi", steer, capture=["blocks.0.hook_resid_post"]).startswith("eager: capt")
+    assert "keep_cache" in fast.explain("Hi", steer, keep_cache=True)
+    twice = [steer, sl.Steer("blocks.1.hook_resid_pre", -v)]
+    assert "two steers at one site" in fast.explain("Hi", twice)
+    custom = RowSteer("blocks.1.hook_resid_pre", v, 1.0, "all", lambda a, d, al: a)
+    assert "custom operation" in fast.explain(Request((0, 5, 6), (custom,)))
+    assert "'hooked' backend" in (model_reason("hooked", None, 10, None) or "")
+    assert eager.explain("Hi").startswith("eager: the model is not compiled")
+    # A fallback still runs, and equals the eager engine.
+    got = fast.generate("Hi", steer, max_new_tokens=8, keep_cache=True)
+    assert got.tokens == eager.generate("Hi", steer, max_new_tokens=8).tokens
+
+
+def _family_pair(name: str, backend: str) -> tuple[sl.SteerableModel, sl.SteerableModel]:
+    return sl.load(name, backend=backend, compile=True), sl.load(name, backend=backend)
+
+
+@pytest.mark.slow
+def test_tiny_llama_equals_eager(tmp_path) -> None:
+    folder = save_tiny(tmp_path / "llama", "llama", n_layers=3)
+    fast, eager = _family_pair(str(folder), "hf")
+    _assert_same(fast, eager, _steers(fast.d_model)[:3])
+    _assert_same(fast, eager, _steers(fast.d_model)[:1], temperature=0.8, seed=3)
+
+
+@pytest.mark.slow
+def test_bridge_equals_eager() -> None:
+    fast, eager = _family_pair("steerlab-tiny", "bridge")
+    _assert_same(fast, eager, _steers(fast.d_model))
+    _assert_same(fast, eager, _steers(fast.d_model)[:2], temperature=0.8, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_equal_eager() -> None:
+    fast = sl.load("steerlab-tiny", backend="hf", device="cuda", compile=True)
+    eager = sl.load("steerlab-tiny", backend="hf", device="cuda")
+    assert fast.engine.mode == "reduce-overhead"
+    _assert_same(fast, eager, _steers(fast.d_model))
+    _assert_same(fast, eager, _steers(fast.d_model), temperature=0.9, seed=5)
