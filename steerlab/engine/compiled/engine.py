@@ -96,15 +96,21 @@ class CompiledEngine(LocalEngine):
         use_cache: bool = True,
         wait: float = 0.0,
         description: str = "generate",
+        compact: bool = True,
     ) -> Iterator[Progress]:
-        """As ``LocalEngine.stream``; compiled where the call fits, eager otherwise."""
+        """As ``LocalEngine.stream``; compiled where the call fits, eager otherwise.
+
+        The compiled path keeps finished rows in their static batch (``compact`` applies to
+        the eager path only).
+        """
         self.check(requests, capture)
         why = self.reason(requests, cache=cache, keep_cache=keep_cache, capture=capture,
                           use_cache=use_cache)  # fmt: skip
         if why is not None:
             log.debug("steerlab: %s runs eagerly: %s", description, why)
             return super().stream(requests, cache=cache, keep_cache=keep_cache, capture=capture,
-                                  use_cache=use_cache, wait=wait, description=description)  # fmt: skip
+                                  use_cache=use_cache, wait=wait, description=description,
+                                  compact=compact)  # fmt: skip
         return self._compiled(list(requests), wait, description)
 
     def _compiled(self, requests: list[Request], wait: float,

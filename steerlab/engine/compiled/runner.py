@@ -26,7 +26,9 @@ def compiled_step(mode: str | None, backend: str = "inductor") -> Callable[..., 
     """
     key = (mode, backend)
     if key not in _COMPILED:
-        options = {"cpp.threads": 1} if mode is None and backend == "inductor" else None
+        options: dict[str, Any] | None = None
+        if mode is None and backend == "inductor":
+            options = {"cpp.threads": 1}
         _COMPILED[key] = torch.compile(decode_step, mode=mode, backend=backend, dynamic=False,
                                        fullgraph=True, options=options)  # fmt: skip
     return _COMPILED[key]
