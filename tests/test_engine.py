@@ -111,3 +111,18 @@ def test_finished_rows_are_dropped_without_changing_results(lm):
 def _batch_of(args, kwargs) -> int:
     first = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
     return int(first.shape[0])
+
+
+@pytest.mark.parametrize("site", ["blocks.1.hook_resid_mid", "blocks.0.hook_resid_mid"])
+def test_steering_resid_mid_reaches_the_rest_of_the_model_on_every_backend(tiny_dirs, site):
+    """The bridge's own hook_resid_mid does not feed the MLP: a silent wrong answer once."""
+    vector = torch.randn(64, generator=torch.Generator().manual_seed(2))
+    steer = sl.Steer(site, vector, alpha=5.0)
+    backends = ("hf", "hooked", "bridge")  # last positions: pads' logits mean nothing
+    logits = [
+        load_tiny(tiny_dirs, "gpt2", b).logits(PROMPTS, steer, last_only=True) for b in backends
+    ]
+    plain = load_tiny(tiny_dirs, "gpt2", "hf").logits(PROMPTS, last_only=True)
+    assert not torch.allclose(logits[0], plain, atol=1e-3)
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[2], logits[0], atol=1e-4, rtol=1e-4)

@@ -87,6 +87,26 @@ class BridgeBackend(_LensBackend):
     def input_device(self) -> torch.device:
         return self.model.original_model.get_input_embeddings().weight.device
 
+    def attach(self, site: Site, fn: ActivationFn) -> list[RemovableHandle]:
+        if site.kind != "hook_resid_mid":
+            return super().attach(site, fn)
+        # The bridge's hook_resid_mid shows the activation, but what its hook returns does not
+        # reach the MLP (measured: logits off by 1.0 against hf and hooked on a tiny GPT-2).
+        # resid_mid is the block input plus the attention output, so steering it means
+        # rewriting the attention output, as on the hf backend.
+        block_input: list[torch.Tensor] = []
+
+        def remember(hidden: torch.Tensor) -> None:
+            block_input[:] = [hidden]
+
+        def steer_attn(attn_out: torch.Tensor) -> torch.Tensor | None:
+            resid_pre = block_input[0].to(attn_out.device)
+            new_mid = fn(resid_pre + attn_out)
+            return None if new_mid is None else new_mid - resid_pre
+
+        first = super().attach(Site(site.layer, "hook_resid_pre"), remember)
+        return first + super().attach(Site(site.layer, "hook_attn_out"), steer_attn)
+
     def new_cache(self, batch: int) -> Any:
         from transformers import DynamicCache
 
