@@ -72,6 +72,7 @@ PARALLEL = {
 }  # fmt: skip
 LEARNED_POSITIONS = {"gpt2", "opt"}  # hook_embed is the token embedding alone
 PROMPTS = ["Hi", "The quick brown fox"]
+WEIGHT_SCALE = 8.0
 
 
 @dataclass
@@ -86,7 +87,12 @@ def tiny_hf(model_type: str, seed: int = 0, **overrides: Any) -> Any:
     torch.manual_seed(seed)
     config = AutoConfig.for_model(model_type, **{**TINY, **overrides})
     config._attn_implementation = "eager"
-    return AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # at init scale the blocks barely move the logits: make them matter
+        for weight in model.parameters():
+            if weight.ndim > 1:
+                weight.mul_(WEIGHT_SCALE)
+    return model
 
 
 def decoder_blocks(model: nn.Module) -> nn.ModuleList:
@@ -94,6 +100,15 @@ def decoder_blocks(model: nn.Module) -> nn.ModuleList:
     n_layers = model.config.get_text_config().num_hidden_layers
     lists = (m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers)
     return next(lists)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run fastest on one thread, and far faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -209,7 +224,9 @@ def test_sublayer_steering_shifts_the_stream(family):
 
     after_attn = "hook_resid_post" if family.name in PARALLEL else "hook_resid_mid"
     torch.testing.assert_close(steered("hook_attn_out"), steered(after_attn), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(steered("hook_mlp_out"), steered("hook_resid_post"), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        steered("hook_mlp_out"), steered("hook_resid_post"), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_resid_mid_exists_exactly_where_the_block_is_sequential(family):
