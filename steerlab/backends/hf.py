@@ -110,6 +110,10 @@ def _scaled(fn: ActivationFn, scale: float) -> ActivationFn:
     return scaled
 
 
+def _config_scale(config: Any, attribute: str | None) -> float:
+    return 1.0 if attribute is None else float(getattr(config, attribute))
+
+
 def _layout_for(config: Any) -> Layout:
     model_type = config.model_type
     if model_type not in LAYOUTS:
@@ -139,8 +143,8 @@ class HFBackend:
         self.blocks: Any = model.get_submodule(self.layout.blocks)
         self.embed: nn.Module = model.get_input_embeddings()
         self.parallel = self.layout.is_parallel(config)
-        self.embed_scale = float(getattr(config, self.layout.embed_scale or "", 1))
-        self.residual_scale = float(getattr(config, self.layout.residual_scale or "", 1))
+        self.embed_scale = _config_scale(config, self.layout.embed_scale)
+        self.residual_scale = _config_scale(config, self.layout.residual_scale)
         self.n_layers: int = len(self.blocks)
         self.d_model: int = config.hidden_size
         self.n_ctx: int | None = getattr(config, "max_position_embeddings", None) or getattr(
