@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 BLOCK_KINDS = (
@@ -22,6 +23,12 @@ EMBED = "hook_embed"
 # Within a block: input, attention written, mid, MLP written, output.
 _FORWARD = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(hook_\w+)\Z")
+# Why a model may lack a whole kind of block site.
+WHY_ABSENT = {
+    "hook_resid_mid": "Its blocks have no residual stream between attention and MLP: in a "
+    "parallel block (GPT-J, GPT-NeoX, Phi-2, Falcon, Cohere) both read the block input. "
+    "Steer hook_resid_pre, hook_attn_out or hook_resid_post instead.",
+}
 
 
 class SiteError(ValueError):
@@ -63,11 +70,17 @@ class Site:
         return self.name
 
 
-def all_sites(n_layers: int, *, embed: bool = True) -> list[str]:
-    """Every canonical site of a model with ``n_layers`` blocks, in forward order."""
+def all_sites(
+    n_layers: int, *, embed: bool = True, kinds: Collection[str] = BLOCK_KINDS
+) -> list[str]:
+    """Every canonical site of a model with ``n_layers`` blocks, in forward order.
+
+    ``kinds`` leaves out block sites the model does not have, such as ``hook_resid_mid``
+    in a parallel-residual block.
+    """
     names = [EMBED] if embed else []
     for layer in range(n_layers):
-        names += [f"blocks.{layer}.{kind}" for kind in BLOCK_KINDS]
+        names += [f"blocks.{layer}.{kind}" for kind in BLOCK_KINDS if kind in kinds]
     return names
 
 
@@ -75,7 +88,8 @@ def resolve(name: str, valid: list[str]) -> Site:
     """Parse ``name`` and check it against the model's ``valid`` sites.
 
     Raises:
-        SiteError: naming the closest valid sites, or the valid layer range.
+        SiteError: naming the closest valid sites, the valid layer range, or why the
+            model has no site of that kind.
     """
     if name in valid:
         return Site.parse(name)
@@ -90,7 +104,11 @@ def resolve(name: str, valid: list[str]) -> Site:
         fixed = f"blocks.{int(match.group(1))}.{match.group(2)}"
         raise SiteError(f"Site name {name!r} writes its layer with a leading zero; use {fixed!r}.")
     layers = sorted({layer for v in valid if (layer := Site.parse(v).layer) is not None})
-    if match and match.group(2) in BLOCK_KINDS and layers:
+    kind = match.group(2) if match else ""
+    if kind in BLOCK_KINDS and not any(v.endswith(kind) for v in valid):
+        why = WHY_ABSENT.get(kind, "")
+        raise SiteError(f"This model has no {kind} sites, so not {name!r}. {why}".rstrip())
+    if match and kind in BLOCK_KINDS and layers:
         raise SiteError(
             f"Layer {match.group(1)} is out of range in {name!r}: this model has layers "
             f"0..{layers[-1]}."

@@ -1,12 +1,15 @@
 """Plain HuggingFace causal LMs, steered through module hooks.
 
 Each supported family is one row of ``LAYOUTS``: where the blocks live, and which
-block submodules write to the residual stream. A new family is a new row.
+block submodules write to the residual stream. Most decoders share the Llama layout
+(``model.layers``, ``self_attn``, ``mlp``), so a new family is usually one name in
+``_LLAMA_LIKE``; a family that differs is one ``Layout`` row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -16,36 +19,73 @@ from torch.utils.hooks import RemovableHandle
 from steerlab.backends.base import ActivationFn, config_eos, position_ids
 from steerlab.engine.cache import DynamicCacheOps
 from steerlab.hooks import tag
-from steerlab.sites import EMBED, Site, all_sites
+from steerlab.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Dotted paths into one architecture family.
+    """How one architecture family writes to its residual stream.
 
-    ``attn`` and ``mlp`` name the block submodules whose outputs are added to the
-    residual stream (for Gemma 2/3 that is the post-norm after each sublayer).
+    Attributes:
+        blocks: dotted path to the list of decoder blocks.
+        attn: block submodule whose output is added to the stream after attention
+            (for Gemma 2/3 and OLMo 2 that is the norm after the attention).
+        mlp: the same for the MLP (OPT has no MLP module: its last linear, ``fc2``).
+        parallel: True, or config flags any of which make attention and MLP both read
+            the block input. Such blocks have no ``hook_resid_mid``.
+        flat_mlp: the MLP runs on ``[batch * pos, d_model]`` rather than ``[batch, pos, d_model]``.
+        embed_scale: config attribute the model multiplies the token embeddings by.
+        residual_scale: config attribute the model multiplies each sublayer output by
+            before adding it to the stream (Granite).
+        unsupported: given the config, names a variant the row does not cover, or None.
     """
 
-    blocks: str
-    embed: str
-    attn: str
-    mlp: str
+    blocks: str = "model.layers"
+    attn: str = "self_attn"
+    mlp: str = "mlp"
+    parallel: bool | tuple[str, ...] = False
+    flat_mlp: bool = False
+    embed_scale: str | None = None
+    residual_scale: str | None = None
+    unsupported: Callable[[Any], str | None] | None = None
+
+    def is_parallel(self, config: Any) -> bool:
+        if isinstance(self.parallel, bool):
+            return self.parallel
+        return any(getattr(config, flag, False) for flag in self.parallel)
 
 
-_LLAMA = Layout("model.layers", "model.embed_tokens", "self_attn", "mlp")
-_GEMMA2 = Layout(
-    "model.layers", "model.embed_tokens", "post_attention_layernorm", "post_feedforward_layernorm"
-)
+def _opt_unsupported(config: Any) -> str | None:
+    if not config.do_layer_norm_before:
+        return "post-norm OPT (do_layer_norm_before=False, as in opt-350m)"
+    if config.word_embed_proj_dim != config.hidden_size:
+        return "OPT with projected embeddings (word_embed_proj_dim != hidden_size)"
+    return None
+
+
+_LLAMA_LIKE = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+    "phi3", "smollm3", "starcoder2", "glm", "olmo",
+)  # fmt: skip
+_POST_NORMS = Layout(attn="post_attention_layernorm", mlp="post_feedforward_layernorm")
+_GRANITE = Layout(embed_scale="embedding_multiplier", residual_scale="residual_multiplier")
+_H = "transformer.h"
 LAYOUTS: dict[str, Layout] = {
-    "gpt2": Layout("transformer.h", "transformer.wte", "attn", "mlp"),
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,
-    "gemma": _LLAMA,
-    "gemma2": _GEMMA2,
-    "gemma3_text": _GEMMA2,
+    **dict.fromkeys(_LLAMA_LIKE, Layout()),
+    **dict.fromkeys(("gemma2", "gemma3_text", "olmo2", "olmo3"), _POST_NORMS),
+    "glm4": Layout(attn="post_self_attn_layernorm", mlp="post_mlp_layernorm"),
+    "granite": _GRANITE,
+    "granitemoe": replace(_GRANITE, mlp="block_sparse_moe"),
+    "gpt2": Layout(blocks=_H, attn="attn"),
+    "opt": Layout("model.decoder.layers", mlp="fc2", flat_mlp=True, unsupported=_opt_unsupported),
+    "stablelm": Layout(parallel=("use_parallel_residual",)),
+    # Parallel blocks: attention and MLP both read the block input.
+    "gpt_neox": Layout("gpt_neox.layers", "attention", parallel=("use_parallel_residual",)),
+    "gptj": Layout(blocks=_H, attn="attn", parallel=True),
+    "falcon": Layout(_H, "self_attention", parallel=("parallel_attn", "new_decoder_architecture")),
+    "phi": Layout(parallel=True),
+    "cohere": Layout(parallel=True),
+    "cohere2": Layout(parallel=True),
 }
 
 
@@ -59,22 +99,53 @@ def _with_first(output: Any, new: torch.Tensor) -> Any:
     return (new, *output[1:])
 
 
+def _scaled(fn: ActivationFn, scale: float) -> ActivationFn:
+    """``fn`` seeing ``scale * output``: what the model adds to the stream, not the raw output."""
+    if scale == 1:
+        return fn
+
+    def scaled(output: torch.Tensor) -> torch.Tensor | None:
+        new = fn(output * scale)
+        return None if new is None else new / scale
+
+    return scaled
+
+
+def _config_scale(config: Any, attribute: str | None) -> float:
+    return 1.0 if attribute is None else float(getattr(config, attribute))
+
+
+def _layout_for(config: Any) -> Layout:
+    model_type = config.model_type
+    if model_type not in LAYOUTS:
+        raise ValueError(
+            f"steerlab has no hook table for HuggingFace model_type {model_type!r}. "
+            f"Supported: {', '.join(sorted(LAYOUTS))}. Use backend='bridge' for others."
+        )
+    layout = LAYOUTS[model_type]
+    variant = layout.unsupported(config) if layout.unsupported else None
+    if variant is not None:
+        raise ValueError(
+            f"steerlab's hook table for {model_type!r} does not cover {variant}. "
+            "Use backend='bridge' for it."
+        )
+    return layout
+
+
 class HFBackend:
     """A ``transformers`` ``PreTrainedModel`` with a causal-LM head."""
 
     kind = "hf"
 
     def __init__(self, model: Any) -> None:
-        model_type = model.config.model_type
-        if model_type not in LAYOUTS:
-            raise ValueError(
-                f"steerlab has no hook table for HuggingFace model_type {model_type!r}. "
-                f"Supported: {', '.join(sorted(LAYOUTS))}. Use backend='bridge' for others."
-            )
-        self.model = model
-        self.layout = LAYOUTS[model_type]
-        self.blocks: Any = model.get_submodule(self.layout.blocks)
         config = model.config.get_text_config()
+        self.layout = _layout_for(model.config)
+        self.model = model
+        self.blocks: Any = model.get_submodule(self.layout.blocks)
+        self.embed: nn.Module = model.get_input_embeddings()
+        self.parallel = self.layout.is_parallel(config)
+        self.embed_scale = _config_scale(config, self.layout.embed_scale)
+        self.residual_scale = _config_scale(config, self.layout.residual_scale)
         self.n_layers: int = len(self.blocks)
         self.d_model: int = config.hidden_size
         self.n_ctx: int | None = getattr(config, "max_position_embeddings", None) or getattr(
@@ -86,26 +157,33 @@ class HFBackend:
         return self.model.get_input_embeddings().weight.device
 
     def sites(self) -> list[str]:
-        return all_sites(self.n_layers)
+        kinds = [k for k in BLOCK_KINDS if not (self.parallel and k == "hook_resid_mid")]
+        return all_sites(self.n_layers, kinds=kinds)
 
     def attach(self, site: Site, fn: ActivationFn) -> list[RemovableHandle]:
         if site.kind == EMBED:
-            return [self._on_output(self.model.get_submodule(self.layout.embed), fn)]
+            return [self._on_output(self.embed, _scaled(fn, self.embed_scale))]
         block = self.blocks[site.layer]
         if site.kind == "hook_resid_pre":
             return [self._on_input(block, fn)]
         if site.kind == "hook_resid_post":
             return [self._on_output(block, fn)]
         if site.kind == "hook_attn_out":
-            return [self._on_output(block.get_submodule(self.layout.attn), fn)]
+            attn = block.get_submodule(self.layout.attn)
+            return [self._on_output(attn, _scaled(fn, self.residual_scale))]
         if site.kind == "hook_mlp_out":
-            return [self._on_output(block.get_submodule(self.layout.mlp), fn)]
+            return self._on_mlp(block, _scaled(fn, self.residual_scale))
+        if self.parallel:
+            raise SiteError(f"This model has no hook_resid_mid. {WHY_ABSENT['hook_resid_mid']}")
         return self._on_resid_mid(block, fn)
 
     def _on_output(self, module: nn.Module, fn: ActivationFn) -> RemovableHandle:
+        # A hook that only reads hands the model a copy: some blocks update a sublayer's
+        # output in place afterwards (Falcon adds attention into the MLP output with +=).
         def hook(_module: nn.Module, _args: Any, output: Any) -> Any:
-            new = fn(_first(output))
-            return None if new is None else _with_first(output, new)
+            first = _first(output)
+            new = fn(first)
+            return _with_first(output, first.clone() if new is None else new)
 
         return module.register_forward_hook(tag(hook))
 
@@ -119,6 +197,22 @@ class HFBackend:
             return None if new is None else (args, {**kwargs, "hidden_states": new})
 
         return module.register_forward_pre_hook(tag(hook), with_kwargs=True)
+
+    def _on_mlp(self, block: nn.Module, fn: ActivationFn) -> list[RemovableHandle]:
+        mlp = block.get_submodule(self.layout.mlp)
+        if not self.layout.flat_mlp:
+            return [self._on_output(mlp, fn)]
+        # The MLP sees [batch * pos, d_model]; steer it as [batch, pos, d_model].
+        shape: list[torch.Size] = []
+
+        def remember(hidden: torch.Tensor) -> None:
+            shape[:] = [hidden.shape]
+
+        def unflatten(flat: torch.Tensor) -> torch.Tensor | None:
+            new = fn(flat.view(shape[0]))
+            return None if new is None else new.reshape(flat.shape)
+
+        return [self._on_input(block, remember), self._on_output(mlp, unflatten)]
 
     def _on_resid_mid(self, block: nn.Module, fn: ActivationFn) -> list[RemovableHandle]:
         # HF blocks keep resid_mid in a local variable. It equals the block input plus
@@ -135,7 +229,7 @@ class HFBackend:
 
         attn = block.get_submodule(self.layout.attn)  # resolved before anything is registered
         first = self._on_input(block, remember)
-        return [first, self._on_output(attn, steer_attn)]
+        return [first, self._on_output(attn, _scaled(steer_attn, self.residual_scale))]
 
     cache_ops = DynamicCacheOps()
 
