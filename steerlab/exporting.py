@@ -140,7 +140,9 @@ def _prepared(
     if height is None:
         height = round(px_width * own_height / own_width)
     if theme == "paper":
-        themes.apply(copy, themes.print_font_size())
+        themes.apply(
+            copy, themes.print_font_size(), themes.print_font_size(themes.PAPER_TITLE_PT)
+        )
         # Text sizes set on the figure itself (make_subplots titles its subplots at 16 px)
         # would print at 12 pt: printed text follows the theme instead.
         copy.update_annotations(font_size=None)

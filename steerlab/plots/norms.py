@@ -119,13 +119,16 @@ def add_norm_heatmap(
     *,
     difference: bool,
     no_difference: str = "no difference: steered = baseline",
+    blank: bool | None = None,
     col: int = 2,
 ) -> None:
     """Draw a layers × tokens norm heatmap in subplot ``(1, col)`` of ``fig``, in place.
 
     A difference that is exactly zero everywhere (alpha 0, or a steer on positions that
     are not shown) is not drawn as a blank box with a meaningless colour bar: the trace is
-    hidden and the subplot says ``no_difference`` instead. The trace is always there, with
+    hidden and the subplot says ``no_difference`` instead (``blank=True`` forces this, for a
+    caller that knows, such as alpha 0 in a batch whose rows differ by rounding only). The
+    trace is always there, with
     ``visible`` and ``showscale`` set, so that a live figure can update it in place.
 
     >>> fig = make_subplots(rows=1, cols=2)
@@ -133,7 +136,8 @@ def add_norm_heatmap(
     >>> fig.layout.annotations[-1].text
     'no difference: steered = baseline'
     """
-    blank = difference and all(v == 0 for row in z for v in row)
+    if blank is None:
+        blank = difference and all(v == 0 for row in z for v in row)
     heat = go.Heatmap(
         z=z,
         x=list(range(len(labels))),

@@ -30,6 +30,7 @@ PALETTE: list[str] = [OKABE_ITO[i] for i in (4, 5, 2, 0, 6, 1, 3)]  # strongest 
 PAPER_WIDTHS_IN: dict[str, float] = {"column": 3.4, "page": 7.0}
 CSS_PX_PER_IN = 96  # plotly lays out in CSS pixels; a PDF page is 0.75 pt per pixel
 PAPER_FONT_PT = 8.0  # tick labels, legends, cell text
+PAPER_TITLE_PT = 9.0
 SCREEN_FONT_PX = 14
 
 
@@ -48,12 +49,15 @@ def paper_size(width: str, aspect: float = 0.7) -> tuple[int, int]:
     return px, round(px * aspect)
 
 
-def paper_template(font_size: float = SCREEN_FONT_PX) -> go.layout.Template:
+def paper_template(
+    font_size: float = SCREEN_FONT_PX, title_size: float | None = None
+) -> go.layout.Template:
     """The paper template: white background, thin grid, Okabe–Ito colours.
 
     Args:
         font_size: Base text size in CSS pixels (ticks, legend); titles are a little larger
             and margins scale with it. 14 suits a screen; ``print_font_size()`` suits a page.
+        title_size: The figure title's size in CSS pixels; ``17/14 * font_size`` if ``None``.
 
     Returns:
         A template to register or to set on a figure's layout.
@@ -62,6 +66,8 @@ def paper_template(font_size: float = SCREEN_FONT_PX) -> go.layout.Template:
     '#0072B2'
     """
     k = font_size / SCREEN_FONT_PX
+    title_size = round(17 * k, 1) if title_size is None else title_size
+    label_size = max(font_size, round(15 * k, 1))  # axis titles, subplot titles
     axis = {
         "showline": True,
         "linecolor": "#444444",
@@ -70,7 +76,7 @@ def paper_template(font_size: float = SCREEN_FONT_PX) -> go.layout.Template:
         "gridcolor": "#E5E5E5",
         "zeroline": False,
         "automargin": True,
-        "title": {"font": {"size": round(15 * k, 1)}, "standoff": round(8 * k)},
+        "title": {"font": {"size": label_size}, "standoff": round(8 * k)},
     }
     return go.layout.Template(
         layout={
@@ -79,27 +85,30 @@ def paper_template(font_size: float = SCREEN_FONT_PX) -> go.layout.Template:
                 "size": font_size,
                 "color": "#222222",
             },
-            "title": {"font": {"size": round(17 * k, 1)}, "x": 0.02, "xanchor": "left"},
+            "title": {"font": {"size": title_size}, "x": 0.02, "xanchor": "left"},
             "colorway": PALETTE,
             "paper_bgcolor": "white",
             "plot_bgcolor": "white",
             "xaxis": axis,
             "yaxis": axis,
-            "legend": {"bgcolor": "rgba(255,255,255,0.8)", "font": {"size": round(13 * k, 1)}},
+            "legend": {
+                "bgcolor": "rgba(255,255,255,0.8)",
+                "font": {"size": max(font_size, round(13 * k, 1))},
+            },
             "colorscale": {"sequential": "Viridis", "diverging": "RdBu_r"},
             "margin": {"l": round(70 * k), "r": round(30 * k), "t": round(60 * k), "b": round(60 * k)},
-            "annotationdefaults": {"font": {"size": round(15 * k, 1)}},
+            "annotationdefaults": {"font": {"size": label_size}},
         }
     )
 
 
-def print_font_size() -> float:
-    """The base font size in CSS pixels that prints at ``PAPER_FONT_PT`` points.
+def print_font_size(points: float = PAPER_FONT_PT) -> float:
+    """The font size in CSS pixels that prints at ``points`` (a PDF has 0.75 pt per pixel).
 
     >>> round(print_font_size() * 0.75, 1)
     8.0
     """
-    return PAPER_FONT_PT / 0.75
+    return points / 0.75
 
 
 def use_paper_theme() -> None:
@@ -113,12 +122,15 @@ def use_paper_theme() -> None:
     pio.templates.default = TEMPLATE_NAME
 
 
-def apply(fig: go.Figure, font_size: float = SCREEN_FONT_PX) -> go.Figure:
+def apply(
+    fig: go.Figure, font_size: float = SCREEN_FONT_PX, title_size: float | None = None
+) -> go.Figure:
     """Set the paper template on one figure, in place, and return it.
 
     Args:
         fig: Any plotly figure.
         font_size: Base text size in CSS pixels, as for ``paper_template``.
+        title_size: Title size in CSS pixels, as for ``paper_template``.
 
     Returns:
         The same figure, for chaining.
@@ -126,5 +138,5 @@ def apply(fig: go.Figure, font_size: float = SCREEN_FONT_PX) -> go.Figure:
     >>> apply(go.Figure()).layout.template.layout.font.size
     14
     """
-    fig.update_layout(template=paper_template(font_size))
+    fig.update_layout(template=paper_template(font_size, title_size))
     return fig

@@ -80,8 +80,15 @@ def pair_norms_figure(
     baseline_ids = [*prompt_tokens, *new_tokens[0]][:length]
     labels = [display_token(decode([t])) for t in steered_ids]
     no_difference = "no difference at alpha 0" if alpha == 0 else "no difference: steered = baseline"
+    # At alpha 0 the two rows are the same run; batched rows may still differ in the last bit.
     add_norm_heatmap(
-        fig, [s.layer for s in sites], z, labels, difference=True, no_difference=no_difference
+        fig,
+        [s.layer for s in sites],
+        z,
+        labels,
+        difference=True,
+        no_difference=no_difference,
+        blank=True if alpha == 0 else None,
     )
     heat = fig.data[-1]
     heat.customdata = [

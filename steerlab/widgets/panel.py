@@ -98,6 +98,7 @@ class SteeringPanel:
         self.error: str | None = None
         self.history: list[tuple[int, str]] = []  # (request id, rendered|cancelled|error|skipped)
         self._latest = 0
+        self._muted = False  # True while add_vector swaps the dropdown's options
         self._run_lock = threading.Lock()
         self._debouncer = Debouncer(self._run, debounce)
         self._build_view(export_stem)
@@ -137,8 +138,12 @@ class SteeringPanel:
         replaced = name in self.vectors
         self.vectors[name] = vector
         dropdown = self.controls.vector
-        with self.controls.vector.hold_trait_notifications():
+        current, self._muted = dropdown.value, True
+        try:  # new options reset the selection: put it back without a run
             dropdown.options = list(self.vectors)
+            dropdown.value = current
+        finally:
+            self._muted = False
         if select and dropdown.value != name:
             dropdown.value = name  # observed: a debounced rerun
         elif replaced and dropdown.value == name:
@@ -173,6 +178,8 @@ class SteeringPanel:
         return self.controls.request(self._latest)
 
     def _on_change(self, _change: dict[str, Any]) -> None:
+        if self._muted:
+            return
         self._debouncer.trigger(self._next_request())
 
     def _is_current(self, request: PanelRequest) -> bool:
