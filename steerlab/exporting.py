@@ -99,7 +99,9 @@ def export(
     if theme not in THEMES:
         raise ValueError(f"theme must be one of {THEMES}, not {theme!r}")
     if isinstance(width, str) and width not in PAPER_WIDTHS:
-        raise ValueError(f"width must be a number of pixels or one of {PAPER_WIDTHS}, not {width!r}")
+        raise ValueError(
+            f"width must be a number of pixels or one of {PAPER_WIDTHS}, not {width!r}"
+        )
     fig, width, height, scale = _prepared(fig, width, height, scale, theme)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
@@ -122,7 +124,11 @@ def export(
 
 
 def _prepared(
-    fig: go.Figure, width: int | str | None, height: int | None, scale: float | None, theme: str | None
+    fig: go.Figure,
+    width: int | str | None,
+    height: int | None,
+    scale: float | None,
+    theme: str | None,
 ) -> tuple[go.Figure, int | None, int | None, float]:
     """A themed copy of ``fig`` and the pixel width, height and PNG scale to draw it at."""
     import plotly.graph_objects as go
@@ -140,9 +146,7 @@ def _prepared(
     if height is None:
         height = round(px_width * own_height / own_width)
     if theme == "paper":
-        themes.apply(
-            copy, themes.print_font_size(), themes.print_font_size(themes.PAPER_TITLE_PT)
-        )
+        themes.apply(copy, themes.print_font_size(), themes.print_font_size(themes.PAPER_TITLE_PT))
         # Text sizes set on the figure itself (make_subplots titles its subplots at 16 px)
         # would print at 12 pt: printed text follows the theme instead.
         copy.update_annotations(font_size=None)

@@ -293,7 +293,9 @@ def test_residual_norms_with_no_difference_says_so_instead_of_a_blank_box(padded
     assert "no difference: steered = baseline" in notes
     assert fig["layout"]["xaxis2"]["visible"] is False
     assert not any("row" in note for note in notes)  # no "row 0" in the titles
-    different = plots.residual_norms(padded_cache, steered={k: 2 * v for k, v in padded_cache.items()})
+    different = plots.residual_norms(
+        padded_cache, steered={k: 2 * v for k, v in padded_cache.items()}
+    )
     assert next(t for t in different.data if t.type == "heatmap").visible is True
 
 

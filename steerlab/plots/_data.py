@@ -102,7 +102,9 @@ def activation(cache: Mapping[str, torch.Tensor], site: str) -> torch.Tensor:
     return acts
 
 
-def token_ticks(labels: Sequence[str], max_ticks: int = 24, max_chars: int = 8) -> dict[str, object]:
+def token_ticks(
+    labels: Sequence[str], max_ticks: int = 24, max_chars: int = 8
+) -> dict[str, object]:
     """Axis settings that keep token labels readable: at most ``max_ticks``, each short.
 
     Every k-th position is labelled (the first always), long tokens are cut with "…", and the
@@ -121,7 +123,7 @@ def token_ticks(labels: Sequence[str], max_ticks: int = 24, max_chars: int = 8) 
     """
     step = max(1, -(-len(labels) // max_ticks))  # ceil
     kept = list(range(0, len(labels), step))
-    text = [_shorten(labels[i], max_chars) for i in kept]
+    text = [shorten(labels[i], max_chars) for i in kept]
     return {
         "tickmode": "array",
         "tickvals": kept,
@@ -130,8 +132,14 @@ def token_ticks(labels: Sequence[str], max_ticks: int = 24, max_chars: int = 8) 
     }
 
 
-def _shorten(label: str, max_chars: int) -> str:
-    # Cut on the visible text, not inside an HTML entity such as "&lt;".
+def shorten(label: str, max_chars: int) -> str:
+    """Cut a display label to ``max_chars`` visible characters, ending in "…" when cut.
+
+    Cuts the visible text, never inside an HTML entity such as ``&lt;``.
+
+    >>> shorten("&lt;|endoftext|&gt;", 5)
+    '&lt;|en…'
+    """
     plain = label.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
     if len(plain) > max_chars:
         plain = plain[: max_chars - 1] + "…"

@@ -151,7 +151,9 @@ def add_norm_heatmap(
         showscale=not blank,
     )
     fig.add_trace(heat, row=1, col=col)
-    fig.update_xaxes(title_text="token", visible=not blank, **_data.token_ticks(labels), row=1, col=col)
+    fig.update_xaxes(
+        title_text="token", visible=not blank, **_data.token_ticks(labels), row=1, col=col
+    )
     fig.update_yaxes(title_text="layer", dtick=1, visible=not blank, row=1, col=col)
     if blank:
         axis = fig.layout[f"xaxis{col}" if col > 1 else "xaxis"]

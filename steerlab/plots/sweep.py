@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-import math
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -79,15 +78,18 @@ def sweep_heatmaps(
 
     log = _log_metrics(rows, metrics) if log_scale is None else set(log_scale)
     fig = make_subplots(
-        rows=1, cols=len(metrics), subplot_titles=list(metrics), horizontal_spacing=0.15
+        rows=1, cols=len(metrics), subplot_titles=list(metrics), horizontal_spacing=0.2
     )
     for i, metric in enumerate(metrics):
         alphas, layers, grid = sweep_grid(rows, metric)
         axis = fig.layout["xaxis" if i == 0 else f"xaxis{i + 1}"]
         right = axis.domain[1] + 0.01  # one colourbar per subplot, just right of it
-        fig.add_trace(_heatmap(metric, alphas, layers, grid, right, metric in log), row=1, col=i + 1)
+        fig.add_trace(
+            _heatmap(metric, alphas, layers, grid, right, metric in log), row=1, col=i + 1
+        )
         fig.update_xaxes(title_text="layer", type="category", row=1, col=i + 1)
-        fig.update_yaxes(title_text="alpha", type="category", row=1, col=i + 1)
+        # One "alpha" title, on the left: another would sit on the previous colour bar.
+        fig.update_yaxes(title_text="alpha" if i == 0 else None, type="category", row=1, col=i + 1)
     label = site or (kinds[0] if kinds else None)
     fig.update_layout(title_text="steering sweep" + (f" at {label}" if label else ""))
     return fig
@@ -102,13 +104,18 @@ def _heatmap(
     log: bool,
 ) -> go.Heatmap:
     """One metric's heatmap, its value written in every cell; log10 colours when ``log``."""
-    colorbar: dict[str, Any] = {"title": {"text": metric}, "x": colorbar_x, "len": 0.9}
+    colorbar: dict[str, Any] = {
+        "title": {"text": metric, "side": "right"},
+        "x": colorbar_x,
+        "len": 0.9,
+        "thickness": 14,
+    }
     z: list[list[float | None]] = grid
     if log:
         z = [[None if v is None else math.log10(v) for v in row] for row in grid]
         ticks = _log_ticks([v for row in grid for v in row if v is not None])
         colorbar.update(
-            title={"text": f"{metric}<br>(log scale)"},
+            title={"text": f"{metric} (log scale)", "side": "right"},
             tickvals=[math.log10(t) for t in ticks],
             ticktext=[f"{t:g}" for t in ticks],
         )

@@ -96,7 +96,12 @@ def paper_template(
                 "font": {"size": max(font_size, round(13 * k, 1))},
             },
             "colorscale": {"sequential": "Viridis", "diverging": "RdBu_r"},
-            "margin": {"l": round(70 * k), "r": round(30 * k), "t": round(60 * k), "b": round(60 * k)},
+            "margin": {
+                "l": round(70 * k),
+                "r": round(30 * k),
+                "t": round(60 * k),
+                "b": round(60 * k),
+            },
             "annotationdefaults": {"font": {"size": label_size}},
         }
     )

@@ -79,7 +79,9 @@ def pair_norms_figure(
     steered_ids = [*prompt_tokens, *new_tokens[1]][:length]
     baseline_ids = [*prompt_tokens, *new_tokens[0]][:length]
     labels = [display_token(decode([t])) for t in steered_ids]
-    no_difference = "no difference at alpha 0" if alpha == 0 else "no difference: steered = baseline"
+    no_difference = (
+        "no difference at alpha 0" if alpha == 0 else "no difference: steered = baseline"
+    )
     # At alpha 0 the two rows are the same run; batched rows may still differ in the last bit.
     add_norm_heatmap(
         fig,
