@@ -276,3 +276,14 @@ def test_panel_layout_wraps_and_shows_a_hint(lm, vec):
     assert columns.layout.flex_flow == "row wrap"
     assert all(c.layout.min_width and "%" not in c.layout.min_width for c in columns.children)
     assert panel.figure.layout.autosize is True and panel.figure.layout.width is None
+
+
+def test_figure_view_shows_the_current_figure_as_plotly_json(lm, vec):
+    panel = make_panel(lm, {"v": vec}, alpha=0.0)
+    panel.controls.alpha.value = 3.0
+    (output,) = panel.figure_view.outputs
+    shown = output["data"]["application/vnd.plotly.v1+json"]
+    heat = next(t for t in shown["data"] if t["type"] == "heatmap")
+    assert heat["visible"] is True
+    assert [list(r) for r in heat["z"]] == [list(r) for r in _heatmap(panel).z]
+    assert shown["config"]["responsive"] is True

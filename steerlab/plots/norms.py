@@ -120,6 +120,7 @@ def add_norm_heatmap(
     difference: bool,
     no_difference: str = "no difference: steered = baseline",
     blank: bool | None = None,
+    max_ticks: int = 24,
     col: int = 2,
 ) -> None:
     """Draw a layers × tokens norm heatmap in subplot ``(1, col)`` of ``fig``, in place.
@@ -152,7 +153,11 @@ def add_norm_heatmap(
     )
     fig.add_trace(heat, row=1, col=col)
     fig.update_xaxes(
-        title_text="token", visible=not blank, **_data.token_ticks(labels), row=1, col=col
+        title_text="token",
+        visible=not blank,
+        **_data.token_ticks(labels, max_ticks),
+        row=1,
+        col=col,
     )
     fig.update_yaxes(title_text="layer", dtick=1, visible=not blank, row=1, col=col)
     if blank:

@@ -56,8 +56,8 @@ def pair_norms_figure(
         column_widths=[0.36, 0.64],
         horizontal_spacing=0.12,
         subplot_titles=(
-            "mean ‖x‖₂ over the prompt",
-            f"Δ‖x‖₂ at {kind}, steered − baseline",
+            "mean ‖x‖₂, prompt",
+            f"{kind}: steered − baseline",
         ),
     )
     prompt_only = torch.zeros(1, captured, dtype=torch.bool)
@@ -91,6 +91,7 @@ def pair_norms_figure(
         difference=True,
         no_difference=no_difference,
         blank=True if alpha == 0 else None,
+        max_ticks=16,  # the panel may be narrow (a laptop with the file browser open)
     )
     heat = fig.data[-1]
     heat.customdata = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import threading
 import time
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from steerlab.widgets.runner import (
     stream_pair,
 )
 
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
 HINT = (
     "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
     "regenerates beside the baseline.</i>"
@@ -255,10 +257,14 @@ class SteeringPanel:
         self.hooks_label.add_class("steerlab-hooks")
         self.status_label = widgets.Label("")
         self.status_label.add_class("steerlab-status")
-        # No width: plotly sizes the figure to the panel, on any screen.
-        self.figure = go.FigureWidget(
+        # A plain figure, updated in place and shown through an Output widget as plotly JSON:
+        # JupyterLab's plotly renderer draws it at the panel's width on any screen. (A
+        # FigureWidget drew empty axes with plotly 7.1 and anywidget 0.11 in JupyterLab 4.6.)
+        self.figure = go.Figure(
             layout={"autosize": True, "height": 460, "margin": {"l": 60, "r": 20, "t": 50}}
         )
+        self.figure_view = widgets.Output(layout=widgets.Layout(width="100%"))
+        self.figure_view.add_class("steerlab-figure")
         column = widgets.Layout(flex="1 1 320px", min_width="260px", margin="0 8px 0 0")
         panes = widgets.HBox(
             [
@@ -282,7 +288,7 @@ class SteeringPanel:
                 self.controls.box(),
                 self.error_box,
                 panes,
-                widgets.Box([self.figure], layout=widgets.Layout(width="100%")),
+                self.figure_view,
                 exports,
                 widgets.HBox([self.hooks_label, separator, self.status_label], layout=wrap),
             ],
@@ -310,7 +316,8 @@ class SteeringPanel:
         self.status_label.value = text
 
     def _update_figure(self, fresh: go.Figure) -> None:
-        """Update the traces in place (same shapes) or replace them (first run, new kinds)."""
+        """Update the traces in place (same shapes) or replace them (first run, new kinds),
+        then redraw the view."""
         with self.figure.batch_update():
             if len(self.figure.data) == len(fresh.data):
                 for trace, new in zip(self.figure.data, fresh.data):
@@ -328,6 +335,19 @@ class SteeringPanel:
             # divider come and go with alpha.
             self.figure.layout.annotations = fresh.layout.annotations
             self.figure.layout.shapes = fresh.layout.shapes
+        self._show_figure()
+
+    def _show_figure(self) -> None:
+        """Replace the figure view's output; safe from the debouncer's thread (no ``with``)."""
+        spec = json.loads(self.figure.to_json())
+        spec["config"] = {"responsive": True, "displaylogo": False}
+        self.figure_view.outputs = (
+            {
+                "output_type": "display_data",
+                "data": {PLOTLY_MIME: spec, "text/plain": "steerlab panel figure"},
+                "metadata": {},
+            },
+        )
 
     # --- display ------------------------------------------------------------------------
 
