@@ -29,6 +29,7 @@ from nbclient import NotebookClient
 PLOTLY_JSON = "application/vnd.plotly.v1+json"
 # Interactive JSON plus a static PNG fallback in one output (plotly reads PLOTLY_RENDERER).
 BUILD_ENV = {"PLOTLY_RENDERER": "plotly_mimetype+png"}
+COLUMN_CELLS = 12  # a heatmap wider than this is exported at page width
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = sorted([*REPO.glob("tutorials/*.ipynb"), *REPO.glob("notebooks/*.ipynb")])
@@ -57,8 +58,9 @@ def build(path: Path, timeout: int, allow_errors: bool = False) -> float:
 def export_figures(path: Path, folder: Path) -> list[Path]:
     """Export every plotly figure stored in ``path`` as a print-size PNG in ``folder``.
 
-    Files are named ``{notebook}_fig{k}.png`` in order. A figure with subplots, or wider than
-    it is tall by more than 2:1, gets the page width (7 in); the rest one column (3.4 in).
+    Files are named ``{notebook}_fig{k}.png`` in order. A figure with subplots, wider than
+    it is tall by more than 2:1, or a heatmap over more than 12 columns gets the page width
+    (7 in); the rest one column (3.4 in).
     """
     sys.path.insert(0, str(REPO))
     import plotly.graph_objects as go
@@ -78,7 +80,8 @@ def export_figures(path: Path, folder: Path) -> list[Path]:
         fig = go.Figure(spec)
         axes = [key for key in fig.layout.to_plotly_json() if key.startswith("xaxis")]
         wide = (fig.layout.height or 500) * 2 < (fig.layout.width or 700)
-        width = "page" if len(axes) > 1 or wide else "column"
+        cells = max((len(row) for t in fig.data if t.type == "heatmap" for row in t.z), default=0)
+        width = "page" if len(axes) > 1 or wide or cells > COLUMN_CELLS else "column"
         written.append(export(fig, folder / f"{path.stem}_fig{k}.png", width=width))
     return written
 
