@@ -22,9 +22,13 @@ browser:
 	@bash scripts/install_browser.sh || echo "warning: no Chromium; static figure export (PNG/SVG/PDF) and browser tests need one (see README)"
 
 # The venv's bin goes first on PATH so notebook kernels run the venv's Python; root (a
-# container) needs --allow-root.
+# container) needs --allow-root. Lab serves the repository, so that tutorials/ and notebooks/
+# are both reachable, and opens on tutorials/; test plumbing is hidden from the file browser.
+LAB_HIDDEN := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "conftest.py", "sanitize.cfg"]
 lab: setup
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab tutorials/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab \
+		--ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/tutorials \
+		'--ContentsManager.hide_globs=$(LAB_HIDDEN)' $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(PYTEST) -q -rs -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15

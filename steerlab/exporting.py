@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 STATIC_FORMATS = ("pdf", "svg", "png")
 FORMATS = (*STATIC_FORMATS, "html")
+THEMES = ("paper", None)
+PAPER_WIDTHS = ("column", "page")  # sizes in steerlab.plots.theme.PAPER_WIDTHS_IN
+DEFAULT_SIZE = (700, 500)  # plotly's layout size when a figure sets none
+PRINT_DPI = 300  # PNG resolution at a named paper width
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
 _server_lock = threading.Lock()
@@ -49,24 +53,36 @@ def export(
     fig: go.Figure,
     path: str | os.PathLike[str],
     *,
-    scale: float = 2,
-    width: int | None = None,
+    width: int | str | None = None,
     height: int | None = None,
+    scale: float | None = None,
+    theme: str | None = "paper",
 ) -> Path:
     """Write ``fig`` to ``path`` in the format its suffix names: .pdf, .svg, .png or .html.
 
+    By default the figure is drawn in the paper theme (white background, Okabe–Ito colours)
+    on a copy; ``fig`` itself is not changed. A named ``width`` sets the printed size: the PDF
+    page is then 3.4 in (``"column"``) or 7 in (``"page"``) wide, with 8-9 pt text, so it goes
+    into LaTeX with ``\\includegraphics`` at its natural size.
+
     Args:
-        fig: The figure.
+        fig: The figure (a ``FigureWidget`` exports its current state).
         path: Where to write; parent folders are created.
-        scale: Pixel multiplier for PNG (a 700 px wide figure at scale 2 is 1400 px wide).
-        width: Layout width in CSS pixels; the figure's own, else plotly's 700, when ``None``.
-        height: Layout height in CSS pixels; the figure's own, else plotly's 500, when ``None``.
+        width: ``"column"`` or ``"page"``; or the layout width in CSS pixels; the figure's
+            own, else plotly's 700, when ``None``.
+        height: Layout height in CSS pixels. With a named width it defaults to the figure's
+            own aspect ratio; otherwise to the figure's own height, else plotly's 500.
+        scale: Pixel multiplier for PNG (a 700 px wide figure at scale 2 is 1400 px wide);
+            2 by default, and 300 dpi with a named width. PDF and SVG are always drawn at
+            scale 1, so that their page size is the layout size (0.75 pt per CSS pixel).
+        theme: ``"paper"`` (the default) or ``None`` to keep the figure's own template.
 
     Returns:
         The path written.
 
     Raises:
-        ValueError: For a suffix outside .pdf/.svg/.png/.html, before anything is done.
+        ValueError: For a suffix outside .pdf/.svg/.png/.html, an unknown width name or
+            theme, before anything is done.
         RuntimeError: For a static format when no Chrome/Chromium can be found.
 
     >>> import plotly.graph_objects as go
@@ -80,6 +96,13 @@ def export(
             f"cannot export to {path.name!r}: the suffix must be one of "
             + ", ".join(f".{f}" for f in FORMATS)
         )
+    if theme not in THEMES:
+        raise ValueError(f"theme must be one of {THEMES}, not {theme!r}")
+    if isinstance(width, str) and width not in PAPER_WIDTHS:
+        raise ValueError(
+            f"width must be a number of pixels or one of {PAPER_WIDTHS}, not {width!r}"
+        )
+    fig, width, height, scale = _prepared(fig, width, height, scale, theme)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
         # plotly.js inlined, so that the file opens offline; width/height fix the layout size.
@@ -94,8 +117,41 @@ def export(
     with warnings.catch_warnings():
         # plotly passes per-call browser options that the shared server rightly ignores.
         warnings.filterwarnings("ignore", message="The kopts argument is ignored")
-        fig.write_image(path, format=fmt, scale=scale, width=width, height=height)
+        fig.write_image(
+            path, format=fmt, scale=scale if fmt == "png" else 1, width=width, height=height
+        )
     return path
+
+
+def _prepared(
+    fig: go.Figure,
+    width: int | str | None,
+    height: int | None,
+    scale: float | None,
+    theme: str | None,
+) -> tuple[go.Figure, int | None, int | None, float]:
+    """A themed copy of ``fig`` and the pixel width, height and PNG scale to draw it at."""
+    import plotly.graph_objects as go
+
+    from steerlab.plots import theme as themes
+
+    copy = go.Figure(fig)  # a FigureWidget becomes a plain figure; the caller's is untouched
+    if not isinstance(width, str):
+        if theme == "paper":
+            themes.apply(copy)
+        return copy, width, height, 2 if scale is None else scale
+    own_width = copy.layout.width or DEFAULT_SIZE[0]
+    own_height = copy.layout.height or DEFAULT_SIZE[1]
+    px_width, _ = themes.paper_size(width)
+    if height is None:
+        height = round(px_width * own_height / own_width)
+    if theme == "paper":
+        themes.apply(copy, themes.print_font_size(), themes.print_font_size(themes.PAPER_TITLE_PT))
+        # Text sizes set on the figure itself (make_subplots titles its subplots at 16 px)
+        # would print at 12 pt: printed text follows the theme instead.
+        copy.update_annotations(font_size=None)
+        copy.update_layout(title_font_size=None)
+    return copy, px_width, height, PRINT_DPI / 96 if scale is None else scale
 
 
 def _start_kaleido() -> None:

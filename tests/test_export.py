@@ -121,3 +121,45 @@ def test_facade_export_stays_the_function_after_plots_load():
     import steerlab.plots  # noqa: F401  (imports the exporting module as a side effect)
 
     assert callable(sl.export) and sl.export is export
+
+
+def _pdf_page_points(data: bytes) -> tuple[float, float]:
+    import re
+
+    x0, y0, x1, y1 = map(float, re.search(rb"MediaBox\s*\[([^\]]*)\]", data).group(1).split())
+    return x1 - x0, y1 - y0
+
+
+@needs_browser
+@pytest.mark.parametrize(("width", "inches"), [("column", 3.4), ("page", 7.0)])
+def test_named_widths_print_at_paper_size_with_legible_text(fig, tmp_path, width, inches):
+    page_w, page_h = _pdf_page_points(export(fig, tmp_path / "f.pdf", width=width).read_bytes())
+    assert page_w == pytest.approx(inches * 72, abs=1)
+    assert page_h == pytest.approx(page_w * 500 / 700, abs=1)  # the figure's own aspect
+    svg = export(fig, tmp_path / "f.svg", width=width).read_text()
+    import re
+
+    sizes = [float(s) for s in re.findall(r"font-size: ?([\d.]+)px", svg)]
+    assert sizes and all(7.5 <= s * 0.75 <= 9.5 for s in sizes), sizes  # points, printed
+    png = export(fig, tmp_path / "f.png", width=width).read_bytes()
+    assert _png_size(png)[0] == pytest.approx(inches * 300, abs=4)  # 300 dpi
+
+
+@needs_browser
+def test_export_uses_the_paper_theme_on_a_copy(fig, tmp_path):
+    template_before = fig.layout.template.to_plotly_json()
+    svg = export(fig, tmp_path / "f.svg").read_text()
+    assert "rgb(229, 236, 246)" not in svg  # plotly's grey plot background
+    assert "fill: rgb(255, 255, 255)" in svg or "fill:#fff" in svg.replace(" ", "")
+    assert fig.layout.template.to_plotly_json() == template_before
+    kept = export(fig, tmp_path / "g.svg", theme=None).read_text()
+    assert "rgb(229, 236, 246)" in kept
+
+
+def test_unknown_width_name_or_theme_is_refused_before_any_work(fig, tmp_path, monkeypatch):
+    monkeypatch.setattr(export_module, "_start_kaleido", _must_not_run)
+    with pytest.raises(ValueError, match="column"):
+        export(fig, tmp_path / "f.pdf", width="colum")
+    with pytest.raises(ValueError, match="theme"):
+        export(fig, tmp_path / "f.pdf", theme="dark")
+    assert not list(tmp_path.iterdir())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import threading
 import time
 
@@ -204,3 +205,85 @@ def test_positions_from_token_k_and_top_k_controls(lm, vec):
                            max_new_tokens=8, temperature=1.0, top_k=5, seed=11)  # fmt: skip
     assert [panel.baseline_text, panel.steered_text] == expected.text
     assert panel.rendered.positions == 2 and panel.rendered.top_k == 5
+
+
+def _heatmap(panel: SteeringPanel):
+    return next(t for t in panel.figure.data if t.type == "heatmap")
+
+
+def test_alpha_zero_heatmap_is_a_note_not_an_empty_box(lm, vec):
+    panel = make_panel(lm, {"v": vec}, alpha=0.0)
+    notes = [a.text for a in panel.figure.layout.annotations]
+    assert "no difference at alpha 0" in notes
+    assert _heatmap(panel).visible is False and _heatmap(panel).showscale is False
+    panel.controls.alpha.value = 4.0
+    assert "no difference at alpha 0" not in [a.text for a in panel.figure.layout.annotations]
+    assert _heatmap(panel).visible is True and _heatmap(panel).showscale is True
+    panel.controls.alpha.value = 0.0  # and back: the note returns on the same figure
+    assert "no difference at alpha 0" in [a.text for a in panel.figure.layout.annotations]
+
+
+def test_heatmap_covers_prompt_and_generated_tokens(lm, vec):
+    panel = make_panel(lm, {"v": vec}, alpha=6.0)
+    out = panel.generation
+    n_prompt = len(out.prompt_tokens[1])
+    heat = _heatmap(panel)
+    # Every fed token: the prompt, then the new tokens but the last (never fed back).
+    width = n_prompt + min(len(t) for t in out.tokens) - 1
+    assert len(heat.z[0]) == width > n_prompt
+    assert "row 0" not in " ".join(a.text for a in panel.figure.layout.annotations)
+    # Over the prompt the change equals two separate passes through the model.
+    site = "blocks.2.hook_resid_post"
+    plain = lm.run_with_cache(PROMPT, [site])[site][0]
+    steered = lm.run_with_cache(PROMPT, [site], steer=sl.Steer("blocks.1.hook_resid_pre", vec, 6.0))
+    expected = (steered[site][0].norm(dim=-1) - plain.norm(dim=-1)).tolist()
+    layer_2 = list(heat.y).index(2)
+    assert list(heat.z[layer_2][:n_prompt]) == pytest.approx(expected, abs=1e-4)
+
+
+def test_add_vector_updates_dropdown_and_data_in_one_call(lm, vec):
+    panel = make_panel(lm, {"v": vec})
+    other = -vec
+    panel.add_vector("minus v", other)
+    assert list(panel.controls.vector.options) == ["v", "minus v"]
+    assert panel.rendered.vector == "minus v"
+    site = "blocks.1.hook_resid_pre"
+    expected = lm.generate(PROMPT, sl.Steer(site, other, alpha=[0.0, 4.0]), max_new_tokens=8)
+    assert [panel.baseline_text, panel.steered_text] == expected.text
+
+    renders = panel.render_count
+    panel.add_vector("later", 2 * vec, select=False)
+    assert panel.controls.vector.value == "minus v" and panel.render_count == renders
+    panel.add_vector("minus v", vec)  # replacing the selected vector reruns with the new data
+    assert panel.render_count == renders + 1 and panel.steered_text != expected.text[1]
+    with pytest.raises(sl.SteerError, match="SteeringVector or a 1-D torch.Tensor"):
+        panel.add_vector("bad", [1.0, 2.0])
+    assert "bad" not in panel.controls.vector.options and "bad" not in panel.vectors
+
+
+def test_status_line_keeps_hooks_and_timing_apart(lm, vec):
+    panel = make_panel(lm, {"v": vec})
+    hooks, separator, status = panel.widget.children[-1].children
+    assert hooks is panel.hooks_label and status is panel.status_label
+    assert separator.value.strip() == "│"
+    assert re.fullmatch(r"last run: request \d+ took \d+\.\d\d s", status.value)
+
+
+def test_panel_layout_wraps_and_shows_a_hint(lm, vec):
+    panel = make_panel(lm, {"v": vec})
+    assert "Drag the <b>alpha</b> slider" in panel.widget.children[0].value
+    columns = panel.controls.box().children[1]
+    assert columns.layout.flex_flow == "row wrap"
+    assert all(c.layout.min_width and "%" not in c.layout.min_width for c in columns.children)
+    assert panel.figure.layout.autosize is True and panel.figure.layout.width is None
+
+
+def test_figure_view_shows_the_current_figure_as_plotly_json(lm, vec):
+    panel = make_panel(lm, {"v": vec}, alpha=0.0)
+    panel.controls.alpha.value = 3.0
+    (output,) = panel.figure_view.outputs
+    shown = output["data"]["application/vnd.plotly.v1+json"]
+    heat = next(t for t in shown["data"] if t["type"] == "heatmap")
+    assert heat["visible"] is True
+    assert [list(r) for r in heat["z"]] == [list(r) for r in _heatmap(panel).z]
+    assert shown["config"]["responsive"] is True

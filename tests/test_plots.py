@@ -283,3 +283,61 @@ def test_steering_comparison_scores_the_change_against_the_unsteered_model():
     steered = plots.steering_comparison(lm, out).to_dict()
     assert max(abs(z) for z in steered["data"][0]["z"][-1] if z is not None) > 1e-3
     assert "alpha 6" in steered["layout"]["title"]["text"]
+
+
+def test_residual_norms_with_no_difference_says_so_instead_of_a_blank_box(padded_cache):
+    fig = plots.residual_norms(padded_cache, steered=dict(padded_cache)).to_dict()
+    heat = next(t for t in fig["data"] if t["type"] == "heatmap")
+    assert heat["visible"] is False and heat["showscale"] is False
+    notes = [a["text"] for a in fig["layout"]["annotations"]]
+    assert "no difference: steered = baseline" in notes
+    assert fig["layout"]["xaxis2"]["visible"] is False
+    assert not any("row" in note for note in notes)  # no "row 0" in the titles
+    different = plots.residual_norms(
+        padded_cache, steered={k: 2 * v for k, v in padded_cache.items()}
+    )
+    assert next(t for t in different.data if t.type == "heatmap").visible is True
+
+
+def test_long_token_axes_are_thinned_shortened_and_turned():
+    from steerlab.plots._data import token_ticks
+
+    labels = [f"token{i}_with_a_long_tail" for i in range(100)]
+    ticks = token_ticks(labels)
+    assert len(ticks["tickvals"]) <= 24 and ticks["tickvals"][0] == 0
+    assert all(len(t) <= 8 and t.endswith("…") for t in ticks["ticktext"])
+    assert ticks["tickangle"] == -45
+    # Cut on the visible text ("<s><s><s>" -> "<s>…"), never inside an entity such as "&lt;".
+    assert token_ticks(["&lt;s&gt;" * 3], max_chars=4)["ticktext"] == ["&lt;s&gt;…"]
+
+
+def test_residual_norms_legend_sits_below_the_axis_titles(padded_cache):
+    legend = plots.residual_norms(padded_cache).layout.legend
+    assert (legend.yref, legend.y, legend.yanchor) == ("container", 0, "bottom")
+
+
+def _perplexity_records(worst: float) -> list[dict]:
+    return [
+        {"alpha": a, "layer": layer, "site": f"blocks.{layer}.hook_resid_pre", "score": 0.5,
+         "perplexity": worst if (a, layer) == (8.0, 2) else 5.0 + layer + a}
+        for a in (0.0, 8.0) for layer in (1, 2)
+    ]  # fmt: skip
+
+
+def test_sweep_heatmaps_write_values_in_cells_and_log_scale_a_wide_perplexity():
+    fig = plots.sweep_heatmaps(_perplexity_records(600.0))
+    score, perplexity = fig.data
+    assert [list(r) for r in score.text] == [["0.50", "0.50"], ["0.50", "0.50"]]
+    assert score.texttemplate == "%{text}"
+    assert [list(r) for r in perplexity.text] == [["6.00", "7.00"], ["14.0", "600"]]
+    # Colours follow log10(perplexity); the colour bar is labelled in perplexity.
+    assert perplexity.z[1][1] == pytest.approx(math.log10(600))
+    assert perplexity.z[0][0] == pytest.approx(math.log10(6))
+    ticks = dict(zip(perplexity.colorbar.ticktext, perplexity.colorbar.tickvals))
+    assert ticks["100"] == pytest.approx(2.0) and ticks["10"] == pytest.approx(1.0)
+    assert "log" in perplexity.colorbar.title.text
+    assert list(perplexity.customdata[1]) == [14.0, 600.0]  # hover shows real values
+    linear = plots.sweep_heatmaps(_perplexity_records(600.0), log_scale=()).data[1]
+    assert linear.z[1][1] == 600.0
+    narrow = plots.sweep_heatmaps(_perplexity_records(20.0)).data[1]
+    assert narrow.z[1][1] == 20.0  # a narrow range stays linear

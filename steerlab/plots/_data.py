@@ -100,3 +100,47 @@ def activation(cache: Mapping[str, torch.Tensor], site: str) -> torch.Tensor:
     if acts.ndim != 3:
         raise ValueError(f"{site}: expected [batch, pos, d_model], got shape {tuple(acts.shape)}")
     return acts
+
+
+def token_ticks(
+    labels: Sequence[str], max_ticks: int = 24, max_chars: int = 8
+) -> dict[str, object]:
+    """Axis settings that keep token labels readable: at most ``max_ticks``, each short.
+
+    Every k-th position is labelled (the first always), long tokens are cut with "…", and the
+    labels are turned 45° once there are more than a few. Hover still shows every token.
+
+    Args:
+        labels: One display label per position (``display_token`` output).
+        max_ticks: Most labels to show.
+        max_chars: Longest label, in characters, before it is cut.
+
+    Returns:
+        Keyword arguments for ``fig.update_xaxes`` / ``update_yaxes``.
+
+    >>> token_ticks(["a", "b", "c"], max_ticks=2)["ticktext"]
+    ['a', 'c']
+    """
+    step = max(1, -(-len(labels) // max_ticks))  # ceil
+    kept = list(range(0, len(labels), step))
+    text = [shorten(labels[i], max_chars) for i in kept]
+    return {
+        "tickmode": "array",
+        "tickvals": kept,
+        "ticktext": text,
+        "tickangle": -45 if len(kept) > 8 else 0,
+    }
+
+
+def shorten(label: str, max_chars: int) -> str:
+    """Cut a display label to ``max_chars`` visible characters, ending in "…" when cut.
+
+    Cuts the visible text, never inside an HTML entity such as ``&lt;``.
+
+    >>> shorten("&lt;|endoftext|&gt;", 5)
+    '&lt;|en…'
+    """
+    plain = label.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    if len(plain) > max_chars:
+        plain = plain[: max_chars - 1] + "…"
+    return plain.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

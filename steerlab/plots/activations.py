@@ -78,12 +78,9 @@ def activation_heatmap(
         hovertemplate="token %{customdata}, dim %{x}<br>%{z:.3f}<extra></extra>",
     )
     fig = go.Figure(heat)
-    fig.update_layout(title_text=f"{site}, row {row}")
+    fig.update_layout(title_text=site + (f" (prompt {row})" if real.shape[0] > 1 else ""))
     fig.update_xaxes(title_text=x_title, type="category" if top_k is not None else None)
-    fig.update_yaxes(
-        title_text="token",
-        tickvals=list(range(len(labels))),
-        ticktext=labels,
-        autorange="reversed",  # first token at the top, as it is read
-    )
+    ticks = {**_data.token_ticks(labels, max_ticks=32, max_chars=10), "tickangle": 0}
+    # First token at the top, as it is read.
+    fig.update_yaxes(title_text="token", autorange="reversed", **ticks)
     return fig

@@ -8,7 +8,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from steerlab.plots._data import display_token
+from steerlab.plots._data import display_token, shorten
+
+CELL_CHARS = 7  # longer tokens are cut in the cells (hover shows them whole)
 
 DIFF_OUTLINE = "#000000"
 
@@ -50,8 +52,8 @@ def token_comparison(
 
     z = [[0.0] * width, change]  # baseline row stays at the neutral middle colour
     text = [
-        [display_token(t) if t else "" for t in base],
-        [display_token(t) if t else "" for t in steer],
+        [shorten(display_token(t), CELL_CHARS) if t else "" for t in base],
+        [shorten(display_token(t), CELL_CHARS) if t else "" for t in steer],
     ]
     hover = [
         [f"baseline {display_token(t)}" for t in base],
@@ -67,6 +69,7 @@ def token_comparison(
         y=["baseline", "steered"],
         text=text,
         texttemplate="%{text}",
+        textfont={"size": 11},  # fixed: plotly's automatic size shrinks to fit the longest
         hovertext=hover,
         hovertemplate="%{hovertext}<extra></extra>",
         colorscale="RdBu",

@@ -78,13 +78,16 @@ def residual_norms(
     positions = _data.real_positions(real, row)
     labels = _data.row_labels(_data.cache_tokens(cache, tokens), row, positions)
 
-    heat_title = "‖steered‖ − ‖baseline‖" if steered is not None else "‖x‖₂"
     fig = make_subplots(
         rows=1,
         cols=2,
         column_widths=[0.4, 0.6],
-        horizontal_spacing=0.12,
-        subplot_titles=("mean L2 norm per layer", f"{heatmap_kind} {heat_title}, row {row}"),
+        horizontal_spacing=0.14,
+        subplot_titles=(
+            "mean ‖x‖₂ per layer",
+            f"{heatmap_kind}: {'‖steered‖ − ‖baseline‖' if steered is not None else '‖x‖₂'}"
+            + (f" (prompt {row})" if real.shape[0] > 1 else ""),
+        ),
     )
     for i, kind in enumerate(kinds):
         colour = {"color": _line_colour(i)}
@@ -101,25 +104,94 @@ def residual_norms(
     if steered is not None:
         _, z_steered = _row_norms(steered, heatmap_kind, row, positions)
         z = (torch.tensor(z_steered) - torch.tensor(z)).tolist()
-    heat = go.Heatmap(
-        z=z,
-        x=list(range(len(positions))),
-        y=layers,
-        colorscale="RdBu_r" if steered is not None else "Viridis",
-        zmid=0 if steered is not None else None,
-        colorbar={"title": {"text": "Δ‖x‖₂" if steered is not None else "‖x‖₂"}},
-        customdata=[labels] * len(layers),
-        hovertemplate="layer %{y}, token %{customdata}<br>%{z:.3f}<extra></extra>",
-    )
-    fig.add_trace(heat, row=1, col=2)
+    add_norm_heatmap(fig, layers, z, labels, difference=steered is not None)
     fig.update_xaxes(title_text="layer", dtick=1, row=1, col=1)
     fig.update_yaxes(title_text="mean ‖x‖₂ over tokens", row=1, col=1)
-    fig.update_xaxes(
-        title_text="token", tickvals=list(range(len(labels))), ticktext=labels, row=1, col=2
-    )
-    fig.update_yaxes(title_text="layer", dtick=1, row=1, col=2)
-    fig.update_layout(legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"})
+    legend_below(fig)
     return fig
+
+
+def add_norm_heatmap(
+    fig: go.Figure,
+    layers: list[int],
+    z: list[list[float]],
+    labels: list[str],
+    *,
+    difference: bool,
+    no_difference: str = "no difference: steered = baseline",
+    blank: bool | None = None,
+    max_ticks: int = 24,
+    col: int = 2,
+) -> None:
+    """Draw a layers × tokens norm heatmap in subplot ``(1, col)`` of ``fig``, in place.
+
+    A difference that is exactly zero everywhere (alpha 0, or a steer on positions that
+    are not shown) is not drawn as a blank box with a meaningless colour bar: the trace is
+    hidden and the subplot says ``no_difference`` instead (``blank=True`` forces this, for a
+    caller that knows, such as alpha 0 in a batch whose rows differ by rounding only). The
+    trace is always there, with
+    ``visible`` and ``showscale`` set, so that a live figure can update it in place.
+
+    >>> fig = make_subplots(rows=1, cols=2)
+    >>> add_norm_heatmap(fig, [0], [[0.0]], ["a"], difference=True)
+    >>> fig.layout.annotations[-1].text
+    'no difference: steered = baseline'
+    """
+    if blank is None:
+        blank = difference and all(v == 0 for row in z for v in row)
+    heat = go.Heatmap(
+        z=z,
+        x=list(range(len(labels))),
+        y=layers,
+        colorscale="RdBu_r" if difference else "Viridis",
+        zmid=0 if difference else None,
+        colorbar={"title": {"text": "Δ‖x‖₂" if difference else "‖x‖₂"}, "len": 0.8},
+        customdata=[labels] * len(layers),
+        hovertemplate="layer %{y}, token %{customdata}<br>%{z:.3f}<extra></extra>",
+        visible=not blank,
+        showscale=not blank,
+    )
+    fig.add_trace(heat, row=1, col=col)
+    fig.update_xaxes(
+        title_text="token",
+        visible=not blank,
+        **_data.token_ticks(labels, max_ticks),
+        row=1,
+        col=col,
+    )
+    fig.update_yaxes(title_text="layer", dtick=1, visible=not blank, row=1, col=col)
+    if blank:
+        axis = fig.layout[f"xaxis{col}" if col > 1 else "xaxis"]
+        fig.add_annotation(
+            text=no_difference,
+            x=sum(axis.domain) / 2,
+            y=0.5,
+            xref="paper",
+            yref="paper",
+            xanchor="center",
+            showarrow=False,
+            font={"color": "#555555"},
+            name="no-difference",
+        )
+
+
+def legend_below(fig: go.Figure) -> None:
+    """A horizontal legend under the plots, clear of the x-axis titles at any height.
+
+    The legend sits at the bottom of the figure (container coordinates) and plotly grows the
+    bottom margin to fit it, so it never lands on an axis title.
+    """
+    fig.update_layout(
+        legend={
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "yref": "container",
+            "y": 0,
+            "yanchor": "bottom",
+        },
+        margin={"b": 100},
+    )
 
 
 def _line_colour(i: int) -> str:

@@ -75,8 +75,9 @@ def projection_heatmap(
     )
     fig = go.Figure(heat)
     kind_text = sites[0].kind if one_kind else "residual"
-    fig.update_layout(title_text=f"{kind_text} projected on the steering direction, row {row}")
-    fig.update_xaxes(title_text="token", tickvals=list(range(len(labels))), ticktext=labels)
+    which = f" (prompt {row})" if real.shape[0] > 1 else ""
+    fig.update_layout(title_text=f"{kind_text} projected on the steering direction{which}")
+    fig.update_xaxes(title_text="token", **_data.token_ticks(labels))
     fig.update_yaxes(title_text="layer", type="category" if not one_kind else None, dtick=1)
     return fig
 

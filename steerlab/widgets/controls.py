@@ -12,6 +12,10 @@ from steerlab.widgets.runner import PanelRequest
 
 _WIDE = widgets.Layout(width="100%")
 _STYLE = {"description_width": "7em"}
+# Each control fills its column and the columns wrap under each other on a narrow screen,
+# so nothing is clipped beside JupyterLab's file browser.
+_FILL = {"width": "100%", "max_width": "40em"}
+_COLUMN = {"flex": "1 1 320px", "min_width": "260px", "margin": "0 8px 0 0"}
 
 
 @dataclass
@@ -38,11 +42,19 @@ class Controls:
         return PanelRequest(request_id=request_id, **values)
 
     def box(self) -> widgets.VBox:
-        steering = widgets.VBox([self.vector, self.layer, self.hook, self.alpha, self.positions])
-        sampling = widgets.VBox(
-            [self.temperature, self.top_k, self.top_p, self.seed, self.max_new_tokens]
+        for control in self.all():
+            if control is not self.prompt:
+                control.layout = widgets.Layout(**_FILL)
+        steering = widgets.VBox(
+            [self.vector, self.layer, self.hook, self.alpha, self.positions],
+            layout=widgets.Layout(**_COLUMN),
         )
-        return widgets.VBox([self.prompt, widgets.HBox([steering, sampling])])
+        sampling = widgets.VBox(
+            [self.temperature, self.top_k, self.top_p, self.seed, self.max_new_tokens],
+            layout=widgets.Layout(**_COLUMN),
+        )
+        columns = widgets.HBox([steering, sampling], layout=widgets.Layout(flex_flow="row wrap"))
+        return widgets.VBox([self.prompt, columns])
 
 
 def hook_kinds(sites: Sequence[str]) -> list[str]:

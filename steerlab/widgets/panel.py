@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import threading
 import time
 from collections.abc import Mapping
@@ -13,18 +14,25 @@ import plotly.graph_objects as go
 
 from steerlab.generation.result import Generation
 from steerlab.model import SteerableModel
-from steerlab.plots import export_button, residual_norms
+from steerlab.plots import export_button
 from steerlab.sites import Site
 from steerlab.vectors import SteeringVector
 from steerlab.widgets.completions import completions_button
 from steerlab.widgets.controls import build_controls, hook_kinds
 from steerlab.widgets.debounce import Debouncer
+from steerlab.widgets.figure import pair_norms_figure
 from steerlab.widgets.runner import (
     PanelRequest,
     VectorLike,
-    norm_caches,
+    check_vector,
     pair_steer,
     stream_pair,
+)
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+HINT = (
+    "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
+    "regenerates beside the baseline.</i>"
 )
 
 
@@ -68,6 +76,8 @@ class SteeringPanel:
     ) -> None:
         if not vectors:
             raise ValueError("SteeringPanel needs at least one vector, e.g. {'joy': vec}.")
+        for name, vector in vectors.items():
+            check_vector(name, vector)
         self.lm = lm
         self.vectors = dict(vectors)
         self.controls = build_controls(
@@ -90,6 +100,7 @@ class SteeringPanel:
         self.error: str | None = None
         self.history: list[tuple[int, str]] = []  # (request id, rendered|cancelled|error|skipped)
         self._latest = 0
+        self._muted = False  # True while add_vector swaps the dropdown's options
         self._run_lock = threading.Lock()
         self._debouncer = Debouncer(self._run, debounce)
         self._build_view(export_stem)
@@ -106,6 +117,39 @@ class SteeringPanel:
     def refresh(self) -> None:
         """Run the current controls now, in this thread, and render the result."""
         self._run(self._next_request())
+
+    def add_vector(self, name: str, vector: VectorLike, *, select: bool = True) -> None:
+        """Offer another vector (or replace one of the same name) in the running panel.
+
+        Updates the data and the vector dropdown in one call; with ``select`` it is chosen
+        and the completions regenerate with it.
+
+        Args:
+            name: The name shown in the dropdown.
+            vector: A ``SteeringVector`` or a ``[d_model]`` tensor.
+            select: Switch the panel to this vector now.
+
+        Raises:
+            SteerError: For a name that is not a string or a vector of the wrong type,
+                before the panel changes. A vector of the wrong size shows its error in the
+                panel when it is used, like any other run error.
+
+        >>> panel.add_vector("calm", calm_vector)  # doctest: +SKIP
+        """
+        check_vector(name, vector)
+        replaced = name in self.vectors
+        self.vectors[name] = vector
+        dropdown = self.controls.vector
+        current, self._muted = dropdown.value, True
+        try:  # new options reset the selection: put it back without a run
+            dropdown.options = list(self.vectors)
+            dropdown.value = current
+        finally:
+            self._muted = False
+        if select and dropdown.value != name:
+            dropdown.value = name  # observed: a debounced rerun
+        elif replaced and dropdown.value == name:
+            self._debouncer.trigger(self._next_request())
 
     def wait(self, timeout: float = 60.0) -> bool:
         """Block until the pending change (if any) has run; True unless ``timeout`` passed."""
@@ -136,6 +180,8 @@ class SteeringPanel:
         return self.controls.request(self._latest)
 
     def _on_change(self, _change: dict[str, Any]) -> None:
+        if self._muted:
+            return
         self._debouncer.trigger(self._next_request())
 
     def _is_current(self, request: PanelRequest) -> bool:
@@ -158,13 +204,15 @@ class SteeringPanel:
             self.history.append((request.request_id, outcome))
             self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
             if outcome == "rendered":
-                self._status(f"request {request.request_id}: {time.perf_counter() - start:.2f} s")
+                seconds = time.perf_counter() - start
+                self._status(f"last run: request {request.request_id} took {seconds:.2f} s")
 
     def _generate(self, request: PanelRequest) -> str:
         steer = pair_steer(request, self.vectors)
         generation = None
+        resid = [s for s in self.lm.sites() if ".hook_resid_" in s]
         for step, (texts, final) in enumerate(
-            stream_pair(self.lm, request, steer, lambda: self._is_current(request))
+            stream_pair(self.lm, request, steer, lambda: self._is_current(request), resid)
         ):
             if step == 0:
                 self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
@@ -172,16 +220,26 @@ class SteeringPanel:
             generation = final
         if generation is None:
             return "cancelled"
-        baseline, steered = norm_caches(self.lm, request, steer)
         if not self._is_current(request):
             return "cancelled"
-        self._update_figure(residual_norms(baseline, steered=steered))
+        self._update_figure(self._figure(generation, request))
         self.baseline_text, self.steered_text = generation.text
         self.generation, self.rendered, self.error = generation, request, None
         self.error_box.value = ""
         self.steered_title.value = f"<b>steered</b> · {request.site} · α = {request.alpha:g}"
         self.render_count += 1
         return "rendered"
+
+    def _figure(self, generation: Generation, request: PanelRequest) -> go.Figure:
+        if generation.activations is None:
+            raise RuntimeError("the generation kept no activations for the panel's figure")
+        return pair_norms_figure(
+            generation.activations,
+            generation.prompt_tokens[1],
+            generation.tokens,
+            self.lm.tokenizer.decode,
+            request.alpha,
+        )
 
     # --- view ---------------------------------------------------------------------------
 
@@ -191,34 +249,50 @@ class SteeringPanel:
         self.baseline_title = widgets.HTML("<b>baseline</b> · α = 0")
         self.steered_title = widgets.HTML("<b>steered</b>")
         self.steered_title.add_class("steerlab-steered-title")
+        self.hint = widgets.HTML(HINT)
+        self.hint.add_class("steerlab-hint")
         self.error_box = widgets.HTML("")
         self.error_box.add_class("steerlab-error")
         self.hooks_label = widgets.Label(f"steerlab hooks on model: {self.lm.hook_count()}")
         self.hooks_label.add_class("steerlab-hooks")
         self.status_label = widgets.Label("")
-        self.figure = go.FigureWidget(layout={"height": 440, "margin": {"t": 40, "b": 140}})
-        half = widgets.Layout(width="50%")
+        self.status_label.add_class("steerlab-status")
+        # A plain figure, updated in place and shown through an Output widget as plotly JSON:
+        # JupyterLab's plotly renderer draws it at the panel's width on any screen. (A
+        # FigureWidget drew empty axes with plotly 7.1 and anywidget 0.11 in JupyterLab 4.6.)
+        self.figure = go.Figure(
+            layout={"autosize": True, "height": 460, "margin": {"l": 60, "r": 20, "t": 50}}
+        )
+        self.figure_view = widgets.Output(layout=widgets.Layout(width="100%"))
+        self.figure_view.add_class("steerlab-figure")
+        column = widgets.Layout(flex="1 1 320px", min_width="260px", margin="0 8px 0 0")
         panes = widgets.HBox(
             [
-                widgets.VBox([self.baseline_title, self.baseline_pane], layout=half),
-                widgets.VBox([self.steered_title, self.steered_pane], layout=half),
-            ]
+                widgets.VBox([self.baseline_title, self.baseline_pane], layout=column),
+                widgets.VBox([self.steered_title, self.steered_pane], layout=column),
+            ],
+            layout=widgets.Layout(flex_flow="row wrap"),
         )
+        wrap = widgets.Layout(flex_flow="row wrap")
         exports = widgets.HBox(
             [
                 export_button(self.figure, f"{export_stem}_norms"),
                 completions_button(self.record, f"{export_stem}_completions"),
-            ]
+            ],
+            layout=wrap,
         )
+        separator = widgets.Label("│", layout=widgets.Layout(margin="0 0.8em"))
         self.widget = widgets.VBox(
             [
+                self.hint,
                 self.controls.box(),
                 self.error_box,
                 panes,
-                self.figure,
+                self.figure_view,
                 exports,
-                widgets.HBox([self.hooks_label, self.status_label]),
-            ]
+                widgets.HBox([self.hooks_label, separator, self.status_label], layout=wrap),
+            ],
+            layout=widgets.Layout(width="100%", max_width="1400px"),
         )
         self.widget.add_class("steerlab-panel")
 
@@ -242,7 +316,8 @@ class SteeringPanel:
         self.status_label.value = text
 
     def _update_figure(self, fresh: go.Figure) -> None:
-        """Update the traces in place (same shapes) or replace them (first run, new kinds)."""
+        """Update the traces in place (same shapes) or replace them (first run, new kinds),
+        then redraw the view."""
         with self.figure.batch_update():
             if len(self.figure.data) == len(fresh.data):
                 for trace, new in zip(self.figure.data, fresh.data):
@@ -253,8 +328,26 @@ class SteeringPanel:
                 self.figure.data = ()
                 self.figure.add_traces(list(fresh.data))
             layout = fresh.layout.to_plotly_json()
-            layout.pop("template", None)
+            for key in ("template", "annotations", "shapes"):
+                layout.pop(key, None)
             self.figure.layout.update(layout)
+            # Lists are replaced, not merged: the "no difference" note and the prompt/generated
+            # divider come and go with alpha.
+            self.figure.layout.annotations = fresh.layout.annotations
+            self.figure.layout.shapes = fresh.layout.shapes
+        self._show_figure()
+
+    def _show_figure(self) -> None:
+        """Replace the figure view's output; safe from the debouncer's thread (no ``with``)."""
+        spec = json.loads(self.figure.to_json())
+        spec["config"] = {"responsive": True, "displaylogo": False}
+        self.figure_view.outputs = (
+            {
+                "output_type": "display_data",
+                "data": {PLOTLY_MIME: spec, "text/plain": "steerlab panel figure"},
+                "metadata": {},
+            },
+        )
 
     # --- display ------------------------------------------------------------------------
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
-from steerlab.activations import Activations
 from steerlab.generation.result import Generation
 from steerlab.interventions import Positions, Steer, SteerError
 from steerlab.model import SteerableModel
@@ -39,6 +38,28 @@ class PanelRequest:
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "site": self.site}
+
+
+def check_vector(name: str, vector: object) -> None:
+    """Raise ``SteerError`` unless ``vector`` can be offered in a panel under ``name``.
+
+    Its size is checked when it is used, so that a wrong one shows inside the panel.
+
+    >>> check_vector("v", [1.0, 2.0])
+    Traceback (most recent call last):
+    ...
+    steerlab.interventions.SteerError: Vector 'v' must be a SteeringVector or a 1-D torch.Tensor, not list.
+    """
+    if not isinstance(name, str) or not name:
+        raise SteerError(f"A vector's name must be a non-empty string; got {name!r}.")
+    if isinstance(vector, SteeringVector):
+        return
+    if not isinstance(vector, torch.Tensor) or vector.ndim != 1:
+        shape = f" of shape {tuple(vector.shape)}" if isinstance(vector, torch.Tensor) else ""
+        raise SteerError(
+            f"Vector {name!r} must be a SteeringVector or a 1-D torch.Tensor, "
+            f"not {type(vector).__name__}{shape}."
+        )
 
 
 def direction_at(vector: VectorLike, site: str) -> torch.Tensor:
@@ -76,11 +97,13 @@ def stream_pair(
     request: PanelRequest,
     steer: Steer,
     is_current: Callable[[], bool],
+    capture: Sequence[str] = (),
 ) -> Iterator[tuple[list[str], Generation | None]]:
     """Yield ``([baseline, steered] texts so far, None)`` per token, then the final generation.
 
     Stops as soon as ``is_current()`` is false; the stream is closed on the way out, which
-    takes its hooks off the model. Yields nothing more after a stop.
+    takes its hooks off the model. Yields nothing more after a stop. ``capture`` names sites
+    whose activations the final generation keeps, over the prompt and the new tokens.
     """
     steps = lm.stream(
         request.prompt,
@@ -90,6 +113,7 @@ def stream_pair(
         top_k=request.top_k or None,
         top_p=request.top_p,
         seed=request.seed,
+        capture=capture,
     )
     last = None
     try:
@@ -104,15 +128,3 @@ def stream_pair(
             close()
     if last is not None:
         yield last.text, last.result()
-
-
-def norm_caches(
-    lm: SteerableModel, request: PanelRequest, steer: Steer
-) -> tuple[Activations, Activations]:
-    """Residual-stream activations on the prompt without and with the steer (alpha ``alpha``)."""
-    sites = [s for s in lm.sites() if ".hook_resid_" in s]
-    single = Steer(steer.site, steer.vector, request.alpha, steer.positions, steer.op)
-    return (
-        lm.run_with_cache(request.prompt, sites),
-        lm.run_with_cache(request.prompt, sites, steer=single),
-    )
