@@ -287,3 +287,42 @@ def test_figure_view_shows_the_current_figure_as_plotly_json(lm, vec):
     assert heat["visible"] is True
     assert [list(r) for r in heat["z"]] == [list(r) for r in _heatmap(panel).z]
     assert shown["config"]["responsive"] is True
+
+
+def test_a_closed_panel_starts_no_more_runs(lm, vec):
+    panel = make_panel(lm, {"v": vec})
+    runs = len(panel.history)
+    panel.close()
+    panel.controls.alpha.value = panel.controls.alpha.value + 1
+    panel.refresh()
+    assert [outcome for _, outcome in panel.history[runs:]] in ([], ["skipped"])
+    assert panel.render_count == 1
+
+
+def test_a_kernel_interrupt_does_not_leave_the_status_at_running(lm, vec, monkeypatch):
+    panel = make_panel(lm, {"v": vec})
+
+    def interrupted(request):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(panel, "_generate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        panel.refresh()
+    assert "running" not in panel.status_label.value
+    assert "interrupted" in panel.status_label.value and lm.hook_count() == 0
+
+
+def test_the_panel_queues_behind_a_users_paused_stream(lm, vec):
+    import threading
+
+    panel = make_panel(lm, {"v": vec})
+    renders = panel.render_count
+    stream = lm.stream(PROMPT, max_new_tokens=3)
+    next(stream)  # the user's call holds the model
+    worker = threading.Thread(target=panel.refresh)
+    worker.start()
+    worker.join(1.0)
+    assert worker.is_alive() and panel.render_count == renders  # waiting, not failing
+    stream.close()
+    worker.join(60)
+    assert panel.render_count == renders + 1 and panel.error is None

@@ -101,6 +101,7 @@ class SteeringPanel:
         self.history: list[tuple[int, str]] = []  # (request id, rendered|cancelled|error|skipped)
         self._latest = 0
         self._muted = False  # True while add_vector swaps the dropdown's options
+        self._closed = False
         self._run_lock = threading.Lock()
         self._debouncer = Debouncer(self._run, debounce)
         self._build_view(export_stem)
@@ -168,7 +169,11 @@ class SteeringPanel:
         }
 
     def close(self) -> None:
-        """Stop any run in flight (it sees it is stale at its next token) and close the widgets."""
+        """Stop any run in flight (it sees it is stale at its next token) and close the widgets.
+
+        A closed panel starts no more runs, whatever its controls do.
+        """
+        self._closed = True
         self._latest += 1
         self._debouncer.cancel()
         self.widget.close()
@@ -180,7 +185,7 @@ class SteeringPanel:
         return self.controls.request(self._latest)
 
     def _on_change(self, _change: dict[str, Any]) -> None:
-        if self._muted:
+        if self._muted or self._closed:
             return
         self._debouncer.trigger(self._next_request())
 
@@ -190,22 +195,26 @@ class SteeringPanel:
     def _run(self, request: PanelRequest) -> None:
         # One run at a time: two runs would put their hooks on the same model together.
         with self._run_lock:
-            if not self._is_current(request):
+            if self._closed or not self._is_current(request):
                 self.history.append((request.request_id, "skipped"))
                 return
             start = time.perf_counter()
             self._status(f"running request {request.request_id} …")
+            outcome = "interrupted"  # stays so if a KeyboardInterrupt (kernel interrupt) lands
             try:
                 outcome = self._generate(request)
             except Exception as error:  # anything: show it in the panel, keep the panel alive
                 outcome = "error"
                 if self._is_current(request):
                     self._show_error(error)
-            self.history.append((request.request_id, outcome))
-            self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
-            if outcome == "rendered":
+            finally:
+                self.history.append((request.request_id, outcome))
+                self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
                 seconds = time.perf_counter() - start
-                self._status(f"last run: request {request.request_id} took {seconds:.2f} s")
+                if outcome == "rendered":
+                    self._status(f"last run: request {request.request_id} took {seconds:.2f} s")
+                elif outcome == "interrupted":
+                    self._status(f"request {request.request_id} {outcome} after {seconds:.2f} s")
 
     def _generate(self, request: PanelRequest) -> str:
         steer = pair_steer(request, self.vectors)

@@ -92,6 +92,9 @@ def pair_steer(request: PanelRequest, vectors: Mapping[str, VectorLike]) -> Stee
     return Steer(request.site, direction, alpha=[0.0, request.alpha], positions=request.positions)
 
 
+QUEUE_S = 60.0  # a panel run queues this long behind another call on the model, then fails
+
+
 def stream_pair(
     lm: SteerableModel,
     request: PanelRequest,
@@ -114,6 +117,7 @@ def stream_pair(
         top_p=request.top_p,
         seed=request.seed,
         capture=capture,
+        wait=QUEUE_S,
     )
     last = None
     try:
