@@ -41,7 +41,7 @@ def _gpt2_small() -> tuple[torch.nn.Module, object]:
     return GPT2LMHeadModel(config).eval(), char_tokenizer()
 
 
-def run() -> list[dict[str, object]]:
+def run(backends: bool = True) -> list[dict[str, object]]:
     torch.set_num_threads(torch.get_num_threads())
     model, tokenizer = _gpt2_small()
     lm = sl.wrap(model, tokenizer)
@@ -88,7 +88,8 @@ def run() -> list[dict[str, object]]:
     record("KV cache vs recompute-everything loop, 256 new (speed)", "report", ours, base)
     ours, base = _median_pair(lambda: _ragged(lm, steer, True), lambda: _ragged(lm, steer, False))
     record("batch 8, half stop at 8 / half at 128: compaction (speed)", "report", ours, base)
-    rows += _backends(model)
+    if backends:  # needs TransformerLens for the hooked and bridge rows
+        rows += _backends(model)
     return rows
 
 
