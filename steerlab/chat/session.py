@@ -226,7 +226,8 @@ class ChatSession:
         )  # fmt: skip
         self._cache = kv
         self._key = self._key_of(tokens[:fed], generated[:fed])
-        self._log.append(TurnStats(len(self._log), len(plan.target) - plan.reuse, plan.reuse,
+        turn = self._log[-1].turn + 1 if len(self._log) else 1
+        self._log.append(TurnStats(turn, len(plan.target) - plan.reuse, plan.reuse,
                                    len(tokens) - len(plan.target), kv.length,
                                    time.perf_counter() - started, reason, plan.dropped))  # fmt: skip
 
