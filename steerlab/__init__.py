@@ -10,8 +10,10 @@ The core (loading, steering, generation, vectors) never imports plotly or ipywid
 from importlib import import_module
 from typing import Any
 
+from steerlab import stats
 from steerlab.activations import Activations
 from steerlab.amplify import amplify
+from steerlab.chat import ChatSession
 from steerlab.generation.result import Generation, Step
 from steerlab.interventions import Ablate, Add, Clamp, Steer, SteerError
 from steerlab.loading import load, wrap
@@ -53,6 +55,7 @@ __all__ = [
     "Ablate",
     "Activations",
     "Add",
+    "ChatSession",
     "Clamp",
     "Generation",
     "SiteError",
@@ -70,6 +73,7 @@ __all__ = [
     "pca_diff",
     "probe",
     "single_pair",
+    "stats",
     "sweep",
     "wrap",
     *_LAZY,
