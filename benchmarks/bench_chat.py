@@ -31,9 +31,7 @@ TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 SYSTEM = ("You are a careful assistant who answers briefly and kindly. " * 12)[:690]
-USER = [
-    f"Tell me about the sea and its tides, please, in a few words: {i}." for i in range(4)
-]
+USER = [f"Tell me about the sea and its tides, please, in a few words: {i}." for i in range(4)]
 NEW = 60
 SECTION = "## Chat sessions and shared prompts"
 
@@ -49,21 +47,30 @@ def model() -> sl.SteerableModel:
     return sl.wrap(GPT2LMHeadModel(config).eval(), tokenizer)
 
 
-def conversation(lm: sl.SteerableModel, session: bool) -> list[float]:
-    """Seconds per turn, with a session or recomputing the whole conversation each turn."""
+def conversation(lm: sl.SteerableModel, session: bool) -> tuple[list[float], list[float]]:
+    """Seconds per turn and to each turn's first token, with a session or recomputing the
+    whole conversation each turn."""
     chat = lm.chat(system=SYSTEM) if session else None
     history = [{"role": "system", "content": SYSTEM}]
-    times = []
+    times, first = [], []
     for message in USER:
         start = time.perf_counter()
+        firsts: list[float] = []
+
+        def on_token(step: object, firsts: list[float] = firsts, start: float = start) -> None:
+            if not firsts:
+                firsts.append(time.perf_counter() - start)
+
+        options = dict(max_new_tokens=NEW, stop_at_eos=False, on_token=on_token)
         if chat is not None:
-            reply = chat.say(message, max_new_tokens=NEW, stop_at_eos=False).text[0]
+            reply = chat.say(message, **options).text[0]  # type: ignore[arg-type]
         else:
             history.append({"role": "user", "content": message})
-            reply = lm.generate(history, chat=True, max_new_tokens=NEW, stop_at_eos=False).text[0]
+            reply = lm.generate(history, chat=True, **options).text[0]  # type: ignore[arg-type]
         times.append(time.perf_counter() - start)
+        first.append(firsts[0])
         history.append({"role": "assistant", "content": reply})
-    return times
+    return times, first
 
 
 def _measure(session: bool, out: multiprocessing.Queue) -> None:
@@ -71,12 +78,12 @@ def _measure(session: bool, out: multiprocessing.Queue) -> None:
     lm = model()
     lm.generate("warm up", max_new_tokens=2)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = conversation(lm, session)
+    times, first = conversation(lm, session)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
-    out.put((times, peak / 1024))
+    out.put((times, first, peak / 1024))
 
 
-def in_fresh_process(session: bool) -> tuple[list[float], float]:
+def in_fresh_process(session: bool) -> tuple[list[float], list[float], float]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_measure, args=(session, queue))
@@ -103,8 +110,8 @@ def sweep_rows(lm: sl.SteerableModel) -> tuple[float, float, bool]:
 
 
 def main() -> list[str]:
-    ours, our_peak = in_fresh_process(session=True)
-    base, base_peak = in_fresh_process(session=False)
+    ours, our_first, our_peak = in_fresh_process(session=True)
+    base, base_first, base_peak = in_fresh_process(session=False)
     torch.set_num_threads(1)
     lm = model()
     lm.generate("warm up", max_new_tokens=2)
@@ -123,6 +130,8 @@ def main() -> list[str]:
         f"{sum(base):.2f} s | {sum(ours) / sum(base):.2f}x | report |",
         f"| session vs recompute, turn 4 alone (time) | {ours[-1]:.2f} s | {base[-1]:.2f} s | "
         f"{ours[-1] / base[-1]:.2f}x | <=0.5x |",
+        f"| session vs recompute, turn 4 time to first token | {our_first[-1]:.2f} s | "
+        f"{base_first[-1]:.2f} s | {our_first[-1] / base_first[-1]:.2f}x | report |",
         f"| peak memory over the loaded model | {our_peak:.0f} MiB | {base_peak:.0f} MiB | "
         f"{our_peak / max(base_peak, 1e-9):.2f}x | report |",
         f"| 8 alphas, positions='generated', 500-token prompt: prompt shared vs fed per row "

@@ -40,6 +40,7 @@ _LAZY = {
     "use_paper_theme": ("steerlab.plots", "use_paper_theme"),
     "export_button": ("steerlab.plots", "export_button"),
     "SteeringPanel": ("steerlab.widgets", "SteeringPanel"),
+    "ChatPanel": ("steerlab.widgets.chat_panel", "ChatPanel"),
 }
 
 

@@ -139,7 +139,8 @@ def weights(lm: SteerableModel, names: str | Sequence[str], *, compact: bool = F
         lm: the model.
         names: canonical sites (``"blocks.2.hook_mlp_out"`` means block 2's MLP, a
             ``hook_resid_*`` site the whole block, ``"hook_embed"`` the embedding) or the
-            model's own module or parameter names (``"transformer.h.2.attn"``).
+            model's own module or parameter names (``"transformer.h.2.attn"``). A
+            TransformerBridge's ``._original_component`` segments are left out of the names.
         compact: shape, mean, std, min, max and L2 norm only.
 
     >>> sl.stats.weights(lm, ["blocks.1.hook_attn_out"], compact=True)  # doctest: +SKIP
@@ -206,4 +207,9 @@ def _parameters(model: torch.nn.Module, name: str) -> list[tuple[str, torch.Tens
     if name in params:
         return [(name, params[name])]
     module = model.get_submodule(name)
-    return [(f"{name}.{p}" if name else p, t) for p, t in module.named_parameters()]
+    return [(_plain(f"{name}.{p}" if name else p), t) for p, t in module.named_parameters()]
+
+
+def _plain(name: str) -> str:
+    """A TransformerBridge's parameter path without its wrapper segments (readable names)."""
+    return name.replace("._original_component", "")
