@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import steerlab as sl
-from steerlab.stats import PERCENTILES, describe
+from steerlab.stats import PERCENTILES, describe, module_name
 
 
 def test_describe_matches_torch():
@@ -50,8 +50,11 @@ def test_activations_of_a_chat_turn():
 def test_weights_by_site_and_by_module_name(lm):
     by_site = sl.stats.weights(lm, ["blocks.1.hook_mlp_out"], compact=True)
     assert by_site and all(".1." in name for name in by_site)
-    norms = {name.replace("._original_component", ""): float(p.detach().double().norm())
-             for name, p in lm.model.named_parameters(remove_duplicate=False)}  # fmt: skip
+    where = module_name(lm, "blocks.1.hook_mlp_out")
+    params = lm.model.get_submodule(where).named_parameters()
+    norms = {f"{where}.{name}".replace("._original_component", ""): float(p.detach().double().norm())
+             for name, p in params}  # fmt: skip
+    assert set(norms) == set(by_site)
     for name, entry in by_site.items():
         assert entry.norm == pytest.approx(norms[name], rel=1e-5)
     block = sl.stats.weights(lm, "blocks.1.hook_resid_pre", compact=True)
