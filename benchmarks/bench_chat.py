@@ -139,7 +139,8 @@ def main() -> list[str]:
         "",
         f"Per turn (s), session: {', '.join(f'{t:.2f}' for t in ours)}; recompute: "
         f"{', '.join(f'{t:.2f}' for t in base)}. Shared and unshared sweep rows give the same "
-        f"tokens: {same}.",
+        f"tokens: {same}. The session's system prompt is fed once by `lm.chat`, before the "
+        "timed turns; the turn-4 rows do not depend on that.",
     ]
     print("\n".join(lines))
     return lines
