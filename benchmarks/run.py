@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import bench_chat  # noqa: E402
 import bench_engine  # noqa: E402
 
 
@@ -38,6 +39,7 @@ def main() -> None:
     out = Path(__file__).parent / "RESULTS.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
+    bench_chat.append(bench_chat.main(), out)
     extra = Path(__file__).parent / "bench_sweep.py"
     if extra.exists():
         import bench_sweep

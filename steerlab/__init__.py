@@ -10,9 +10,11 @@ The core (loading, steering, generation, vectors) never imports plotly or ipywid
 from importlib import import_module as _import_module
 from typing import Any as _Any
 
+from steerlab import stats
 from steerlab.activations import Activations
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
+from steerlab.chat import ChatSession
 from steerlab.generation.result import Generation, Step
 from steerlab.interventions import Ablate, Add, Clamp, Steer, SteerError
 from steerlab.loading import load, wrap
@@ -40,6 +42,7 @@ _LAZY = {
     "export_button": ("steerlab.plots", "export_button"),
     "SteeringPanel": ("steerlab.widgets", "SteeringPanel"),
     "connect": ("steerlab.client", "connect"),
+    "ChatPanel": ("steerlab.widgets.chat_panel", "ChatPanel"),
 }
 
 
@@ -60,6 +63,7 @@ __all__ = [
     "Ablate",
     "Activations",
     "Add",
+    "ChatSession",
     "Clamp",
     "Generation",
     "ParityError",
@@ -79,6 +83,7 @@ __all__ = [
     "pca_diff",
     "probe",
     "single_pair",
+    "stats",
     "sweep",
     "wrap",
     *_LAZY,

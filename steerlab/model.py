@@ -6,19 +6,23 @@ import html
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from steerlab.activations import Activations
 from steerlab.backends.base import Backend
 from steerlab.engine.cache import KVCache
-from steerlab.engine.local import LocalEngine, Progress
+from steerlab.engine.local import LocalEngine
 from steerlab.engine.request import Request, Sampling
 from steerlab.generation.prompts import Prompt
 from steerlab.generation.result import Generation, Step
+from steerlab.generation.steps import OnToken, steps
 from steerlab.rows import Rows, SteerArg, as_steers, lay_out
 from steerlab.sites import resolve
+
+if TYPE_CHECKING:
+    from steerlab.chat import ChatSession
 
 
 def fresh_seed() -> int:
@@ -155,6 +159,7 @@ class SteerableModel:
         cache: KVCache | None = None,
         keep_cache: bool = False,
         wait: float = 0.0,
+        on_token: OnToken | None = None,
     ) -> Iterator[Step]:
         """Generate token by token, yielding a ``Step`` after each new token.
 
@@ -171,7 +176,7 @@ class SteerableModel:
             rows.requests(sampling), cache=cache, keep_cache=keep_cache, capture=capture,
             use_cache=use_cache, wait=wait, description=f"stream of {len(rows.encoded)} rows",
         )  # fmt: skip
-        return self._steps(progress, rows, seed)
+        return steps(progress, rows, seed, on_token)
 
     def _rows(self, prompts: Any, steer: SteerArg, chat: bool, new: int,
               cache: KVCache | None) -> Rows:  # fmt: skip
@@ -192,28 +197,6 @@ class SteerableModel:
             )
         return rows
 
-    def _steps(self, progress: Iterator[Progress], rows: Rows, seed: int) -> Iterator[Step]:
-        for p in progress:
-
-            def result(lengths: list[int] | None, p: Progress = p) -> Generation:
-                states, n = p.states, lengths or p.lengths
-                return Generation(
-                    text=[states.text(r, n[r], why) for r, why in enumerate(p.reasons)],
-                    tokens=[t[: n[r]] for r, t in enumerate(states.tokens)],
-                    prompt_tokens=[list(ids) for ids in rows.encoded],
-                    finish_reasons=list(p.reasons),
-                    logprobs=[lp[: n[r]] for r, lp in enumerate(states.logprobs)],
-                    activations=p.recorder.stacked() if p.recorder else None,
-                    cache=p.cache(),
-                    prompt_index=rows.prompt_index,
-                    alphas=rows.alphas,
-                    prompts=rows.prompts,
-                    seed=seed,
-                )
-
-            yield Step(p.index, p.token_ids, p.done, result, p.states, p.lengths, p.before,
-                       p.reasons)  # fmt: skip
-
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt] | None,
@@ -232,6 +215,7 @@ class SteerableModel:
         cache: KVCache | None = None,
         keep_cache: bool = False,
         wait: float = 0.0,
+        on_token: OnToken | None = None,
     ) -> Generation:
         """Generate completions, steered or not, one row per prompt x alpha.
 
@@ -254,6 +238,10 @@ class SteerableModel:
             keep_cache: return the cache in ``Generation.cache``, ending at the text's end.
             wait: seconds to queue behind another call on this model (a paused stream, a
                 panel, another thread); 0 refuses at once, naming the call in flight.
+            on_token: called with each ``Step`` as it is made (token ids, text so far,
+                logprobs, captured activations). An exception in it stops generation
+                cleanly (no hooks left; a kept cache is valid to the last token fed) and
+                propagates.
 
         >>> lm.generate("Once upon a time", max_new_tokens=10).text  # doctest: +SKIP
         """
@@ -262,9 +250,28 @@ class SteerableModel:
             top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
             chat=chat, capture=capture, use_cache=use_cache, cache=cache, keep_cache=keep_cache,
             wait=wait,
+            on_token=on_token,
         )  # fmt: skip
         (last,) = deque(steps, maxlen=1)  # max_new_tokens >= 1: there is a last step
         return last.result()
+
+    def chat(self, system: str | None = None, steer: SteerArg = None, *,
+             overflow: str = "error") -> ChatSession:  # fmt: skip
+        """A chat session: the system prompt is fed once, then each turn feeds what it adds.
+
+        Args:
+            system: the system prompt (None for none).
+            steer: steers for every turn; ``chat.steer = ...`` changes them between turns.
+            overflow: ``"error"`` refuses a turn past the context window before any
+                compute; ``"drop_oldest"`` drops whole old exchanges (never the system
+                prompt) until it fits.
+
+        >>> chat = lm.chat(system="You are terse.")  # doctest: +SKIP
+        >>> chat.say("Hello!", max_new_tokens=20).text[0]  # doctest: +SKIP
+        """
+        from steerlab.chat import ChatSession
+
+        return ChatSession(self, system, steer, overflow=overflow)
 
     def logits(
         self,

@@ -108,9 +108,14 @@ class DynamicCacheOps:
         return data
 
     def crop(self, data: Any, length: int) -> Any:
-        excess = data.get_seq_length() - length
-        if excess > 0:  # a negative count removes that many: the one form every 5.x reads alike
-            data.crop(-excess)
+        layers = getattr(data, "layers", None)
+        if layers is None:  # transformers 4: crop takes the length to keep
+            data.crop(length)
+            return data
+        for layer in layers:  # transformers 5: how many to remove, per layer (their
+            extra = layer.get_seq_length() - length  # lengths differ after an interrupted
+            if extra > 0:  # forward, so each layer is cut on its own)
+                layer.crop(-extra)
         return data
 
     def select(self, data: Any, rows: torch.Tensor) -> Any:

@@ -11,6 +11,7 @@ import torch
 
 from steerlab.backends.base import Backend
 from steerlab.capture import Recorder
+from steerlab.engine import prefix
 from steerlab.engine.cache import KVCache
 from steerlab.engine.guard import Call, calling
 from steerlab.engine.request import Completion, Request
@@ -49,6 +50,7 @@ class LocalEngine:
         self.kind = backend.kind
         self.n_layers, self.d_model, self.n_ctx = backend.n_layers, backend.d_model, backend.n_ctx
         self._eos = eos_ids
+        self.share_prefix = True  # rows of one prompt feed it once (``engine/prefix.py``)
 
     def sites(self) -> list[str]:
         return self.backend.sites()
@@ -107,28 +109,52 @@ class LocalEngine:
         recorder = Recorder(sites) if sites else None
         keep = keep_cache or cache is not None
         compact = compact and not keep and recorder is None
-        return self._stream(list(requests), cache, keep, recorder, use_cache, wait, description,
-                            compact)  # fmt: skip
+        shared = None
+        if self.share_prefix and cache is None and use_cache and recorder is None:
+            shared = prefix.group_size(requests)
+        return self._stream(list(requests), cache, keep, recorder, use_cache, wait,
+                            description, compact, shared)  # fmt: skip
 
     def _stream(self, requests: list[Request], cache: KVCache | None, keep_cache: bool,
                 recorder: Recorder | None, use_cache: bool, wait: float, description: str,
-                compact: bool) -> Iterator[Progress]:  # fmt: skip
+                compact: bool, shared: int | None = None) -> Iterator[Progress]:  # fmt: skip
         states = RowStates(self.tokenizer, requests)
         with calling(self.models(), description, wait=wait) as call:
             self._attach(requests, recorder, call)
-            batch = Batch(self.backend, requests, cache, self.pad_id, use_cache)
+            given, feed = cache, requests
+            if shared is not None:  # each distinct prompt once, then every row goes on from it
+                cache = self._shared_prefix(requests, shared, call)
+                feed = prefix.last_tokens(requests)
+            batch = Batch(self.backend, feed, cache, self.pad_id, use_cache)
             steps = decode(batch, states, call, eos_ids=self.eos_ids(), pad_id=self.pad_id,
                            compact=compact, keep_cache=keep_cache)  # fmt: skip
             lengths = [0] * len(requests)
-            for index in steps:
-                before, lengths = lengths, [len(t) for t in states.tokens]
-                token_ids = [
-                    states.tokens[r][-1] if n > b else self.pad_id
-                    for r, (n, b) in enumerate(zip(lengths, before))
-                ]
-                reasons = [why if d else "length" for why, d in zip(states.reasons, states.done)]
-                yield Progress(index, token_ids, list(states.done), lengths, before, reasons,
-                               states, _cache_of(batch, cache, keep_cache), recorder)  # fmt: skip
+            try:
+                for index in steps:
+                    before, lengths = lengths, [len(t) for t in states.tokens]
+                    yield self._progress(index, states, lengths, before,
+                                         _cache_of(batch, cache, keep_cache), recorder)  # fmt: skip
+            finally:
+                if given is not None:  # however the call ended, the cache holds what was fed
+                    _settle(batch, given)
+
+    def _progress(self, index: int, states: RowStates, lengths: list[int], before: list[int],
+                  cache: Callable[[], KVCache | None],
+                  recorder: Recorder | None) -> Progress:  # fmt: skip
+        token_ids = [
+            states.tokens[r][-1] if n > b else self.pad_id
+            for r, (n, b) in enumerate(zip(lengths, before))
+        ]
+        reasons = [why if d else "length" for why, d in zip(states.reasons, states.done)]
+        return Progress(index, token_ids, list(states.done), lengths, before, reasons, states,
+                        cache, recorder)  # fmt: skip
+
+    def _shared_prefix(self, requests: list[Request], k: int, call: Call) -> KVCache:
+        """Feed each group's prompt (minus its last token) once; the cache, repeated k times."""
+        batch = Batch(self.backend, prefix.prefixes(requests, k), None, self.pad_id, True)
+        batch.rows = list(range(0, len(requests), k))  # call rows, for the steers' alphas
+        batch.forward(call)
+        return batch.cache().repeat(k)
 
     def _attach(self, requests: list[Request], recorder: Recorder | None, call: Call) -> None:
         for steer in group_steers([r.steers for r in requests]):
@@ -198,3 +224,13 @@ def _cache_of(batch: Batch, given: KVCache | None,
         return given
 
     return cache
+
+
+def _settle(batch: Batch, given: KVCache) -> None:
+    """``given`` ends at the last column fed: a call cut short (an exception, a closed
+    stream) leaves a cache that is valid up to the last finished token."""
+    built = batch.cache()
+    fed = batch.fed
+    given.data = built.ops.crop(built.data, fed) if fed < built.length else built.data
+    given.tokens, given.mask = built.tokens[:, :fed], built.mask[:, :fed]
+    given.generated = built.generated[:, :fed]

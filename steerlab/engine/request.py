@@ -103,16 +103,25 @@ class Request:
         sampling: this row's decoding settings.
         stream: rows with the same ``sampling.seed`` and ``stream`` draw the same random
             numbers (a prompt's baseline and steered rows); make it unique otherwise.
+        generated: per prompt token, True where the model produced it in an earlier call
+            (a chat history's replies fed again), so ``positions="generated"`` still
+            touches it; empty means none.
     """
 
     prompt: tuple[int, ...]
     steers: tuple[RowSteer, ...] = ()
     sampling: Sampling = field(default_factory=Sampling)
     stream: str = ""
+    generated: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.prompt):
             raise ValueError("Request.prompt must be a sequence of int token ids.")
+        if self.generated and len(self.generated) != len(self.prompt):
+            raise ValueError(
+                f"Request.generated has {len(self.generated)} flags for "
+                f"{len(self.prompt)} prompt tokens."
+            )
         for steer in self.steers:
             if not isinstance(steer, RowSteer):
                 raise SteerError(f"Request.steers takes RowSteer values; got {steer!r}.")

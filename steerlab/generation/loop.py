@@ -58,6 +58,9 @@ class Batch:
         for i, row in enumerate(new):
             if row:
                 generated[i, ids.shape[1] - len(row)] = first_generated[i]
+            if requests[i].generated:  # earlier replies fed again stay "generated"
+                flags = torch.tensor(requests[i].generated, dtype=torch.bool)
+                generated[i, ids.shape[1] - len(flags) :] = flags
         if cache is None:
             self.data = backend.new_cache(len(new)) if use_cache else None
             self.tokens, self.mask, self.generated, self.fed = ids, mask, generated, 0

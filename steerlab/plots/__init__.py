@@ -5,6 +5,7 @@ Imported lazily (``steerlab.plots`` pulls in plotly); the core package never imp
 
 from steerlab.plots import theme
 from steerlab.plots.activations import activation_heatmap, top_dims
+from steerlab.plots.chat import session_stats
 from steerlab.plots.compare import steering_comparison, token_comparison
 from steerlab.plots.export_button import export_button
 from steerlab.plots.norms import mean_norms, residual_norms
@@ -19,6 +20,7 @@ __all__ = [
     "project",
     "projection_heatmap",
     "residual_norms",
+    "session_stats",
     "steering_comparison",
     "sweep_grid",
     "sweep_heatmaps",

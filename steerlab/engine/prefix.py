@@ -1,0 +1,77 @@
+"""One prompt, many rows: feed the shared prompt once, then continue each row from it.
+
+A sweep over alphas lays out every prompt once per alpha, and each copy would be fed
+through the model again. When the rows of a prompt come together (prompt-major, as
+``lay_out`` makes them) and their steers act on the prompt identically, the prompt's keys
+and values are the same for every copy: the prompt minus its last token is fed once per
+distinct prompt, the cache is repeated row by row, and each row goes on from its own
+last prompt token. That is exact wherever it applies, since no row's steering differs on
+the shared tokens:
+
+- a steer with ``positions="generated"`` (prompt tokens are not generated),
+- a steer from token ``k`` on, with ``k`` at or past the last prompt token,
+- any steer whose alpha is the same on every row of the group.
+
+Rows that do not qualify run the ordinary way. Capturing activations turns it off (the
+prompt's activations belong to every row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from steerlab.engine.request import Request, RowSteer
+
+
+def group_size(requests: Sequence[Request]) -> int | None:
+    """``k`` when the requests come in runs of ``k >= 2`` rows that can share a prefix."""
+    first = requests[0]
+    k = next((i for i, r in enumerate(requests) if not _same_prompt(r, first)), len(requests))
+    if k < 2 or len(requests) % k:
+        return None
+    for start in range(0, len(requests), k):
+        group = requests[start : start + k]
+        if len(group[0].prompt) < 2 or not all(_same_prompt(r, group[0]) for r in group):
+            return None
+        shared = [_on_prefix(r) for r in group]
+        if any(s != shared[0] for s in shared):
+            return None
+    return k
+
+
+def prefixes(requests: Sequence[Request], k: int) -> list[Request]:
+    """One request per group: its prompt minus the last token."""
+    return [_cut(r, 0, -1) for r in requests[::k]]
+
+
+def last_tokens(requests: Sequence[Request]) -> list[Request]:
+    """Every row continuing from its last prompt token."""
+    return [_cut(r, -1, None) for r in requests]
+
+
+def _cut(request: Request, start: int, stop: int | None) -> Request:
+    flags = request.generated[start:stop] if request.generated else ()
+    return replace(request, prompt=request.prompt[start:stop], generated=flags)
+
+
+def _same_prompt(a: Request, b: Request) -> bool:
+    return a.prompt == b.prompt and a.generated == b.generated
+
+
+def _on_prefix(request: Request) -> list[tuple[str, float]]:
+    """The steers that act on the prompt minus its last token, with their alphas, in order."""
+    n = len(request.prompt) - 1
+    flags = request.generated[:n] if request.generated else (False,) * n
+    return [(s.fingerprint(), s.alpha) for s in request.steers
+            if s.alpha != 0 and _touches(s, n, flags)]  # fmt: skip
+
+
+def _touches(steer: RowSteer, n: int, generated: Sequence[bool]) -> bool:
+    if steer.positions == "all":
+        return True
+    if steer.positions == "prompt":
+        return not all(generated)
+    if steer.positions == "generated":
+        return any(generated)
+    return steer.positions < n
