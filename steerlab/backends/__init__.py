@@ -13,16 +13,17 @@ __all__ = ["Backend", "BridgeBackend", "HFBackend", "HookedBackend", "backend_fo
 
 def backend_for(model: Any) -> Backend:
     """The backend for an already-built TransformerBridge, HookedTransformer or HF model."""
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):  # first: plain HF needs no TransformerLens
+        return HFBackend(model)
     from transformer_lens import HookedTransformer
     from transformer_lens.model_bridge import TransformerBridge
-    from transformers import PreTrainedModel
 
     if isinstance(model, TransformerBridge):
         return BridgeBackend(model)
     if isinstance(model, HookedTransformer):
         return HookedBackend(model)
-    if isinstance(model, PreTrainedModel):
-        return HFBackend(model)
     raise TypeError(
         "steerlab.wrap takes a TransformerBridge, a HookedTransformer or a HuggingFace "
         f"PreTrainedModel; got {type(model).__name__}."

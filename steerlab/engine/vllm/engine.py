@@ -72,6 +72,10 @@ class VLLMEngine:
     def remove_hooks(self) -> int:
         return sum(self.llm.collective_rpc("steerlab_end"))
 
+    def close(self) -> None:
+        """Shut vLLM's engine processes down (``lm.engine.close()``); the model is unusable after."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def check(self, requests: Sequence[Request]) -> None:
         """Everything about ``requests`` that can fail, before any request is sent."""
         if not requests:
