@@ -88,8 +88,12 @@ def load(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
-    vllm_only = {"tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
-                 "pipeline_parallel_size": pipeline_parallel_size, "vllm_args": vllm_args}
+    vllm_only = {
+        "tensor_parallel_size": tensor_parallel_size,
+        "max_model_len": max_model_len,
+        "pipeline_parallel_size": pipeline_parallel_size,
+        "vllm_args": vllm_args,
+    }
     if backend == "vllm":
         return _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code,
                           revision, vllm_only)  # fmt: skip

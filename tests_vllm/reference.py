@@ -64,24 +64,36 @@ def _install(model: Any, steers: list[RefSteer], n_prompt: int) -> list[Any]:
     for s in steers:
         if s.site == "hook_embed":
             embed = model.get_input_embeddings()
-            handles.append(embed.register_forward_hook(
-                lambda _m, _a, out, s=s: _edit(out, s, n_prompt)))
+            handles.append(
+                embed.register_forward_hook(lambda _m, _a, out, s=s: _edit(out, s, n_prompt))
+            )
             continue
         _, layer, kind = s.site.split(".")
         block = blocks[int(layer)]
         if kind == "hook_resid_pre":
+
             def pre(_m, args, kwargs, s=s):
                 if args:
                     return (_edit(args[0], s, n_prompt), *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": _edit(kwargs["hidden_states"], s, n_prompt)}
+                return args, {
+                    **kwargs,
+                    "hidden_states": _edit(kwargs["hidden_states"], s, n_prompt),
+                }
+
             handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
         elif kind == "hook_resid_post":
-            handles.append(block.register_forward_hook(
-                lambda _m, _a, out, s=s: _swap(out, _edit(_first(out), s, n_prompt))))
+            handles.append(
+                block.register_forward_hook(
+                    lambda _m, _a, out, s=s: _swap(out, _edit(_first(out), s, n_prompt))
+                )
+            )
         elif kind in ("hook_attn_out", "hook_mlp_out"):
             module = getattr(block, attn_name if kind == "hook_attn_out" else "mlp")
-            handles.append(module.register_forward_hook(
-                lambda _m, _a, out, s=s: _swap(out, _edit(_first(out), s, n_prompt))))
+            handles.append(
+                module.register_forward_hook(
+                    lambda _m, _a, out, s=s: _swap(out, _edit(_first(out), s, n_prompt))
+                )
+            )
         else:  # resid_mid = block input + attention output: rewrite the attention output
             seen: list[torch.Tensor] = []
 
@@ -98,8 +110,9 @@ def _install(model: Any, steers: list[RefSteer], n_prompt: int) -> list[Any]:
 
 
 @torch.inference_mode()
-def greedy(model: Any, prompt: list[int], steers: list[RefSteer], max_new_tokens: int,
-           eos: set[int]) -> list[int]:
+def greedy(
+    model: Any, prompt: list[int], steers: list[RefSteer], max_new_tokens: int, eos: set[int]
+) -> list[int]:
     """Greedy tokens for one row, hooks on for every forward, EOS not included."""
     ids, out = list(prompt), []
     handles = _install(model, steers, len(prompt))

@@ -49,9 +49,14 @@ def _vec(seed: int, scale: float = 1.0) -> torch.Tensor:
 
 def test_pipeline_parallel_llama_rows_equal_hf(lm, folder):
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    sites = [("blocks.0.hook_resid_pre", "add", "all"), ("blocks.1.hook_resid_mid", "ablate", "all"),
-             ("blocks.2.hook_resid_post", "clamp", "generated"), ("blocks.3.hook_mlp_out", "add", 2),
-             ("blocks.1.hook_attn_out", "add", "prompt"), ("blocks.0.hook_resid_pre", "clamp", "all")]
+    sites = [
+        ("blocks.0.hook_resid_pre", "add", "all"),
+        ("blocks.1.hook_resid_mid", "ablate", "all"),
+        ("blocks.2.hook_resid_post", "clamp", "generated"),
+        ("blocks.3.hook_mlp_out", "add", 2),
+        ("blocks.1.hook_attn_out", "add", "prompt"),
+        ("blocks.0.hook_resid_pre", "clamp", "all"),
+    ]
     plain = lm.generate(["Hello there", "abc"], max_new_tokens=NEW)
     for row, prompt in enumerate(plain.prompt_tokens):
         assert plain.tokens[row] == greedy(hf, prompt, [], NEW, lm.eos_ids)

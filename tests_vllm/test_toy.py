@@ -29,7 +29,9 @@ def lm():
 
 @pytest.fixture(scope="module")
 def hf():
-    return AutoModelForCausalLM.from_pretrained(asset_path("steerlab-tiny"), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        asset_path("steerlab-tiny"), dtype=torch.float32
+    ).eval()
 
 
 def _vec(seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -70,8 +72,10 @@ ROWS = [
     [RefSteer("blocks.2.hook_resid_mid", _vec(6), 1.0, "generated", "clamp", 5.0)],
     [RefSteer("blocks.3.hook_resid_pre", _vec(7), 0.5, "all", "clamp", -4.0)],
     [RefSteer("hook_embed", _vec(8, 0.4), 2.0)],
-    [RefSteer("blocks.0.hook_resid_pre", _vec(9, 0.4), 2.0),
-     RefSteer("blocks.2.hook_resid_post", _vec(10), 1.0, "all", "ablate")],
+    [
+        RefSteer("blocks.0.hook_resid_pre", _vec(9, 0.4), 2.0),
+        RefSteer("blocks.2.hook_resid_post", _vec(10), 1.0, "all", "ablate"),
+    ],
 ]
 
 
@@ -87,11 +91,12 @@ def test_mixed_steers_in_one_batch_equal_hf(lm, hf):
         for i, (p, steers) in enumerate(zip(prompts, ROWS))
     ]
     done = lm.engine.run(requests)
+    plain = {p: greedy(hf, list(p), [], NEW, lm.eos_ids) for p in set(prompts)}
     changed = 0
     for i, (p, steers) in enumerate(zip(prompts, ROWS)):
         assert done[i].tokens == greedy(hf, list(p), steers, NEW, lm.eos_ids), i
-        changed += done[i].tokens != greedy(hf, list(p), [], NEW, lm.eos_ids)
-    assert changed >= len(ROWS) - 3  # most steers change their row's text
+        changed += done[i].tokens != plain[p]
+    assert changed >= 6  # most steers change their row's text (ablating a random direction may not)
     assert lm.hook_count() == 0
 
 
@@ -196,10 +201,16 @@ class _Custom:
     ("call", "error"),
     [
         (lambda lm: lm.generate("Hi", sl.Steer("blocks.9.hook_resid_pre", _vec(0))), sl.SiteError),
-        (lambda lm: lm.generate("Hi", sl.Steer("blocks.1.hook_resid_pre", torch.ones(7))),
-         sl.SteerError),
-        (lambda lm: lm.generate("Hi", sl.Steer("blocks.1.hook_resid_pre", _vec(0), op=_Custom())),
-         sl.SteerError),
+        (
+            lambda lm: lm.generate("Hi", sl.Steer("blocks.1.hook_resid_pre", torch.ones(7))),
+            sl.SteerError,
+        ),
+        (
+            lambda lm: lm.generate(
+                "Hi", sl.Steer("blocks.1.hook_resid_pre", _vec(0), op=_Custom())
+            ),
+            sl.SteerError,
+        ),
         (lambda lm: lm.generate("Hi " * 200), PromptError),
         (lambda lm: lm.generate("Hi", capture=["blocks.1.hook_resid_pre"]), ValueError),
         (lambda lm: lm.generate("Hi", keep_cache=True), ValueError),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -124,10 +125,7 @@ class VLLMEngine:
 
     def run(self, requests: Sequence[Request], *, wait: float = 0.0) -> list[Completion]:
         """Decode every request; one ``Completion`` per request, in order."""
-        last = None
-        for last in self.stream(requests, wait=wait, description="run"):
-            pass
-        assert last is not None
+        (last,) = deque(self.stream(requests, wait=wait, description="run"), maxlen=1)
         return last.states.completions()
 
     def forward(self, requests: Sequence[Request], **_: Any) -> Any:

@@ -70,7 +70,7 @@ def load_vllm(
     if pipeline_parallel_size > 1:
         llm.collective_rpc("steerlab_pp_buffers")
     try:
-        generation = GenerationConfig.from_pretrained(path, revision=revision)
+        generation = GenerationConfig.from_pretrained(path, revision=revision or "main")
     except OSError:  # no generation_config.json
         generation = None
     eos = {i for i in {tokenizer.eos_token_id} | config_eos(generation) if i is not None}
