@@ -2,7 +2,10 @@
 
 Llama-family layers pass ``(delta, residual)``: steers act on their sum. vLLM's CPU runner
 needs steerlab's workaround to run pipeline parallel in eager mode at all (see
-``SteerWorker.steerlab_pp_buffers``); each hook fires only on the rank holding its layer.
+``SteerWorker.steerlab_pp_buffers``: vLLM 0.32's ``CPUModelRunner`` skips allocating
+``intermediate_tensors`` under ``enforce_eager``; no upstream issue for the CPU runner was
+found, the same assertion from other causes is vllm-project/vllm#49430). Each hook fires
+only on the rank holding its layer.
 """
 
 from __future__ import annotations

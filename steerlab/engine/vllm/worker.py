@@ -112,6 +112,11 @@ class SteerWorker:
         forward on a non-first pipeline stage (``assert self.intermediate_tensors is not
         None`` in ``sync_and_gather_intermediate_tensors``); the GPU runner allocates them in
         its warm-up run. Returns whether anything was allocated.
+
+        Upstream: no vLLM issue for the CPU runner was found (searched 2026-11); the same
+        assertion from other causes is vllm-project/vllm#49430 (a model without the buffer
+        factory) and vllm-project/vllm-gaudi#728 (Gaudi). Drop this once vLLM's CPU runner
+        allocates the buffers itself.
         """
         from vllm.distributed import get_pp_group
 
