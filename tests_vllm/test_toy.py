@@ -22,7 +22,10 @@ NEW = 16
 
 @pytest.fixture(scope="module")
 def lm():
-    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128)
+    # vLLM caches only full KV blocks, 128 tokens by default on CPU: smaller blocks let the
+    # prefix-cache tests below cache a prompt that fits the toy's 128-token window.
+    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
+                    vllm_args={"block_size": 32})  # fmt: skip
     yield model
     model.engine.close()
 
