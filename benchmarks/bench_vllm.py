@@ -70,12 +70,14 @@ def hf_model(path: str) -> sl.SteerableModel:
     return sl.SteerableModel(HFBackend(model), AutoTokenizer.from_pretrained(path), name=path)
 
 
-def run(path: str, new: int) -> list[tuple[str, float, float, str]]:
-    lm = sl.load(path, backend="vllm", max_model_len=128)
+def run(name: str, new: int) -> list[tuple[str, float, float, str]]:
+    from steerlab.loading import _locate
+
+    hf = hf_model(_locate(name))  # first: a bad path fails before vLLM starts
+    lm = sl.load(name, backend="vllm", max_model_len=128)
     steered, plain = requests(lm, new, True), requests(lm, new, False)
     tokens = N_REQUESTS * new
     t_steered, t_plain = interleaved(lambda: lm.engine.run(steered), lambda: lm.engine.run(plain))
-    hf = hf_model(path)
     (t_hf,) = interleaved(lambda: hf.engine.run(steered))
     lm.engine.close()
     return [

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from steerlab.steering.ops import Operation, op_from_data
@@ -59,10 +60,10 @@ class ForwardBatch:
     rows: list[str] = field(default_factory=list)  # steered rows in this forward
 
 
-def _touched(positions: Any, pos: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """Which of one request's tokens (absolute positions ``pos``) a steer touches."""
+def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
+    """Which tokens (absolute positions ``pos``, their rows' prompt lengths) a steer touches."""
     if positions == "all":
-        return torch.ones_like(pos, dtype=torch.bool)
+        return np.ones(pos.shape, dtype=bool)
     if positions == "prompt":
         return pos < prompt_len
     if positions == "generated":
@@ -77,28 +78,31 @@ def lay_out_forward(
     plans: dict[str, RowPlan | None],
     prompt_lens: dict[str, int],
 ) -> ForwardBatch:
-    """Per-token alphas of every distinct steer in this forward."""
+    """Per-token alphas of every distinct steer in this forward, vectorised over tokens."""
     n_tokens = positions.shape[0]
-    pos_cpu = positions.to("cpu", torch.long)
-    grouped: dict[tuple, SiteSteer] = {}
-    batch = ForwardBatch()
-    for i, rid in enumerate(req_ids):
-        plan = plans.get(rid)
-        if plan is None:
-            continue
-        lo, hi = starts[i], starts[i + 1]
-        batch.rows.append(plan.row)
-        for key, alpha in plan.steers:
-            site, vector_key, where, op = key
-            if key not in grouped:
-                grouped[key] = SiteSteer(
-                    vector_key, op_from_data(dict(op)), torch.zeros(n_tokens),
-                    torch.zeros(n_tokens, dtype=torch.bool), [],
-                )  # fmt: skip
-                batch.by_site.setdefault(site, []).append(grouped[key])
-            entry = grouped[key]
-            mask = _touched(where, pos_cpu[lo:hi], prompt_lens[rid])
-            entry.touched[lo:hi] |= mask
-            entry.alphas[lo:hi] = torch.where(mask, alpha, entry.alphas[lo:hi])
-            entry.rows.append((plan.row, int(mask.sum())))
+    steered = [i for i, rid in enumerate(req_ids) if plans.get(rid) is not None]
+    batch = ForwardBatch(rows=[plans[req_ids[i]].row for i in steered])  # type: ignore[union-attr]
+    if not steered:
+        return batch
+    bounds = np.asarray(starts)
+    counts = np.diff(bounds)
+    owner = np.repeat(np.arange(len(req_ids)), counts)  # [real tokens] request index
+    pos = positions[: len(owner)].to("cpu", torch.long).numpy()
+    prompt_len = np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
+    alphas: dict[tuple, np.ndarray] = {}  # steer key -> alpha per request
+    for i in steered:
+        for key, alpha in plans[req_ids[i]].steers:  # type: ignore[union-attr]
+            alphas.setdefault(key, np.zeros(len(req_ids), dtype=np.float32))[i] = alpha
+    for key, per_request in alphas.items():
+        site, vector_key, where, op = key
+        token_alpha = per_request[owner] * _touched(where, pos, prompt_len)
+        full = np.zeros(n_tokens, dtype=np.float32)
+        full[: len(owner)] = token_alpha
+        touched_per_request = np.bincount(owner[token_alpha != 0], minlength=len(req_ids))
+        rows = [(plans[req_ids[i]].row, int(touched_per_request[i]))  # type: ignore[union-attr]
+                for i in np.flatnonzero(per_request)]  # fmt: skip
+        alpha_t = torch.from_numpy(full)
+        batch.by_site.setdefault(site, []).append(
+            SiteSteer(vector_key, op_from_data(dict(op)), alpha_t, alpha_t != 0, rows)
+        )
     return batch
