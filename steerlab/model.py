@@ -14,6 +14,7 @@ from steerlab.activations import Activations
 from steerlab.backends.base import Backend
 from steerlab.engine.cache import KVCache
 from steerlab.engine.local import LocalEngine
+from steerlab.engine.protocol import Engine
 from steerlab.engine.request import Request, Sampling
 from steerlab.generation.prompts import Prompt
 from steerlab.generation.result import Generation, Step
@@ -42,22 +43,29 @@ class SteerableModel:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | None,
         tokenizer: Any,
         name: str = "",
         revision: str | None = None,
         *,
-        engine: LocalEngine | None = None,
+        engine: Engine | None = None,
     ) -> None:
-        self.backend = backend
+        if backend is None and engine is None:
+            raise ValueError("SteerableModel needs a backend, an engine, or both.")
+        self.backend = backend  # None when the engine runs the model in other processes
         self.tokenizer = tokenizer
         self.name = name
         self.revision = revision  # the hub revision it was loaded at, when one was asked for
-        self.engine = engine or LocalEngine(backend, tokenizer, pad_id=self.pad_id)
+        self.engine: Engine = engine or LocalEngine(backend, tokenizer, pad_id=self.pad_id)  # type: ignore[arg-type]
         self._sites = self.engine.sites()
 
     @property
     def model(self) -> torch.nn.Module:
+        if self.backend is None:
+            raise AttributeError(
+                f"The {self.engine.kind} engine holds the model in its own worker processes, "
+                "not in this one: lm.model is not available here."
+            )
         return self.backend.model
 
     @property
@@ -107,6 +115,10 @@ class SteerableModel:
         """
         from steerlab.engine.compiled import CompiledEngine
 
+        if not isinstance(self.engine, LocalEngine):
+            raise TypeError(
+                f"compile() needs the in-process engine; this model decodes on {self.engine.kind!r}."
+            )
         if not isinstance(self.engine, CompiledEngine):
             self.engine = CompiledEngine(self.engine, mode=mode, backend=backend)
         return self

@@ -170,7 +170,7 @@ def extract(
     provenance = Provenance(
         model=lm.name,
         revision=lm.revision or "",
-        backend=lm.backend.kind,
+        backend=lm.engine.kind,
         method=method.name,
         data_sha256=data_sha256(positive, negative, token, chat),
         token=token,

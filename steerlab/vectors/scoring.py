@@ -63,14 +63,20 @@ def completion_logprobs(
     >>> completion_logprobs(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
     [[-0.4, -1.2, ...], ...]
     """
+    backend = lm.backend
+    if backend is None:
+        raise ValueError(
+            f"Scoring reads logits in this process; the {lm.engine.kind} engine keeps them in "
+            "its workers. Score with the same model on backend='hf'."
+        )
     out: list[list[float]] = []
     for start in range(0, len(completions), batch_size):
         chunk = completions[start : start + batch_size]
         rows = [list(p) + list(c) for p, c in zip(prompt_tokens[start : start + batch_size], chunk)]
         batch = Batch.left_pad(rows, lm.pad_id)
-        device = lm.backend.input_device
+        device = backend.input_device
         with torch.inference_mode():
-            logits = lm.backend.forward(
+            logits = backend.forward(
                 batch.input_ids.to(device), batch.attention_mask.to(device), None
             )  # [batch, pos, vocab]
         logprobs = logits[:, :-1].float().log_softmax(-1).cpu()

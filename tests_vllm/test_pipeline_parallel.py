@@ -1,0 +1,77 @@
+"""A tiny random Llama on pipeline parallel 2 (layers 0-1 on one rank, 2-3 on the other).
+
+Llama-family layers pass ``(delta, residual)``: steers act on their sum. vLLM's CPU runner
+needs steerlab's workaround to run pipeline parallel in eager mode at all (see
+``SteerWorker.steerlab_pp_buffers``: vLLM 0.32's ``CPUModelRunner`` skips allocating
+``intermediate_tensors`` under ``enforce_eager``; no upstream issue for the CPU runner was
+found, the same assertion from other causes is vllm-project/vllm#49430). Each hook fires
+only on the rank holding its layer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from reference import RefSteer, greedy
+from transformers import AutoModelForCausalLM
+
+import steerlab as sl
+from steerlab.testing import char_tokenizer, tiny_model
+
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model = tiny_model("llama", n_layers=4, d_model=128, seed=3)
+    with torch.no_grad():  # peakier logits than the default init, so ties are rare
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.mul_(4.0)
+    model.save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lm(folder):
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    model = sl.load(str(folder), backend="vllm", pipeline_parallel_size=2, max_model_len=128)
+    yield model
+    model.engine.close()
+    del os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"]
+
+
+def _vec(seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(128, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def test_pipeline_parallel_llama_rows_equal_hf(lm, folder):
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    sites = [
+        ("blocks.0.hook_resid_pre", "add", "all"),
+        ("blocks.1.hook_resid_mid", "ablate", "all"),
+        ("blocks.2.hook_resid_post", "clamp", "generated"),
+        ("blocks.3.hook_mlp_out", "add", 2),
+        ("blocks.1.hook_attn_out", "add", "prompt"),
+        ("blocks.0.hook_resid_pre", "clamp", "all"),
+    ]
+    plain = lm.generate(["Hello there", "abc"], max_new_tokens=NEW)
+    for row, prompt in enumerate(plain.prompt_tokens):
+        assert plain.tokens[row] == greedy(hf, prompt, [], NEW, lm.eos_ids)
+    changed = 0
+    for i, (site, op, where) in enumerate(sites):
+        v = _vec(10 + i, 1.0 if op != "add" else 2.0)
+        sl_op = {"add": sl.Add(), "ablate": sl.Ablate(), "clamp": sl.Clamp(3.0)}[op]
+        out = lm.generate(["Hello there", "abc"], sl.Steer(site, v, alpha=[0.0, 1.0],
+                          positions=where, op=sl_op), max_new_tokens=NEW)  # fmt: skip
+        for row, prompt in enumerate(out.prompt_tokens):
+            ref = [RefSteer(site, v, out.alphas[row][0], where, op, 3.0)]
+            assert out.tokens[row] == greedy(hf, prompt, ref, NEW, lm.eos_ids), (site, row)
+        changed += out.tokens[1] != out.tokens[0]
+    assert changed >= len(sites) - 2
+    assert lm.hook_count() == 0

@@ -1,0 +1,238 @@
+"""steerlab-tiny (GPT-2) on vLLM, one engine for the module: parity with plain HF, steering
+in one continuous batch, the prefix cache, the no-silent-no-op guard, and refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import RefSteer, greedy
+from transformers import AutoModelForCausalLM
+
+import steerlab as sl
+from steerlab.engine import CallInFlightError, Request, RowSteer, Sampling
+from steerlab.engine.vllm import SteerHookError
+from steerlab.engine.vllm import params as vllm_params
+from steerlab.engine.vllm.load import _check_eager
+from steerlab.generation.prompts import PromptError
+from steerlab.toy import asset_path
+
+PROMPTS = ["Once upon a time", "The sea was", "Tell me a story about the forest.", "A cat"]
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def lm():
+    # vLLM caches only full KV blocks, 128 tokens by default on CPU: smaller blocks let the
+    # prefix-cache tests below cache a prompt that fits the toy's 128-token window.
+    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
+                    vllm_args={"block_size": 32})  # fmt: skip
+    yield model
+    model.engine.close()
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return AutoModelForCausalLM.from_pretrained(
+        asset_path("steerlab-tiny"), dtype=torch.float32
+    ).eval()
+
+
+def _vec(seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(128, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _ids(lm, text: str) -> tuple[int, ...]:
+    return tuple(lm.tokenizer(text)["input_ids"])
+
+
+def test_greedy_equals_hf_token_for_token(lm, hf):
+    out = lm.generate(PROMPTS, max_new_tokens=NEW)
+    for row, prompt in enumerate(out.prompt_tokens):
+        assert out.tokens[row] == greedy(hf, prompt, [], NEW, lm.eos_ids), row
+    assert lm.hook_count() == 0
+
+
+def test_alpha_list_rows_equal_hf(lm, hf):
+    v = _vec(0, 0.5)
+    steer = sl.Steer("blocks.1.hook_resid_pre", v, alpha=[0.0, 2.0, 4.0])
+    out = lm.generate(PROMPTS[:2], steer, max_new_tokens=NEW)
+    assert len(out) == 6 and out.alphas[:3] == [(0.0,), (2.0,), (4.0,)]
+    for row, prompt in enumerate(out.prompt_tokens):
+        ref = [RefSteer("blocks.1.hook_resid_pre", v, out.alphas[row][0])]
+        assert out.tokens[row] == greedy(hf, prompt, ref, NEW, lm.eos_ids), row
+    assert out.tokens[1] != out.tokens[0]  # the steer does something here
+
+
+# One continuous batch whose rows carry different steers: every site kind, the three ops,
+# positions all / prompt / generated / k, and two steers on one row.
+ROWS = [
+    [],
+    [RefSteer("blocks.1.hook_resid_pre", _vec(1, 0.4), 2.0)],
+    [RefSteer("blocks.2.hook_resid_post", _vec(2, 0.4), 3.0, "prompt")],
+    [RefSteer("blocks.0.hook_mlp_out", _vec(3, 0.4), 3.0, "generated")],
+    [RefSteer("blocks.3.hook_attn_out", _vec(4, 0.4), 4.0, 3)],
+    [RefSteer("blocks.1.hook_resid_mid", _vec(5), 1.0, "all", "ablate")],
+    [RefSteer("blocks.2.hook_resid_mid", _vec(6), 1.0, "generated", "clamp", 5.0)],
+    [RefSteer("blocks.3.hook_resid_pre", _vec(7), 0.5, "all", "clamp", -4.0)],
+    [RefSteer("hook_embed", _vec(8, 0.4), 2.0)],
+    [
+        RefSteer("blocks.0.hook_resid_pre", _vec(9, 0.4), 2.0),
+        RefSteer("blocks.2.hook_resid_post", _vec(10), 1.0, "all", "ablate"),
+    ],
+]
+
+
+def _row_steer(s: RefSteer) -> RowSteer:
+    op = {"add": sl.Add(), "ablate": sl.Ablate(), "clamp": sl.Clamp(s.value)}[s.op]
+    return RowSteer(s.site, s.vector, s.alpha, s.positions, op)
+
+
+def test_mixed_steers_in_one_batch_equal_hf(lm, hf):
+    prompts = [_ids(lm, PROMPTS[i % len(PROMPTS)]) for i in range(len(ROWS))]
+    requests = [
+        Request(p, tuple(_row_steer(s) for s in steers), Sampling(max_new_tokens=NEW), str(i))
+        for i, (p, steers) in enumerate(zip(prompts, ROWS))
+    ]
+    done = lm.engine.run(requests)
+    plain = {p: greedy(hf, list(p), [], NEW, lm.eos_ids) for p in set(prompts)}
+    changed = 0
+    for i, (p, steers) in enumerate(zip(prompts, ROWS)):
+        assert done[i].tokens == greedy(hf, list(p), steers, NEW, lm.eos_ids), i
+        changed += done[i].tokens != plain[p]
+    assert changed >= 6  # most steers change their row's text (ablating a random direction may not)
+    assert lm.hook_count() == 0
+
+
+def test_stream_matches_generate_and_closing_early_releases(lm):
+    steer = sl.Steer("blocks.2.hook_resid_pre", _vec(11, 0.4), alpha=[0.0, 3.0])
+    whole = lm.generate(PROMPTS[:2], steer, max_new_tokens=8)
+    steps = list(lm.stream(PROMPTS[:2], steer, max_new_tokens=8))
+    assert steps[-1].result().tokens == whole.tokens
+    assert "".join(s.new_text[1] for s in steps) == whole.text[1]
+    paused = lm.stream(PROMPTS[:2], steer, max_new_tokens=8)
+    next(paused)
+    with pytest.raises(CallInFlightError):
+        lm.generate(PROMPTS[0], max_new_tokens=2)
+    paused.close()
+    assert lm.hook_count() == 0
+    assert lm.generate(PROMPTS[:2], steer, max_new_tokens=8).tokens == whole.tokens
+
+
+def test_seed_makes_sampling_reproducible(lm):
+    kwargs = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95, "seed": 7}
+    steer = sl.Steer("blocks.1.hook_resid_pre", _vec(12, 0.4), alpha=[0.0, 2.0])
+    a = lm.generate(PROMPTS, steer, **kwargs)
+    b = lm.generate(PROMPTS, steer, **kwargs)
+    c = lm.generate(PROMPTS, steer, **{**kwargs, "seed": 8})
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+
+
+LONG = " ".join(["The little cat walked to the sea and saw the waves."] * 6)
+
+
+def _long_rows(lm, steer) -> list[int]:
+    return lm.generate(LONG, steer, max_new_tokens=8).tokens[0]
+
+
+def test_steered_prefix_is_never_served_to_an_unsteered_request(lm):
+    assert len(_ids(lm, LONG)) > 64  # several full KV blocks to cache
+    steer = sl.Steer("blocks.0.hook_resid_pre", _vec(13), alpha=4.0)
+    plain = _long_rows(lm, None)
+    steered = _long_rows(lm, steer)
+    assert steered != plain
+    assert _long_rows(lm, None) == plain  # after a steered request on the same prompt
+    assert _long_rows(lm, steer) == steered  # a repeat may reuse its own steered blocks
+
+
+def test_without_the_salt_the_cache_would_be_stale(lm, monkeypatch):
+    """The test above can fail: with no salt, steered blocks reach an unsteered request."""
+    steer = sl.Steer("blocks.0.hook_resid_pre", _vec(13), alpha=4.0)
+    plain = _long_rows(lm, None)
+    lm.engine.llm.reset_prefix_cache()
+    monkeypatch.setattr(vllm_params, "cache_salt", lambda request, revision: None)
+    _long_rows(lm, steer)
+    stale = _long_rows(lm, None)
+    monkeypatch.undo()
+    lm.engine.llm.reset_prefix_cache()
+    assert stale != plain
+
+
+def test_hooks_that_never_ran_fail_the_call(lm, monkeypatch):
+    rpc = lm.engine.llm.collective_rpc
+
+    def no_hooks(method, *args, **kwargs):  # as if the model had been compiled first
+        return [0] if method == "steerlab_begin" else rpc(method, *args, **kwargs)
+
+    monkeypatch.setattr(lm.engine.llm, "collective_rpc", no_hooks)
+    with pytest.raises(SteerHookError, match="did not run"):
+        lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", _vec(14), alpha=2.0),
+                    max_new_tokens=4)  # fmt: skip
+    monkeypatch.undo()
+    assert lm.generate(PROMPTS[0], max_new_tokens=4).tokens  # the engine still works
+
+
+def test_a_hook_error_fails_the_request(lm):
+    v = _vec(15)
+    lm.engine._sent.add(RowSteer("hook_embed", v, 1.0, "all", sl.Add()).vector_key)
+    with pytest.raises(SteerHookError, match="never sent"):
+        lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", v, alpha=2.0),
+                    max_new_tokens=4)  # fmt: skip
+    assert lm.hook_count() == 0
+
+
+def test_compiled_engines_are_refused():
+    class Compiled:
+        def collective_rpc(self, method):
+            return [{"compilation_mode": 3, "enforce_eager": False}]
+
+    with pytest.raises(RuntimeError, match="compiles its model"):
+        _check_eager(Compiled())
+
+
+def test_this_engine_runs_eager(lm):
+    (worker,) = lm.engine.llm.collective_rpc("steerlab_describe")
+    assert worker["enforce_eager"] and worker["compilation_mode"] == 0
+
+
+class _Custom:
+    def __call__(self, act, direction, alpha):
+        return act
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda lm: lm.generate("Hi", sl.Steer("blocks.9.hook_resid_pre", _vec(0))), sl.SiteError),
+        (
+            lambda lm: lm.generate("Hi", sl.Steer("blocks.1.hook_resid_pre", torch.ones(7))),
+            sl.SteerError,
+        ),
+        (
+            lambda lm: lm.generate(
+                "Hi", sl.Steer("blocks.1.hook_resid_pre", _vec(0), op=_Custom())
+            ),
+            sl.SteerError,
+        ),
+        (lambda lm: lm.generate("Hi " * 200), PromptError),
+        (lambda lm: lm.generate("Hi", capture=["blocks.1.hook_resid_pre"]), ValueError),
+        (lambda lm: lm.generate("Hi", keep_cache=True), ValueError),
+        (lambda lm: lm.generate("Hi", temperature=-1.0), ValueError),
+        (lambda lm: lm.generate("Hi", max_new_tokens=0), ValueError),
+        (lambda lm: lm.logits("Hi"), NotImplementedError),
+        (lambda lm: lm.run_with_cache("Hi"), NotImplementedError),
+        (lambda lm: sl.amplify(lm, lm, beta=1.0), ValueError),
+        (lambda lm: lm.model, AttributeError),
+    ],
+)
+def test_bad_input_is_refused_before_any_request_is_sent(lm, monkeypatch, call, error):
+    sent = []
+    monkeypatch.setattr(lm.engine.llm.llm_engine, "add_request", lambda *a, **k: sent.append(a))
+    with pytest.raises(error):
+        call(lm)
+    assert sent == []
+
+
+def test_amplify_says_why_and_what_to_use(lm):
+    with pytest.raises(ValueError, match="backend='hf'"):
+        sl.amplify(lm, lm, beta=1.0)
