@@ -50,6 +50,7 @@ class Phase:
     wall_s: float
     latencies: list[float]
     batches: int
+    cpu_s: float  # this process's CPU time (all threads): steadier than wall on a shared machine
 
     @property
     def tokens_per_s(self) -> float:
@@ -140,17 +141,18 @@ def run() -> dict:
         with serve_in_background(create_app(ServedModels(lm), name="bench",
                                             window_ms=window)) as url:  # fmt: skip
             asyncio.run(_concurrent(url, requests[:2]))  # warm-up
-            before = _batches(url)
+            before, cpu = _batches(url), time.process_time()
             wall, latencies = asyncio.run(_concurrent(url, requests))
             phases.append(Phase(f"concurrent, window {window:g} ms", wall, latencies,
-                                _batches(url) - before))  # fmt: skip
+                                _batches(url) - before, time.process_time() - cpu))  # fmt: skip
             print(f"{phases[-1].name}: {wall:.1f} s, {phases[-1].batches} batches", flush=True)
     with serve_in_background(create_app(ServedModels(lm), name="bench")) as url:
         server_s, local_s = _overhead(url, lm, requests[0])
         print(f"one request: server {server_s:.2f} s, in-process {local_s:.2f} s", flush=True)
-        before = _batches(url)
+        before, cpu = _batches(url), time.process_time()
         wall, latencies = asyncio.run(_sequential(url, requests, deadline))
-        phases.append(Phase("one at a time", wall, latencies, _batches(url) - before))
+        phases.append(Phase("one at a time", wall, latencies, _batches(url) - before,
+                            time.process_time() - cpu))  # fmt: skip
         print(f"one at a time: {wall:.1f} s for {len(latencies)} requests", flush=True)
     return {"phases": phases, "server_s": server_s, "local_s": local_s,
             "load": (load_before, os.getloadavg()), "threads": torch.get_num_threads()}  # fmt: skip
@@ -175,16 +177,18 @@ def section(figures: dict) -> str:
         "ratios matter, the absolute times do not).",
         "",
         "| requests sent | batches | wall (s) | tokens/s | p50 latency (s) | p99 latency (s) "
-        "| throughput vs one at a time | target |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| throughput vs one at a time | CPU s | per CPU s vs one at a time | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for phase in phases:
         ratio = phase.tokens_per_s / one.tokens_per_s
+        cpu_ratio = (one.cpu_s / len(one.latencies)) / (phase.cpu_s / len(phase.latencies))
         target = TARGET if phase is not one else ""
         lines.append(
             f"| {phase.name} ({len(phase.latencies)}) | {phase.batches} | {phase.wall_s:.1f} "
             f"| {phase.tokens_per_s:.1f} | {phase.percentile(50):.2f} "
-            f"| {phase.percentile(99):.2f} | {ratio:.2f}x | {target} |"
+            f"| {phase.percentile(99):.2f} | {ratio:.2f}x | {phase.cpu_s:.1f} | {cpu_ratio:.2f}x "
+            f"| {target} |"
         )
     lines += [
         "",
