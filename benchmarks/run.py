@@ -45,6 +45,12 @@ def main() -> None:
         import bench_sweep
 
         bench_sweep.main()
+    try:
+        import bench_server  # needs the server extra (fastapi, uvicorn, httpx)
+    except ImportError as error:
+        print(f"skipping the server benchmark: {error}")
+    else:
+        bench_server.main()  # appends its section to RESULTS.md
 
 
 def compiled_section() -> list[str]:

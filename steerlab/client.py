@@ -47,6 +47,8 @@ class RemoteModel:
         self.d_model: int = card["d_model"]
         self.n_ctx: int | None = card["n_ctx"]
         self._sites: list[str] = card["sites"]
+        self.amplifies: bool = bool(card.get("amplifies", False))  # it holds a 'before' model
+        self.beta: float | None = card.get("beta")  # its default beta (None: no amplification)
 
     def sites(self) -> list[str]:
         return list(self._sites)

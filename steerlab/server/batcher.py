@@ -183,6 +183,7 @@ class Batcher:
         self.batches += 1
         steps = lm.engine.stream(requests, wait=self.lock_wait,
                                  description=f"server batch of {len(requests)} rows")  # fmt: skip
+        last: tuple[Job, Done] | None = None  # answered once the model is free again
         try:
             for progress in steps:
                 states = progress.states
@@ -197,9 +198,17 @@ class Batcher:
                     if job.stream:
                         _emit(job, rows, states, progress.index)
                     if all(states.done[r] for r in rows):
-                        job.answer(Done([_completion(states, r) for r in rows]))
+                        done = Done([_completion(states, r) for r in rows])
+                        if all(j.finished for j in jobs if j is not job):
+                            last = (job, done)
+                            break
+                        job.answer(done)
+                if last is not None:
+                    break
         finally:
             steps.close()  # type: ignore[attr-defined]
+        if last is not None:  # after close: a client may use the model the moment it hears
+            last[0].answer(last[1])
 
     def _drop(self, job: Job) -> None:
         """A job whose client went away: nobody to answer, its rows end now."""
