@@ -11,13 +11,25 @@ from steerlab.engine.compiled.tables import unsupported_op
 from steerlab.engine.request import Request
 from steerlab.hooks import _TAG
 
+_RECORDERS = ("transformer_lens.model_bridge", "transformers.utils.output_capturing")
+
 
 def foreign_hooks(model: nn.Module) -> bool:
-    """Hooks on ``model`` that are not steerlab's: the compiled step would skip them."""
+    """Hooks on ``model`` that are not steerlab's: the compiled step would skip them.
+
+    A TransformerBridge wires capture hooks of its own on its first forward, and
+    transformers installs output-capturing hooks (for ``output_hidden_states`` and the
+    like); they only record, for readers the compiled step does not serve, so they do not
+    count.
+    """
     for module in model.modules():
         for name in ("_forward_hooks", "_forward_pre_hooks"):
-            if any(not getattr(fn, _TAG, False) for fn in getattr(module, name, {}).values()):
-                return True
+            for fn in getattr(module, name, {}).values():
+                ours = getattr(fn, _TAG, False)
+                module_name = getattr(fn, "__module__", "") or ""
+                recorder = module_name.startswith(_RECORDERS)
+                if not (ours or recorder):
+                    return True
     return False
 
 
