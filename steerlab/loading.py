@@ -219,6 +219,10 @@ def _require_safetensors(path: str, trust_remote_code: bool) -> None:
         )
 
 
+class BackendUnavailableError(ImportError, ValueError):
+    """A backend whose library is not installed here: a missing import and a bad argument."""
+
+
 def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, revision,
                options: dict[str, Any]) -> SteerableModel:  # fmt: skip
     if device is not None or n_devices is not None or device_map is not None:
@@ -231,10 +235,10 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        raise ImportError(
-            "backend='vllm' needs vLLM: pip install 'steerlab[vllm]' in an environment of "
-            "its own (vLLM pins its own torch and transformers); `make test-vllm` builds one "
-            "in .venv-vllm."
+        raise BackendUnavailableError(
+            f"backend must be one of {BACKENDS[:3]} in this environment: backend='vllm' needs "
+            "vLLM: pip install 'steerlab[vllm]' in an environment of its own (vLLM pins its "
+            "own torch and transformers); `make test-vllm` builds one in .venv-vllm."
         )
     from steerlab.engine.vllm import load_vllm
 

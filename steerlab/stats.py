@@ -190,16 +190,22 @@ def module_name(lm: SteerableModel, name: str) -> str:
 def _site_module(lm: SteerableModel, site: Site) -> str:
     backend = getattr(lm.backend, "after", lm.backend)  # an amplified pair: the steered model
     layout = getattr(backend, "layout", None)
-    blocks, embed, attn, mlp = (
-        (layout.blocks, layout.embed, layout.attn, layout.mlp)
+    blocks, attn, mlp = (
+        (layout.blocks, layout.attn, layout.mlp)
         if layout is not None
-        else ("blocks", "embed", "attn", "mlp")
+        else ("blocks", "attn", "mlp")
     )
     if site.layer is None:
-        return embed
+        return _embedding_name(lm.model) if layout is not None else "embed"
     block = f"{blocks}.{site.layer}"
     part = {"hook_attn_out": attn, "hook_mlp_out": mlp}.get(site.kind)
     return f"{block}.{part}" if part else block
+
+
+def _embedding_name(model: torch.nn.Module) -> str:
+    """Where a HuggingFace model keeps its token embedding (the hf table no longer names it)."""
+    embedding = model.get_input_embeddings()  # type: ignore[operator]
+    return next(name for name, module in model.named_modules() if module is embedding)
 
 
 def _parameters(model: torch.nn.Module, name: str) -> list[tuple[str, torch.Tensor]]:
