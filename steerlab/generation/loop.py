@@ -15,19 +15,9 @@ from steerlab.engine.cache import KVCache
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 from steerlab.engine.request import Request
+from steerlab.generation.prompts import Batch as PromptBatch
 from steerlab.generation.sampling import sample_next
 from steerlab.generation.state import RandomStreams, RowStates
-
-
-def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-    return ids, mask
 
 
 class Batch:
@@ -53,7 +43,8 @@ class Batch:
             first_generated = cache.generated[:, -1].tolist()
             new = [[int(cache.tokens[i, -1]), *row] for i, row in enumerate(new)]
             cache.crop(cache.length - 1)
-        ids, mask = _left_pad(new, pad_id)
+        padded = PromptBatch.left_pad(new, pad_id)
+        ids, mask = padded.input_ids, padded.attention_mask
         generated = torch.zeros_like(ids, dtype=torch.bool)
         for i, row in enumerate(new):
             if row:
