@@ -62,6 +62,25 @@ class Backend(Protocol):
         ...
 
 
+def resid_mid_hooks(fn: ActivationFn) -> tuple[ActivationFn, ActivationFn]:
+    """Steer ``resid_mid`` where no module outputs it: ``(on block input, on attention out)``.
+
+    resid_mid is the block input plus the attention output, so the first function remembers
+    the block input and the second rewrites the attention output to ``fn(mid) - input``.
+    """
+    block_input: list[torch.Tensor] = []
+
+    def remember(hidden: torch.Tensor) -> None:
+        block_input[:] = [hidden]
+
+    def steer_attn(attn_out: torch.Tensor) -> torch.Tensor | None:
+        resid_pre = block_input[0].to(attn_out.device)
+        new_mid = fn(resid_pre + attn_out)
+        return None if new_mid is None else new_mid - resid_pre
+
+    return remember, steer_attn
+
+
 def config_eos(config: Any) -> set[int]:
     """The EOS ids a generation config names: one id, a list of them, or none."""
     eos = getattr(config, "eos_token_id", None)

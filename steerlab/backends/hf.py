@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.backends.base import ActivationFn, config_eos, position_ids
+from steerlab.backends.base import ActivationFn, config_eos, position_ids, resid_mid_hooks
 from steerlab.engine.cache import DynamicCacheOps
 from steerlab.hooks import tag
 from steerlab.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
@@ -215,18 +215,8 @@ class HFBackend:
         return [self._on_input(block, remember), self._on_output(mlp, unflatten)]
 
     def _on_resid_mid(self, block: nn.Module, fn: ActivationFn) -> list[RemovableHandle]:
-        # HF blocks keep resid_mid in a local variable. It equals the block input plus
-        # the attention output, so steering it means rewriting the attention output.
-        block_input: list[torch.Tensor] = []
-
-        def remember(hidden: torch.Tensor) -> None:
-            block_input[:] = [hidden]
-
-        def steer_attn(attn_out: torch.Tensor) -> torch.Tensor | None:
-            resid_pre = block_input[0].to(attn_out.device)
-            new_mid = fn(resid_pre + attn_out)
-            return None if new_mid is None else new_mid - resid_pre
-
+        # HF blocks keep resid_mid in a local variable: steer it through the attention output.
+        remember, steer_attn = resid_mid_hooks(fn)
         attn = block.get_submodule(self.layout.attn)  # resolved before anything is registered
         first = self._on_input(block, remember)
         return [first, self._on_output(attn, _scaled(steer_attn, self.residual_scale))]

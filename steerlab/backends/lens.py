@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.backends.base import ActivationFn, config_eos, position_ids
+from steerlab.backends.base import ActivationFn, config_eos, position_ids, resid_mid_hooks
 from steerlab.engine.cache import DynamicCacheOps, LensCacheOps
 from steerlab.hooks import tag
 from steerlab.sites import Site, all_sites
@@ -94,16 +94,7 @@ class BridgeBackend(_LensBackend):
         # reach the MLP (measured: logits off by 1.0 against hf and hooked on a tiny GPT-2).
         # resid_mid is the block input plus the attention output, so steering it means
         # rewriting the attention output, as on the hf backend.
-        block_input: list[torch.Tensor] = []
-
-        def remember(hidden: torch.Tensor) -> None:
-            block_input[:] = [hidden]
-
-        def steer_attn(attn_out: torch.Tensor) -> torch.Tensor | None:
-            resid_pre = block_input[0].to(attn_out.device)
-            new_mid = fn(resid_pre + attn_out)
-            return None if new_mid is None else new_mid - resid_pre
-
+        remember, steer_attn = resid_mid_hooks(fn)
         first = super().attach(Site(site.layer, "hook_resid_pre"), remember)
         return first + super().attach(Site(site.layer, "hook_attn_out"), steer_attn)
 
