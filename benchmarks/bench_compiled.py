@@ -1,7 +1,7 @@
 """The compiled fast path (``lm.compile()``) against eager steerlab and HF ``generate``.
 
-Ratios are measured in one run, each timing the median of ``REPEATS`` runs interleaved
-with its baseline. Compile time (the first call of each bucket) is reported on its own and
+Ratios are measured in one run, each timing the median of ``bench_engine.REPEATS`` runs
+interleaved with its baseline. Compile time (the first call of each bucket) is reported on its own and
 kept out of the timings. HF ``generate`` runs unsteered: it is the floor steering tools sit
 at. The panel rows time a slider change on ``steerlab-tiny`` to its first streamed token and
 to its 30th, with the debounce reported separately.
@@ -15,23 +15,12 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_engine import _median_pair  # the same interleaved medians as the engine rows
 
 import steerlab as sl
 from steerlab.testing import char_tokenizer
 
-REPEATS = 3
 PROMPT = "The quick brown fox jumps over a"
-
-
-def _median_pair(ours: Callable[[], object], base: Callable[[], object]) -> tuple[float, float]:
-    ours(), base()  # warm-up (and compilation)
-    t_ours, t_base = [], []
-    for _ in range(REPEATS):
-        for fn, times in ((ours, t_ours), (base, t_base)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(t_ours), statistics.median(t_base)
 
 
 def _hf_generate(model: torch.nn.Module, ids: torch.Tensor, new: int) -> Callable[[], object]:
