@@ -1,6 +1,7 @@
 """The steering server on loopback: each endpoint equals in-process ``generate``, the openai
 client works unchanged, and every malformed request gets a 4xx naming its field."""
 
+import json
 import pickle
 
 import httpx
@@ -195,6 +196,22 @@ def test_malformed_requests_get_a_4xx_naming_the_field(server, case):
     assert reply.json()["error"]["param"] == param
     assert lm.hook_count() == 0
     assert post(url, "/v1/completions", _body()).status_code == 200  # the next one works
+
+
+def test_a_body_sent_in_chunks_is_cut_off_at_the_limit(server):
+    url, _ = server
+
+    def chunks():  # 1 MiB with no Content-Length: httpx sends it chunked
+        for _ in range(64):
+            yield b" " * (16 << 10)
+
+    reply = httpx.post(f"{url}/v1/vectors", params={"name": "big"}, content=chunks(),
+                       headers=HEADERS, timeout=60)  # fmt: skip
+    assert reply.status_code == 413 and reply.json()["error"]["param"] == "body"
+    small = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    ok = httpx.post(f"{url}/v1/completions", content=iter([json.dumps(small).encode()]),
+                    headers={**HEADERS, "content-type": "application/json"})  # fmt: skip
+    assert ok.status_code == 200, ok.text  # a small chunked body still goes through
 
 
 def test_a_pickle_is_refused_unopened(server, tmp_path):

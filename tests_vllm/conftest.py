@@ -1,4 +1,5 @@
-"""The vLLM suite: run by ``make test-vllm`` in ``.venv-vllm``, one engine per test module.
+"""The vLLM suite: run by ``make test-vllm`` in ``.venv-vllm``. One toy engine for the toy and
+server modules; the parallel modules start their own.
 
 vLLM starts its engine in spawned processes, which inherit these settings. The KV cache is
 kept small (1 GiB) for CI machines.
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+import torch
+
 for name, value in {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "HF_HUB_OFFLINE": "1",
@@ -16,3 +20,28 @@ for name, value in {
     "VLLM_LOGGING_LEVEL": "WARNING",
 }.items():
     os.environ.setdefault(name, value)
+
+
+@pytest.fixture(scope="session")
+def lm():
+    """steerlab-tiny on vLLM, one engine shared by the toy and server modules."""
+    import steerlab as sl
+
+    # vLLM caches only full KV blocks, 128 tokens by default on CPU: smaller blocks let the
+    # prefix-cache tests cache a prompt that fits the toy's 128-token window.
+    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
+                    vllm_args={"block_size": 32})  # fmt: skip
+    yield model
+    model.engine.close()
+
+
+@pytest.fixture(scope="session")
+def hf():
+    """The same weights in plain transformers, for the independent reference."""
+    from transformers import AutoModelForCausalLM
+
+    from steerlab.toy import asset_path
+
+    return AutoModelForCausalLM.from_pretrained(
+        asset_path("steerlab-tiny"), dtype=torch.float32
+    ).eval()

@@ -1,12 +1,11 @@
-"""steerlab-tiny (GPT-2) on vLLM, one engine for the module: parity with plain HF, steering
-in one continuous batch, the prefix cache, the no-silent-no-op guard, and refusals."""
+"""steerlab-tiny (GPT-2) on vLLM (the session's engine, from conftest): parity with plain
+HF, steering in one continuous batch, the prefix cache, the no-silent-no-op guard, and refusals."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from reference import RefSteer, greedy
-from transformers import AutoModelForCausalLM
 
 import steerlab as sl
 from steerlab.engine import CallInFlightError, Request, RowSteer, Sampling
@@ -14,27 +13,9 @@ from steerlab.engine.vllm import SteerHookError
 from steerlab.engine.vllm import params as vllm_params
 from steerlab.engine.vllm.load import _check_eager
 from steerlab.generation.prompts import PromptError
-from steerlab.toy import asset_path
 
 PROMPTS = ["Once upon a time", "The sea was", "Tell me a story about the forest.", "A cat"]
 NEW = 16
-
-
-@pytest.fixture(scope="module")
-def lm():
-    # vLLM caches only full KV blocks, 128 tokens by default on CPU: smaller blocks let the
-    # prefix-cache tests below cache a prompt that fits the toy's 128-token window.
-    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
-                    vllm_args={"block_size": 32})  # fmt: skip
-    yield model
-    model.engine.close()
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return AutoModelForCausalLM.from_pretrained(
-        asset_path("steerlab-tiny"), dtype=torch.float32
-    ).eval()
 
 
 def _vec(seed: int, scale: float = 1.0) -> torch.Tensor:

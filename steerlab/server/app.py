@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steerlab.server.batcher import Batcher
 from steerlab.server.errors import ApiError, field_name
@@ -54,10 +55,8 @@ def create_app(
 
     app = FastAPI(title="steerlab", lifespan=lifespan, dependencies=[Depends(_auth(api_key))])
     app.state.steerlab = state
-    # Bodies sent without a Content-Length are cut off here (a 413 through _http_error);
-    # the middleware below answers those that announce their size before reading them.
-    app.include_router(router, max_body_size=limits.max_body_bytes)
-    app.middleware("http")(_body_limit(limits.max_body_bytes))
+    app.include_router(router)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
@@ -76,19 +75,44 @@ def _auth(api_key: str | None) -> Callable[[Request], None]:
     return check
 
 
-def _body_limit(limit: int) -> Callable[[Request, Callable[[Request], Awaitable[Response]]],
-                                         Awaitable[Response]]:  # fmt: skip
-    async def check(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > limit:
-            error = ApiError(413, f"The body has {size} bytes; this server takes at most {limit}.",
-                             "body")  # fmt: skip
-            return JSONResponse(error.body(), status_code=413)
-        return await call_next(request)
+class BodyLimit:
+    """A 413 for a body over ``limit`` bytes, before any route reads it: at once when its
+    Content-Length says so, and as soon as the bytes received pass it for a body sent in
+    chunks without one. The body is read here, then replayed to the route."""
 
-    return check
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        size = dict(scope["headers"]).get(b"content-length", b"")
+        if size.isdigit() and int(size) > self.limit:
+            await self._refuse(scope, receive, send, size.decode())
+            return
+        messages: list[Message] = []
+        seen, more = 0, True
+        while more:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                await self._refuse(scope, receive, send, f"over {self.limit}")
+                return
+            more = message.get("more_body", False)
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
+        error = ApiError(413, f"The body has {size} bytes; this server takes at most "
+                              f"{self.limit}.", "body")  # fmt: skip
+        await JSONResponse(error.body(), status_code=413)(scope, receive, send)
 
 
 async def _api_error(request: Request, error: ApiError) -> JSONResponse:

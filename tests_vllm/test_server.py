@@ -1,0 +1,146 @@
+"""``steerlab serve --backend vllm``: the steering server decoding on vLLM (the session's toy
+engine). Greedy rows equal plain HF with hooks; concurrent requests share vLLM's batch and
+each still equals its own reference; bad requests fail before vLLM sees them."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+import torch
+from reference import RefSteer, greedy
+
+import steerlab as sl
+from steerlab.server import Limits, ServedModels, create_app
+from steerlab.server import cli as server_cli
+from steerlab.server.background import serve_in_background
+
+KEY = "vllm-test-key"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+MODEL = "steerlab-tiny"
+SITE = "blocks.1.hook_resid_pre"
+
+
+@pytest.fixture(scope="module")
+def server(lm):
+    app = create_app(ServedModels(lm), name=MODEL, api_key=KEY,
+                     limits=Limits(max_n=4, max_rows=32), window_ms=50)  # fmt: skip
+    with serve_in_background(app) as url:
+        yield url, app.state.steerlab.batcher
+
+
+def _vec(seed: int, scale: float = 0.4) -> torch.Tensor:
+    return torch.randn(128, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(url + path, json=body, headers=HEADERS, timeout=120)
+
+
+def _steering(vector, alpha, positions="all"):
+    item = {"site": SITE, "vector": vector.tolist(), "positions": positions}
+    return [item if alpha is None else {**item, "alpha": alpha}]
+
+
+def test_steered_batch_rows_equal_hf_with_hooks(server, lm, hf):
+    url, _ = server
+    v = _vec(0)
+    prompts = ["Once upon a time", "A cat"]
+    body = {"model": MODEL, "prompts": prompts, "max_tokens": 12, "temperature": 0,
+            "alphas": [0.0, 3.0], "steering": _steering(v, None, "generated")}  # fmt: skip
+    reply = _post(url, "/v1/batch", body)
+    assert reply.status_code == 200, reply.text
+    results = reply.json()["results"]
+    for prompt, result in zip(prompts, results):
+        ids = lm.tokenizer(prompt)["input_ids"]
+        tokens = [row["token_ids"] for row in result["rows"]]
+        for alpha, got in zip((0.0, 3.0), tokens):
+            ref = [RefSteer(SITE, v, alpha, "generated")]
+            assert got == greedy(hf, ids, ref, 12, lm.eos_ids), (prompt, alpha)
+        assert tokens[0] != tokens[1]  # the steer changes the text
+    assert lm.hook_count() == 0
+
+
+def test_streamed_text_joins_to_the_whole(server, lm):
+    url, _ = server
+    body = {"model": MODEL, "prompt": "The sea was", "max_tokens": 10, "temperature": 1.0,
+            "seed": 3, "steering": _steering(_vec(1), 2.0)}  # fmt: skip
+    whole = _post(url, "/v1/completions", body).json()["choices"][0]
+    streamed = _post(url, "/v1/completions", {**body, "stream": True}).text
+    events = [json.loads(line[6:]) for line in streamed.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+    assert "".join(e["choices"][0]["text"] for e in events) == whole["text"]
+    local = lm.generate("The sea was", sl.Steer(SITE, _vec(1), alpha=2.0), max_new_tokens=10,
+                        temperature=1.0, seed=3)  # fmt: skip
+    assert whole["token_ids"] == local.tokens[0]  # a seed reproduces vLLM's own sampling
+
+
+def test_concurrent_requests_batch_together_and_each_equals_its_reference(server, lm, hf):
+    url, batcher = server
+    rows = [("Once upon a time", 0.0), ("A cat", 2.0), ("The sea was", -2.0),
+            ("Tell me a story.", 4.0), ("A cat", 0.0), ("Once upon a time", 1.5)]  # fmt: skip
+    v = _vec(2)
+    replies: dict[int, httpx.Response] = {}
+
+    def ask(i: int) -> None:
+        prompt, alpha = rows[i]
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 0,
+                "steering": _steering(v, alpha)}  # fmt: skip
+        replies[i] = _post(url, "/v1/completions", body)
+
+    before = batcher.batches
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(rows))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert batcher.batches - before < len(rows)  # at least two requests shared a batch
+    for i, (prompt, alpha) in enumerate(rows):
+        assert replies[i].status_code == 200, replies[i].text
+        ids = lm.tokenizer(prompt)["input_ids"]
+        expected = greedy(hf, ids, [RefSteer(SITE, v, alpha)], 10, lm.eos_ids)
+        assert replies[i].json()["choices"][0]["token_ids"] == expected, i
+
+
+@pytest.mark.parametrize(
+    ("steering", "field"),
+    [
+        ([{"site": "blocks.9.hook_resid_pre", "vector": [0.0] * 128}], "steering[0].site"),
+        ([{"site": SITE, "vector": [0.0] * 7}], "steering[0].vector"),
+        ([{"site": SITE, "vector": [0.0] * 128, "op": "rotate"}], "steering[0].op"),
+    ],
+)
+def test_bad_steering_is_a_400_before_vllm_sees_it(server, lm, monkeypatch, steering, field):
+    url, _ = server
+    sent = []
+    monkeypatch.setattr(lm.engine.llm.llm_engine, "add_request", lambda *a, **k: sent.append(a))
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 4, "steering": steering}
+    reply = _post(url, "/v1/completions", body)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == field
+    assert sent == []
+
+
+def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
+    loads, apps = [], []
+
+    def load(name, **options):
+        loads.append((name, options))
+        return lm
+
+    monkeypatch.setattr(sl, "load", load)
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: apps.append((app, kw)))
+    argv = ["serve", MODEL, "--backend", "vllm", "--tensor-parallel-size", "1",
+            "--max-model-len", "128", "--api-key", KEY]  # fmt: skip
+    assert server_cli.main(argv) == 0
+    assert loads == [(MODEL, {"backend": "vllm", "device": None, "dtype": None,
+                              "tensor_parallel_size": 1, "max_model_len": 128})]  # fmt: skip
+    ((app, kw),) = apps
+    assert kw["host"] == "127.0.0.1"
+    with serve_in_background(app) as url:
+        body = {"model": MODEL, "prompt": "A cat", "max_tokens": 6, "temperature": 0}
+        reply = _post(url, "/v1/completions", body)
+    local = lm.generate("A cat", max_new_tokens=6)
+    assert reply.json()["choices"][0]["token_ids"] == local.tokens[0]
