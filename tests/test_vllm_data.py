@@ -11,7 +11,7 @@ import torch
 
 import steerlab as sl
 from steerlab.engine import Request, RowSteer, Sampling
-from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
+from steerlab.engine.vllm.batch import Layouts, lay_out_forward, parse_plan
 from steerlab.engine.vllm.params import cache_salt, expected_tokens, request_seed, to_vllm
 from steerlab.engine.vllm.sites import layout_for
 from steerlab.model import SteerableModel
@@ -84,6 +84,89 @@ def test_a_flattened_batch_gets_per_token_alphas_by_position_rule():
     assert x_steer.alphas.tolist() == [2, 2, 0, 0, 0, 0, 0]
     assert z_steer.alphas.tolist() == [0, 0, 0, 0, 0, 3, 0]
     assert x_steer.rows == [("X", 2)] and z_steer.rows == [("Z", 1)]
+
+
+def _plans(*rows: tuple[RowSteer, ...], prefix: str = "r") -> dict:
+    return {f"{prefix}{i}": parse_plan(to_vllm(_req(*steers), f"R{i}", revision="",
+                                        eos_ids=set()).sampling["extra_args"]) if steers else None
+            for i, steers in enumerate(rows)}  # fmt: skip
+
+
+def _worker_apply(plans: dict, site: str, act: torch.Tensor, vectors: dict) -> torch.Tensor:
+    """``act`` [one token per request] through the worker's hooks for ``site``."""
+    from steerlab.engine.vllm.worker import SteerWorker
+
+    worker = SteerWorker()
+    state = worker._steerlab()
+    state.vectors.update({RowSteer(site, v, 1.0, "all", sl.Add()).vector_key: v
+                          for v in vectors.values()})  # fmt: skip
+    n = len(plans)
+    state.batch = lay_out_forward(list(plans), list(range(n + 1)), torch.full((n,), 9), plans,
+                                  dict.fromkeys(plans, 3))  # fmt: skip
+    out = worker._steerlab_apply(site, act)
+    assert not state.errors
+    return act if out is None else out
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    return v / v.norm()
+
+
+def test_add_steers_of_different_requests_fuse_into_one_op_and_stay_exact():
+    gen = torch.Generator().manual_seed(0)
+    vs = {k: torch.randn(4, generator=gen) for k in range(3)}
+    site = "blocks.1.hook_resid_pre"
+    rows = [(RowSteer(site, vs[k % 3], 0.5 + k, "all", sl.Add()),) for k in range(5)] + [()]
+    plans = _plans(*rows)
+    batch = lay_out_forward(list(plans), list(range(7)), torch.full((6,), 9), plans, {})
+    (fused,) = batch.by_site[site]
+    assert len(fused.vector_keys) == 3 and fused.index is not None
+    act = torch.randn(6, 4, generator=gen)
+    got = _worker_apply(plans, site, act, vs)
+    for k in range(5):  # each token: its own request's act + alpha * v, bit for bit
+        assert torch.equal(got[k], act[k] + torch.tensor(0.5 + k) * vs[k % 3])
+    assert torch.equal(got[5], act[5])
+
+
+def test_each_request_keeps_its_own_order_of_steers_at_a_site():
+    gen = torch.Generator().manual_seed(1)
+    v, w = torch.randn(4, generator=gen), torch.randn(4, generator=gen)
+    site = "blocks.1.hook_resid_pre"
+    add, ablate = (
+        RowSteer(site, v, 2.0, "all", sl.Add()),
+        RowSteer(site, w, 1.0, "all", sl.Ablate()),
+    )
+    plans = _plans((add, ablate), (ablate, add))
+    act = torch.randn(2, 4, generator=gen)
+    got = _worker_apply(plans, site, act, {0: v, 1: w})
+
+    def add_then_ablate(x):
+        x = x + 2.0 * v
+        return x - (x @ _unit(w)) * _unit(w)
+
+    def ablate_then_add(x):
+        x = x - (x @ _unit(w)) * _unit(w)
+        return x + 2.0 * v
+
+    assert torch.allclose(got[0], add_then_ablate(act[0]), atol=1e-6)
+    assert torch.allclose(got[1], ablate_then_add(act[1]), atol=1e-6)
+    assert not torch.allclose(add_then_ablate(act[1]), ablate_then_add(act[1]), atol=1e-3)
+
+
+def test_layouts_are_reused_while_a_steady_decode_holds():
+    site = "blocks.1.hook_resid_pre"
+    plans = _plans((RowSteer(site, V, 1.0, "all", sl.Add()),), ())
+    layouts, lens = Layouts(), lambda: dict.fromkeys(plans, 3)
+    first = layouts.forward(["r0", "r1"], [0, 1, 2], torch.tensor([5, 7]), plans, lens)
+    assert layouts.forward(["r0", "r1"], [0, 1, 2], torch.tensor([6, 8]), plans, lens) is first
+    assert layouts.forward(["r0"], [0, 1], torch.tensor([7]), plans, lens) is not first
+    # A per-position rule is laid out again at every step (request ids are never reused).
+    gen = _plans((RowSteer(site, V, 1.0, "generated", sl.Add()),), prefix="g")
+    lens = lambda: {"g0": 3}  # noqa: E731
+    a = layouts.forward(["g0"], [0, 1], torch.tensor([2]), gen, lens)
+    b = layouts.forward(["g0"], [0, 1], torch.tensor([3]), gen, lens)
+    assert a.by_site[site][0].alphas.tolist() == [0.0]
+    assert b.by_site[site][0].alphas.tolist() == [1.0]
 
 
 def test_expected_tokens_count_only_what_was_fed():

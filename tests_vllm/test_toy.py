@@ -162,6 +162,61 @@ def test_a_hook_error_fails_the_request(lm):
     assert lm.hook_count() == 0
 
 
+def _reports(lm, monkeypatch, fail_at_finish: bool = False) -> list[tuple[list, list]]:
+    """Record every check the engine makes: (rows asked, rows forgotten as finished)."""
+    rpc, calls = lm.engine.llm.collective_rpc, []
+
+    def recorded(method, *args, **kwargs):
+        out = rpc(method, *args, **kwargs)
+        if method == "steerlab_report":
+            rows, forget = kwargs["args"]
+            calls.append((list(rows), list(forget)))
+            if fail_at_finish and forget:
+                out[0][forget[0]][1] = "injected: a hook failed after the first token"
+        return out
+
+    monkeypatch.setattr(lm.engine.llm, "collective_rpc", recorded)
+    return calls
+
+
+def _staggered(lm) -> list[Request]:
+    """8 steered rows (one site) that end at different steps, and 2 unsteered ones."""
+    ids = _ids(lm, PROMPTS[0])
+    steer = (RowSteer("blocks.1.hook_resid_pre", _vec(16, 0.4), 2.0, "all", sl.Add()),)
+    rows = [Request(ids, steer, Sampling(max_new_tokens=2 + k, stop_at_eos=False), f"s{k}")
+            for k in range(8)]  # fmt: skip
+    return rows + [Request(ids, (), Sampling(max_new_tokens=3), f"u{k}") for k in range(2)]
+
+
+def test_finished_steered_rows_are_checked_together_before_they_show_as_done(lm, monkeypatch):
+    calls = _reports(lm, monkeypatch)
+    requests = _staggered(lm)
+    checked: set[int] = set()
+    for progress in lm.engine.stream(requests):
+        for forget in (f for _, f in calls):
+            checked |= {int(row.rsplit("-", 1)[1]) for row in forget}
+        shown_done = {i for i, d in enumerate(progress.done) if d}
+        assert shown_done & set(range(8)) <= checked  # no steered row ends unchecked
+    assert progress.states.done == [True] * 10
+    assert [len(t) for t in progress.states.tokens[:8]] == [2 + k for k in range(8)]
+    # One check when the site first steers, then the finished rows in one or two checks
+    # (each check waits for a step in flight); one check per finishing step would be 8.
+    assert len(calls) <= 3, calls
+    assert sorted(r for _, f in calls for r in f) == sorted(
+        r for r in {r for rows, _ in calls for r in rows}
+    )
+
+
+def test_a_hook_failure_found_at_the_finish_check_fails_the_call(lm, monkeypatch):
+    _reports(lm, monkeypatch, fail_at_finish=True)
+    shown_done = []
+    with pytest.raises(SteerHookError, match="injected"):
+        for progress in lm.engine.stream(_staggered(lm)):
+            shown_done += [i for i, d in enumerate(progress.done[:8]) if d]
+    assert shown_done == []  # no steered row was ever reported finished
+    assert lm.hook_count() == 0
+
+
 def test_compiled_engines_are_refused():
     class Compiled:
         def collective_rpc(self, method):

@@ -9,6 +9,7 @@ apply each steer exactly as ``steerlab.steering.apply`` does in-process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,18 +44,24 @@ def parse_plan(extra_args: dict[str, Any] | None) -> RowPlan | None:
 
 @dataclass
 class SiteSteer:
-    """One distinct steer at one site over this forward's tokens."""
+    """One op at one site over a forward's tokens.
 
-    vector_key: str
+    Usually one steer. Add steers whose requests have no other steer at the site are fused
+    into one (``index`` picks each token's vector from ``vector_keys``): each token still
+    gets ``act + alpha * v`` with its own v, the arithmetic of the unfused op.
+    """
+
+    vector_keys: tuple[str, ...]
     op: Operation
     alphas: torch.Tensor  # [tokens], 0 where not steered
     touched: torch.Tensor  # [tokens] bool
     rows: list[tuple[str, int]]  # (row id, tokens it steers in this forward)
+    index: torch.Tensor | None = None  # [tokens] into vector_keys, for a fused Add
 
 
 @dataclass
 class ForwardBatch:
-    """Every steer of one forward, by site name."""
+    """Every steer of one forward, by site name, in the order each site applies them."""
 
     by_site: dict[str, list[SiteSteer]] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)  # steered rows in this forward
@@ -71,38 +78,146 @@ def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndar
     return pos >= int(positions)
 
 
+@dataclass
+class _Applier:
+    """One ``SiteSteer`` of a composition, per request: alpha and which vector."""
+
+    site: str
+    vector_keys: tuple[str, ...]
+    op: Operation
+    where: Any  # the positions rule
+    alpha: np.ndarray  # [requests] float32, 0 for requests it does not steer
+    index: np.ndarray | None  # [requests] into vector_keys, for a fused Add
+
+
+@dataclass
+class Composition:
+    """What depends only on which requests share a forward, not on how far each has got.
+
+    vLLM keeps a batch's requests for many steps, so this is computed once per change of
+    membership. At each site a request's steers apply in its own order; requests with the
+    same order share ops, and single Add steers with the same positions rule fuse into one.
+    """
+
+    req_ids: tuple[str, ...]
+    appliers: list[_Applier]
+    row_ids: list[str | None]  # steerlab's row per request, None when unsteered
+    every_position: bool  # every steer touches all positions: no per-step rule to apply
+
+    @classmethod
+    def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None]) -> Composition:
+        n = len(req_ids)
+        row_ids = [p.row if (p := plans.get(rid)) is not None else None for rid in req_ids]
+        chains: dict[str, dict[tuple, list[tuple[int, tuple[float, ...]]]]] = {}
+        for i, rid in enumerate(req_ids):
+            plan = plans.get(rid)
+            if plan is None:
+                continue
+            by_site: dict[str, list[tuple[tuple, float]]] = {}
+            for key, alpha in plan.steers:
+                by_site.setdefault(key[0], []).append((key, alpha))
+            for site, steers in by_site.items():
+                chain = tuple(key for key, _ in steers)
+                chains.setdefault(site, {}).setdefault(chain, []).append(
+                    (i, tuple(a for _, a in steers)))  # fmt: skip
+        appliers = [a for site, by_chain in chains.items() for a in _site(site, by_chain, n)]
+        every = all(a.where == "all" for a in appliers)
+        return cls(tuple(req_ids), appliers, row_ids, every)
+
+
+def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
+          n: int) -> list[_Applier]:  # fmt: skip
+    """One site's ops: each distinct order of steers for its own requests, and single Add
+    steers fused per positions rule. Different orders touch different tokens."""
+    out: list[_Applier] = []
+    fusable: dict[Any, list[tuple[tuple, list[tuple[int, float]]]]] = {}
+    for chain, members in chains.items():
+        if len(chain) == 1 and dict(chain[0][3])["name"] == "add":
+            fusable.setdefault(chain[0][2], []).append(
+                (chain[0], [(i, alphas[0]) for i, alphas in members]))  # fmt: skip
+            continue
+        for k, key in enumerate(chain):
+            per_request = np.zeros(n, dtype=np.float32)
+            for i, alphas in members:
+                per_request[i] = alphas[k]
+            out.append(_Applier(site, (key[1],), op_from_data(dict(key[3])), key[2],
+                                per_request, None))  # fmt: skip
+    for where, group in fusable.items():
+        per_request = np.zeros(n, dtype=np.float32)
+        index = np.zeros(n, dtype=np.int64)
+        for v, (_, singles) in enumerate(group):
+            for i, alpha in singles:
+                per_request[i], index[i] = alpha, v
+        keys = tuple(key[1] for key, _ in group)
+        out.append(_Applier(site, keys, op_from_data(dict(group[0][0][3])), where, per_request,
+                            index if len(keys) > 1 else None))  # fmt: skip
+    return out
+
+
 def lay_out_forward(
     req_ids: list[str],
     starts: list[int],  # [len(req_ids) + 1], cumulative token counts
     positions: torch.Tensor,  # [tokens] absolute position of each token (may be padded)
     plans: dict[str, RowPlan | None],
     prompt_lens: dict[str, int],
+    composition: Composition | None = None,
 ) -> ForwardBatch:
-    """Per-token alphas of every distinct steer in this forward, vectorised over tokens."""
+    """Per-token alphas of every steer in this forward, vectorised over tokens."""
+    comp = composition if composition is not None else Composition.of(req_ids, plans)
     n_tokens = positions.shape[0]
-    steered = [i for i, rid in enumerate(req_ids) if plans.get(rid) is not None]
-    batch = ForwardBatch(rows=[plans[req_ids[i]].row for i in steered])  # type: ignore[union-attr]
-    if not steered:
+    batch = ForwardBatch(rows=[r for r in comp.row_ids if r is not None])
+    if not comp.appliers:
         return batch
-    bounds = np.asarray(starts)
-    counts = np.diff(bounds)
-    owner = np.repeat(np.arange(len(req_ids)), counts)  # [real tokens] request index
-    pos = positions[: len(owner)].to("cpu", torch.long).numpy()
-    prompt_len = np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
-    alphas: dict[tuple, np.ndarray] = {}  # steer key -> alpha per request
-    for i in steered:
-        for key, alpha in plans[req_ids[i]].steers:  # type: ignore[union-attr]
-            alphas.setdefault(key, np.zeros(len(req_ids), dtype=np.float32))[i] = alpha
-    for key, per_request in alphas.items():
-        site, vector_key, where, op = key
-        token_alpha = per_request[owner] * _touched(where, pos, prompt_len)
+    owner = np.repeat(np.arange(len(req_ids)), np.diff(np.asarray(starts)))  # [real tokens]
+    if comp.every_position:
+        pos = prompt_len = np.zeros(0)
+    else:
+        pos = positions[: len(owner)].to("cpu", torch.long).numpy()
+        prompt_len = np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
+    for a in comp.appliers:
+        token_alpha = a.alpha[owner]
+        if a.where != "all":
+            token_alpha = token_alpha * _touched(a.where, pos, prompt_len)
         full = np.zeros(n_tokens, dtype=np.float32)
         full[: len(owner)] = token_alpha
-        touched_per_request = np.bincount(owner[token_alpha != 0], minlength=len(req_ids))
-        rows = [(plans[req_ids[i]].row, int(touched_per_request[i]))  # type: ignore[union-attr]
-                for i in np.flatnonzero(per_request)]  # fmt: skip
+        per_request = np.bincount(owner[token_alpha != 0], minlength=len(req_ids))
+        rows = [(comp.row_ids[i], int(per_request[i])) for i in np.flatnonzero(a.alpha)]
         alpha_t = torch.from_numpy(full)
-        batch.by_site.setdefault(site, []).append(
-            SiteSteer(vector_key, op_from_data(dict(op)), alpha_t, alpha_t != 0, rows)
+        index = None
+        if a.index is not None:
+            token_index = np.zeros(n_tokens, dtype=np.int64)
+            token_index[: len(owner)] = a.index[owner]
+            index = torch.from_numpy(token_index)
+        batch.by_site.setdefault(a.site, []).append(
+            SiteSteer(a.vector_keys, a.op, alpha_t, alpha_t != 0, rows, index)  # type: ignore[arg-type]
         )
     return batch
+
+
+class Layouts:
+    """``lay_out_forward`` with the composition kept while a batch's membership holds, and
+    the whole layout kept while neither it nor any token count changes and no steer has a
+    per-position rule (a steady decode)."""
+
+    def __init__(self) -> None:
+        self._composition: Composition | None = None
+        self._last: tuple[tuple, ForwardBatch] | None = None
+
+    def forward(self, req_ids: list[str], starts: list[int], positions: torch.Tensor,
+                plans: dict[str, RowPlan | None],
+                prompt_lens: Callable[[], dict[str, int]]) -> ForwardBatch:  # fmt: skip
+        members = tuple(req_ids)
+        comp = self._composition
+        if comp is None or comp.req_ids != members:
+            comp = self._composition = Composition.of(req_ids, plans)
+            self._last = None
+        key = (tuple(starts), positions.shape[0])
+        if comp.every_position and self._last is not None and self._last[0] == key:
+            return self._last[1]
+        lens = {} if comp.every_position else prompt_lens()
+        batch = lay_out_forward(req_ids, starts, positions, plans, lens, comp)
+        self._last = (key, batch) if comp.every_position else None
+        return batch
+
+    def clear(self) -> None:
+        self._composition, self._last = None, None

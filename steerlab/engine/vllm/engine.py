@@ -57,8 +57,11 @@ class VLLMEngine:
         self.revision = revision or ""
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one steerlab call at a time
         self._in_flight: str | None = None
+        # vLLM's client talks to its engine over sockets that one thread may use at a time:
+        # every use goes through this, including a hook count from a server's thread.
+        self._client = threading.RLock()
 
     def sites(self) -> list[str]:
         return all_sites(self.n_layers)
@@ -66,16 +69,25 @@ class VLLMEngine:
     def eos_ids(self) -> set[int]:
         return set(self._eos)
 
+    def rpc(self, method: str, *args: Any) -> list[Any]:
+        """``SteerWorker.<method>(*args)`` on every worker, one result each."""
+        with self._client:
+            return self.llm.collective_rpc(method, args=args)
+
     def hook_count(self) -> int:
         """Steerlab hooks on the model in every worker: 0 whenever no call is running."""
-        return sum(self.llm.collective_rpc("steerlab_hook_count"))
+        return sum(self.rpc("steerlab_hook_count"))
 
-    def remove_hooks(self) -> int:
-        return sum(self.llm.collective_rpc("steerlab_end"))
+    def remove_hooks(self, wait: float = 60.0) -> int:
+        """Remove hooks left behind; waits up to ``wait`` s for a running call to end first
+        (its hooks are its own), then raises ``CallInFlightError``."""
+        with self._call("remove_hooks", wait):
+            return sum(self.rpc("steerlab_end"))
 
     def close(self) -> None:
         """Shut vLLM's engine processes down (``lm.engine.close()``); the model is unusable after."""
-        self.llm.llm_engine.engine_core.shutdown()
+        with self._client:
+            self.llm.llm_engine.engine_core.shutdown()
 
     def check(self, requests: Sequence[Request], capture: Sequence[str] = ()) -> None:
         """Everything about ``requests`` that can fail, before any request is sent."""
@@ -162,14 +174,14 @@ class VLLMEngine:
             sites = sorted({s.site for r in requests for s in live_steers(r)})
             self._send_vectors(requests)
             if sites:
-                self.llm.collective_rpc("steerlab_begin", args=(sites,))
+                self.rpc("steerlab_begin", sites)
             decoding = _Decoding(self, requests, rows)
             try:
                 yield from decoding.run()
             finally:
                 decoding.abort_all()
                 if sites:
-                    self.llm.collective_rpc("steerlab_end")
+                    self.rpc("steerlab_end")
 
     def _send_vectors(self, requests: list[Request]) -> None:
         from safetensors.torch import save
@@ -180,7 +192,7 @@ class VLLMEngine:
                 if s.vector_key not in self._sent:
                     new[s.vector_key] = s.vector.detach().cpu().contiguous()
         if new:
-            self.llm.collective_rpc("steerlab_put_vectors", args=(save(new),))
+            self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)
 
 
@@ -195,7 +207,17 @@ def _check_steer(steer: RowSteer, valid: list[str], d_model: int) -> None:
 
 
 class _Decoding:
-    """One call's requests inside vLLM: add, step, record, verify, abort."""
+    """One call's requests inside vLLM: add, step, record, verify, abort.
+
+    Each check asks every worker (one RPC, which waits for the step in flight), so checks
+    are batched. A steered row is checked when it starts if it uses a site not yet seen
+    steering in this call (so a compiled model or a missing hook fails at the first token);
+    every steered row is checked in full before it is reported finished. Finished rows wait
+    for a check together: until no row is left decoding, another check is made, or
+    ``HOLD_STEPS`` steps have passed. A row that fails its check fails the call.
+    """
+
+    HOLD_STEPS = 8
 
     def __init__(self, engine: VLLMEngine, requests: list[Request], rows: list[str]) -> None:
         self.engine, self.requests, self.rows = engine, requests, rows
@@ -203,27 +225,32 @@ class _Decoding:
         self.states = RowStates(engine.tokenizer, requests)
         self.live: set[str] = set()  # rows vLLM still decodes
         self.cached = [0] * len(rows)  # prompt tokens served from the prefix cache
-        self.steered = [bool(live_steers(r)) for r in requests]
+        self.sites = [frozenset(s.site for s in live_steers(r)) for r in requests]
+        self.proven: set[str] = set()  # sites seen steering in this call
+        self.held: dict[int, tuple[int, str]] = {}  # finished, unchecked: row -> (step, reason)
 
     def run(self) -> Iterator[Progress]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        llm = self.engine.llm.llm_engine
+        llm, client = self.engine.llm.llm_engine, self.engine._client
         eos = self.engine.eos_ids()
         for request, row in zip(self.requests, self.rows):
             vr = to_vllm(request, row, revision=self.engine.revision, eos_ids=eos)
             params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
-            llm.add_request(row, vr.prompt, params)
+            with client:
+                llm.add_request(row, vr.prompt, params)
             self.live.add(row)
         step, lengths = 0, [0] * len(self.rows)
-        while self.live:
-            outputs = llm.step()
+        while self.live or self.held:
+            with client:
+                outputs = llm.step() if self.live else []
             started, finished = self._record(outputs, eos)
-            self._verify(started, finished)
-            self._abort([r for r in self.live if self.states.done[self.index[r]]])
+            self._hold(finished, step)
+            self._abort([r for r in self.live if self._ended(self.index[r])])
+            released = self._check(started, step)
             before, lengths = lengths, [len(t) for t in self.states.tokens]
-            if lengths == before and not finished:
+            if lengths == before and not finished and not released:
                 continue
             token_ids = [t[-1] if n > b else self.engine.pad_id
                          for t, n, b in zip(self.states.tokens, lengths, before)]  # fmt: skip
@@ -232,14 +259,17 @@ class _Decoding:
             yield Progress(step, token_ids, list(self.states.done), lengths, before, reasons,
                            self.states, lambda: None, None)  # fmt: skip
             step += 1
-            self._abort([r for r in self.live if self.states.done[self.index[r]]])  # cancelled
+            self._abort([r for r in self.live if self._ended(self.index[r])])  # cancelled
+
+    def _ended(self, i: int) -> bool:
+        return self.states.done[i] or i in self.held
 
     def _record(self, outputs: list[Any], eos: set[int]) -> tuple[list[int], list[int]]:
         """Feed new tokens to the row states; returns rows started and rows finished."""
         started, finished = [], []
         for out in outputs:
             i = self.index.get(out.request_id)
-            if i is None or self.rows[i] not in self.live:
+            if i is None or self.rows[i] not in self.live or self._ended(i):
                 continue
             completion = out.outputs[0]
             if not self.states.tokens[i] and not self.states.done[i] and completion.token_ids:
@@ -259,20 +289,43 @@ class _Decoding:
                 finished.append(i)
         return started, finished
 
+    def _hold(self, finished: list[int], step: int) -> None:
+        """Steered rows that finished stay unfinished to callers until they are checked."""
+        for i in finished:
+            if self.sites[i] and self.states.reasons[i] != "cancelled":
+                self.held[i] = (step, self.states.reasons[i])
+                self.states.done[i], self.states.reasons[i] = False, "length"
+
+    def _check(self, started: list[int], step: int) -> list[int]:
+        """Check what is due; returns the held rows now released as finished."""
+        first = [i for i in started if self.sites[i] - self.proven]
+        due = bool(self.held) and (
+            not self.live or bool(first) or step - min(s for s, _ in self.held.values())
+            >= self.HOLD_STEPS
+        )  # fmt: skip
+        if not first and not due:
+            return []
+        finished = sorted(self.held) if due else []
+        self._verify(first, finished)
+        for i in finished:
+            if not self.states.done[i]:  # not cancelled meanwhile
+                self.states.done[i], self.states.reasons[i] = True, self.held[i][1]
+            del self.held[i]
+        return finished
+
     def _verify(self, started: list[int], finished: list[int]) -> None:
         """Ask the workers what the hooks did for steered rows that started or finished."""
-        ask = sorted({i for i in started + finished if self.steered[i]})
-        if not ask:
-            return
+        ask = sorted({*started, *finished})
         rows = [self.rows[i] for i in ask]
-        forget = [self.rows[i] for i in finished if self.steered[i]]
-        reports = self.engine.llm.collective_rpc("steerlab_report", args=(rows, forget))
+        forget = [self.rows[i] for i in finished]
+        reports = self.engine.rpc("steerlab_report", rows, forget)
         for i, row in zip(ask, rows):
             fired = sum(report[row][0] for report in reports)
             errors = [report[row][1] for report in reports if report[row][1]]
             if errors:
                 raise SteerHookError(f"Steering failed inside vLLM for row {i}: {errors[0]}")
-            generated = len(self.states.tokens[i]) + (self.states.reasons[i] == "eos")
+            reason = self.held[i][1] if i in self.held else self.states.reasons[i]
+            generated = len(self.states.tokens[i]) + (reason == "eos")
             if i not in finished:  # just started: only the prompt has been fed
                 generated = 1
             expected = expected_tokens(self.requests[i], self.cached[i], generated)
@@ -282,10 +335,13 @@ class _Decoding:
                     f"least {expected} were due: the hooks did not run (was the model "
                     "compiled before they were added?). Nothing was returned for it."
                 )
+            if fired > 0:
+                self.proven |= self.sites[i]
 
     def _abort(self, rows: list[str]) -> None:
         if rows:
-            self.engine.llm.llm_engine.abort_request(rows)
+            with self.engine._client:
+                self.engine.llm.llm_engine.abort_request(rows)
             self.live -= set(rows)
 
     def abort_all(self) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from steerlab.engine.vllm import hooks
-from steerlab.engine.vllm.batch import ForwardBatch, RowPlan, lay_out_forward, parse_plan
+from steerlab.engine.vllm.batch import ForwardBatch, Layouts, RowPlan, SiteSteer, parse_plan
 from steerlab.engine.vllm.sites import layout_for
 from steerlab.hooks import count_hooks, remove_hooks, tag
 
@@ -28,7 +28,11 @@ from steerlab.hooks import count_hooks, remove_hooks, tag
 @dataclass
 class _State:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
-    moved: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = field(default_factory=dict)
+    # vectors (one key, or a stack for fused steers) on the device and in the dtype they act in
+    moved: dict[tuple[tuple[str, ...], torch.device, torch.dtype], torch.Tensor] = field(
+        default_factory=dict
+    )
+    layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
     plans: dict[str, RowPlan | None] = field(default_factory=dict)  # by vLLM request id
     fired: dict[str, int] = field(default_factory=dict)  # by row: tokens steered
@@ -86,20 +90,22 @@ class SteerWorker:
         """Remove every steerlab hook from the model; returns how many there were."""
         state = self._steerlab()
         state.handles, state.batch = [], None
+        state.layouts.clear()
         return remove_hooks(self._steerlab_model())
 
     def steerlab_hook_count(self) -> int:
         return count_hooks(self._steerlab_model())
 
-    def steerlab_report(self, rows: list[str], forget: bool) -> dict[str, list[Any]]:
-        """``{row: [tokens steered, error or None]}`` for ``rows``; ``forget`` drops them."""
+    def steerlab_report(self, rows: list[str], forget: list[str]) -> dict[str, list[Any]]:
+        """``{row: [tokens steered, error or None]}`` for ``rows``; the ``forget`` rows (those
+        that finished) are dropped afterwards."""
         state = self._steerlab()
         out = {row: [state.fired.get(row, 0), state.errors.get(row)] for row in rows}
-        if forget:
-            for row in rows:
-                state.fired.pop(row, None)
-                state.errors.pop(row, None)
-            done = set(rows)
+        done = set(forget)
+        for row in done:
+            state.fired.pop(row, None)
+            state.errors.pop(row, None)
+        if done:
             for rid, plan in list(state.plans.items()):
                 if plan is not None and plan.row in done:
                     del state.plans[rid]
@@ -145,10 +151,14 @@ class SteerWorker:
                     state.plans[rid] = parse_plan(getattr(params, "extra_args", None))
             if not any(state.plans[rid] for rid in req_ids):
                 return
-            starts = [int(x) for x in runner.query_start_loc.np[: n + 1]]
-            prompt_lens = {rid: runner.requests[rid].num_prompt_tokens for rid in req_ids}
-            state.batch = lay_out_forward(req_ids, starts, kwargs["positions"], state.plans,
-                                          prompt_lens)  # fmt: skip
+            starts = runner.query_start_loc.np[: n + 1].tolist()
+            state.batch = state.layouts.forward(
+                req_ids,
+                starts,
+                kwargs["positions"],
+                state.plans,
+                lambda: {rid: runner.requests[rid].num_prompt_tokens for rid in req_ids},
+            )
         except Exception as err:  # every steered request of this forward fails
             for rid in req_ids:
                 plan = state.plans.get(rid)
@@ -170,17 +180,23 @@ class SteerWorker:
                     state.errors.setdefault(row, f"at {site}: {err!r}")
         return act
 
-    def _steerlab_one(self, steer: Any, act: torch.Tensor) -> torch.Tensor:
+    def _steerlab_one(self, steer: SiteSteer, act: torch.Tensor) -> torch.Tensor:
         state = self._steerlab()
-        key = (steer.vector_key, act.device, act.dtype)
+        key = (steer.vector_keys, act.device, act.dtype)
         if key not in state.moved:
-            if steer.vector_key not in state.vectors:
-                raise KeyError(f"vector {steer.vector_key} was never sent to this worker")
-            state.moved[key] = state.vectors[steer.vector_key].to(act.device, act.dtype)
+            missing = [k for k in steer.vector_keys if k not in state.vectors]
+            if missing:
+                raise KeyError(f"vector {missing[0]} was never sent to this worker")
+            vectors = [state.vectors[k] for k in steer.vector_keys]
+            stacked = vectors[0] if steer.index is None else torch.stack(vectors)
+            state.moved[key] = stacked.to(act.device, act.dtype)
         tokens = act.shape[0]
         alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]  # [tokens, 1]
         touched = steer.touched[:tokens].to(act.device)[:, None]
-        new = steer.op(act, state.moved[key], alpha)
+        direction = state.moved[key]
+        if steer.index is not None:  # a fused Add: each token's own vector
+            direction = direction[steer.index[:tokens].to(act.device)]
+        new = steer.op(act, direction, alpha)
         for row, n in steer.rows:
             state.fired[row] = state.fired.get(row, 0) + n
         return torch.where(touched, new, act)
