@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -102,6 +103,38 @@ def test_concurrent_requests_batch_together_and_each_equals_its_reference(server
         ids = lm.tokenizer(prompt)["input_ids"]
         expected = greedy(hf, ids, [RefSteer(SITE, v, alpha)], 10, lm.eos_ids)
         assert replies[i].json()["choices"][0]["token_ids"] == expected, i
+
+
+def test_a_request_joins_a_running_batch_and_is_answered_first(server, lm, hf):
+    url, batcher = server
+    v, w = _vec(3), _vec(4)
+    long = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 100, "temperature": 0,
+            "ignore_eos": True, "steering": _steering(v, 2.0)}  # fmt: skip
+    short = {"model": MODEL, "prompt": "A cat", "max_tokens": 4, "temperature": 0,
+             "steering": [{"site": "blocks.2.hook_resid_post", "vector": w.tolist(),
+                           "alpha": -2.0, "positions": "generated"}]}  # fmt: skip
+    answered: dict[str, tuple[httpx.Response, float]] = {}
+
+    def ask(name: str, body: dict) -> None:
+        answered[name] = (_post(url, "/v1/completions", body), time.monotonic())
+
+    before = batcher.batches
+    first = threading.Thread(target=ask, args=("long", long))
+    first.start()
+    deadline = time.monotonic() + 30
+    while lm.engine._in_flight is None and time.monotonic() < deadline:  # decoding has begun
+        time.sleep(0.01)
+    ask("short", short)
+    first.join()
+    assert batcher.batches - before == 1  # one batch: the short request joined the long one
+    assert answered["short"][1] < answered["long"][1]
+    got = {k: r.json()["choices"][0]["token_ids"] for k, (r, _) in answered.items()}
+    ids = {k: lm.tokenizer(body["prompt"])["input_ids"] for k, body in (("long", long),
+                                                                      ("short", short))}  # fmt: skip
+    assert got["long"] == greedy(hf, ids["long"], [RefSteer(SITE, v, 2.0)], 100, set())
+    ref = [RefSteer("blocks.2.hook_resid_post", w, -2.0, "generated")]
+    assert got["short"] == greedy(hf, ids["short"], ref, 4, lm.eos_ids)
+    assert lm.hook_count() == 0
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,33 @@ def test_stream_matches_generate_and_closing_early_releases(lm):
     assert lm.generate(PROMPTS[:2], steer, max_new_tokens=8).tokens == whole.tokens
 
 
+def test_requests_added_to_a_running_call_equal_hf(lm, hf):
+    v, w = _vec(17, 0.4), _vec(18, 0.4)
+    first = Request(_ids(lm, PROMPTS[0]), (RowSteer("blocks.1.hook_resid_pre", v, 2.0, "all",
+                                                    sl.Add()),), Sampling(max_new_tokens=NEW))  # fmt: skip
+    joining = [
+        Request(_ids(lm, PROMPTS[1]), (RowSteer("blocks.3.hook_mlp_out", w, 3.0, "generated",
+                                                sl.Add()),), Sampling(max_new_tokens=8)),
+        Request(_ids(lm, PROMPTS[3]), (), Sampling(max_new_tokens=8)),
+    ]  # fmt: skip
+    steps = lm.engine.stream([first])
+    next(steps)
+    next(steps)
+    rows = steps.add(joining)  # a new site: the workers re-hook between steps
+    assert list(rows) == [1, 2]
+    for progress in steps:
+        pass
+    tokens = progress.states.tokens
+    assert tokens[0] == greedy(hf, list(first.prompt), [RefSteer("blocks.1.hook_resid_pre", v,
+                                                                 2.0)], NEW, lm.eos_ids)  # fmt: skip
+    ref = [RefSteer("blocks.3.hook_mlp_out", w, 3.0, "generated")]
+    assert tokens[1] == greedy(hf, list(joining[0].prompt), ref, 8, lm.eos_ids)
+    assert tokens[2] == greedy(hf, list(joining[1].prompt), [], 8, lm.eos_ids)
+    assert lm.hook_count() == 0
+    with pytest.raises(RuntimeError, match="only while it runs"):
+        steps.add(joining)
+
+
 def test_seed_makes_sampling_reproducible(lm):
     kwargs = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95, "seed": 7}
     steer = sl.Steer("blocks.1.hook_resid_pre", _vec(12, 0.4), alpha=[0.0, 2.0])

@@ -23,6 +23,16 @@ class RowStates:
         self.reasons = ["length"] * n
         self.done = [False] * n
 
+    def extend(self, requests: Sequence[Request]) -> range:
+        """Rows for more requests, joining a call that is under way; returns their indices."""
+        start = len(self.requests)
+        self.requests += requests
+        self.tokens += [[] for _ in requests]
+        self.logprobs += [[] for _ in requests]
+        self.reasons += ["length"] * len(requests)
+        self.done += [False] * len(requests)
+        return range(start, len(self.requests))
+
     def decoded(self, row: int, length: int | None = None) -> str:
         return self.tokenizer.decode(self.tokens[row][:length], skip_special_tokens=True)
 

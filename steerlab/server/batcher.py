@@ -4,7 +4,9 @@ Requests that arrive within ``window_s`` of the first waiting one (up to ``max_r
 decode as one mixed batch through ``lm.engine.stream``: each row carries its own steers and
 sampling, and its random stream depends only on its own request, so a row's tokens equal
 its solo run. Rows that finish leave the batch; a job whose rows are all done is answered
-at once. A cancelled job (its client went away) has its rows ended between steps.
+at once. A cancelled job (its client went away) has its rows ended between steps. On an
+engine whose stream takes more requests while it runs (vLLM's continuous batch), jobs
+that arrive meanwhile join the running batch between steps instead of waiting for it.
 
 A failure inside a batch (NaN logits from one request's steer, say) fails that request
 alone: the unanswered jobs of the batch are retried, and streamed text already
@@ -22,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.request import Completion, Request
@@ -205,10 +208,38 @@ class Batcher:
                         job.answer(done)
                 if last is not None:
                     break
+                if hasattr(steps, "add"):
+                    self._admit(steps, jobs, spans, progress.states)
         finally:
             steps.close()  # type: ignore[attr-defined]
         if last is not None:  # after close: a client may use the model the moment it hears
             last[0].answer(last[1])
+
+    def _admit(self, steps: Any, jobs: list[Job], spans: list[tuple[Job, range]],
+               states: RowStates) -> None:  # fmt: skip
+        """Join waiting jobs to a running call on an engine that takes them (vLLM's
+        continuous batch), up to ``max_rows`` live rows. A job the engine refuses fails
+        alone; a job with another beta waits for its own batch."""
+        live = sum(not d for d in states.done)
+        while self._held or not self._queue.empty():
+            job = self._held.popleft() if self._held else self._queue.get_nowait()
+            if job is None or job.beta != jobs[0].beta or live + len(job.requests) > self.max_rows:
+                if job is None:
+                    self._queue.put(None)  # stop once this batch is done
+                else:
+                    self._held.appendleft(job)
+                return
+            if job.cancelled:
+                self._drop(job)
+                continue
+            try:
+                rows = steps.add(job.requests)
+            except Exception as error:
+                job.answer(Failed(_api_error(error, job)))
+                continue
+            jobs.append(job)
+            spans.append((job, rows))
+            live += len(job.requests)
 
     def _drop(self, job: Job) -> None:
         """A job whose client went away: nobody to answer, its rows end now."""

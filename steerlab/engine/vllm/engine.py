@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -133,7 +133,7 @@ class VLLMEngine:
                 "processes): use backend='hf' or 'bridge' for capture= and run_with_cache."
             )
         self.check(requests)
-        return self._stream(list(requests), wait, description)
+        return VLLMStream(self, list(requests), wait, description)
 
     def run(self, requests: Sequence[Request], *, wait: float = 0.0) -> list[Completion]:
         """Decode every request; one ``Completion`` per request, in order."""
@@ -166,24 +166,7 @@ class VLLMEngine:
             self._in_flight = None
             self._lock.release()
 
-    def _stream(self, requests: list[Request], wait: float,
-                description: str) -> Iterator[Progress]:  # fmt: skip
-        with self._call(description, wait):
-            call = next(_CALL_IDS)
-            rows = [f"steerlab-{call}-{i}" for i in range(len(requests))]
-            sites = sorted({s.site for r in requests for s in live_steers(r)})
-            self._send_vectors(requests)
-            if sites:
-                self.rpc("steerlab_begin", sites)
-            decoding = _Decoding(self, requests, rows)
-            try:
-                yield from decoding.run()
-            finally:
-                decoding.abort_all()
-                if sites:
-                    self.rpc("steerlab_end")
-
-    def _send_vectors(self, requests: list[Request]) -> None:
+    def _send_vectors(self, requests: Sequence[Request]) -> None:
         from safetensors.torch import save
 
         new: dict[str, torch.Tensor] = {}
@@ -194,6 +177,50 @@ class VLLMEngine:
         if new:
             self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)
+
+
+class VLLMStream(Iterator[Progress]):
+    """One call decoding on vLLM: iterate it for ``Progress``; ``add`` joins more requests
+    to it while it runs (they decode in the same continuous batch, from the next step).
+
+    >>> steps = lm.engine.stream(requests)  # doctest: +SKIP
+    >>> first = next(steps); rows = steps.add(more)  # doctest: +SKIP
+    """
+
+    def __init__(self, engine: VLLMEngine, requests: list[Request], wait: float,
+                 description: str) -> None:  # fmt: skip
+        self.engine = engine
+        self._decoding: _Decoding | None = None
+        self._steps: Generator[Progress, None, None] = self._run(requests, wait, description)
+
+    def __next__(self) -> Progress:
+        return next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+
+    def add(self, requests: Sequence[Request]) -> range:
+        """Rows for ``requests`` in this call (indices into ``Progress.states``), checked
+        first as ``stream`` checks its own. Only between steps of a call under way."""
+        if self._decoding is None or self._decoding.closed:
+            raise RuntimeError("Requests join a call only while it runs: after its first "
+                               "step and before its last.")  # fmt: skip
+        self.engine.check(requests)
+        return self._decoding.add(list(requests))
+
+    def _run(self, requests: list[Request], wait: float,
+             description: str) -> Generator[Progress, None, None]:  # fmt: skip
+        engine = self.engine
+        with engine._call(description, wait):
+            decoding = self._decoding = _Decoding(engine, next(_CALL_IDS))
+            try:
+                decoding.add(requests)
+                yield from decoding.run()
+            finally:
+                decoding.closed = True
+                decoding.abort_all()
+                if decoding.hooked:
+                    engine.rpc("steerlab_end")
 
 
 def _check_steer(steer: RowSteer, valid: list[str], d_model: int) -> None:
@@ -219,29 +246,51 @@ class _Decoding:
 
     HOLD_STEPS = 8
 
-    def __init__(self, engine: VLLMEngine, requests: list[Request], rows: list[str]) -> None:
-        self.engine, self.requests, self.rows = engine, requests, rows
-        self.index = {row: i for i, row in enumerate(rows)}
-        self.states = RowStates(engine.tokenizer, requests)
+    def __init__(self, engine: VLLMEngine, call: int) -> None:
+        self.engine, self.call = engine, call
+        self.requests: list[Request] = []
+        self.rows: list[str] = []  # vLLM request ids
+        self.index: dict[str, int] = {}
+        self.states = RowStates(engine.tokenizer, [])
         self.live: set[str] = set()  # rows vLLM still decodes
-        self.cached = [0] * len(rows)  # prompt tokens served from the prefix cache
-        self.sites = [frozenset(s.site for s in live_steers(r)) for r in requests]
+        self.cached: list[int] = []  # prompt tokens served from the prefix cache, per row
+        self.sites: list[frozenset[str]] = []  # the sites each row steers
+        self.hooked: set[str] = set()  # sites hooked on the workers for this call
         self.proven: set[str] = set()  # sites seen steering in this call
         self.held: dict[int, tuple[int, str]] = {}  # finished, unchecked: row -> (step, reason)
+        self.closed = False
 
-    def run(self) -> Iterator[Progress]:
+    def add(self, requests: list[Request]) -> range:
+        """Send ``requests`` to vLLM as more rows of this call (checked by the caller)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        engine = self.engine
+        engine._send_vectors(requests)
+        sites = {s.site for r in requests for s in live_steers(r)}
+        if sites - self.hooked:  # between steps: the workers re-hook the union
+            self.hooked |= sites
+            engine.rpc("steerlab_begin", sorted(self.hooked))
+        new = self.states.extend(requests)
+        eos = engine.eos_ids()
+        for i, request in zip(new, requests):
+            row = f"steerlab-{self.call}-{i}"
+            self.requests.append(request)
+            self.rows.append(row)
+            self.index[row] = i
+            self.cached.append(0)
+            self.sites.append(frozenset(s.site for s in live_steers(request)))
+            vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos)
+            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
+            with engine._client:
+                engine.llm.llm_engine.add_request(row, vr.prompt, params)
+            self.live.add(row)
+        return new
+
+    def run(self) -> Iterator[Progress]:
         llm, client = self.engine.llm.llm_engine, self.engine._client
         eos = self.engine.eos_ids()
-        for request, row in zip(self.requests, self.rows):
-            vr = to_vllm(request, row, revision=self.engine.revision, eos_ids=eos)
-            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
-            with client:
-                llm.add_request(row, vr.prompt, params)
-            self.live.add(row)
-        step, lengths = 0, [0] * len(self.rows)
+        step, lengths = 0, list[int]()
         while self.live or self.held:
             with client:
                 outputs = llm.step() if self.live else []
@@ -249,7 +298,8 @@ class _Decoding:
             self._hold(finished, step)
             self._abort([r for r in self.live if self._ended(self.index[r])])
             released = self._check(started, step)
-            before, lengths = lengths, [len(t) for t in self.states.tokens]
+            before = lengths + [0] * (len(self.rows) - len(lengths))  # rows added meanwhile
+            lengths = [len(t) for t in self.states.tokens]
             if lengths == before and not finished and not released:
                 continue
             token_ids = [t[-1] if n > b else self.engine.pad_id
