@@ -37,8 +37,8 @@ test-fast: $(STAMP)
 	$(PYTEST) -q -rs -m "not browser and not slow" tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check steerlab tests benchmarks
-	$(VENV)/bin/ruff format --check steerlab tests benchmarks
+	$(VENV)/bin/ruff check steerlab tests tests_vllm benchmarks
+	$(VENV)/bin/ruff format --check steerlab tests tests_vllm benchmarks
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
