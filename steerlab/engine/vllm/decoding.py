@@ -1,0 +1,235 @@
+"""One call on vLLM: its requests added, stepped, recorded, checked and aborted.
+
+``VLLMStream`` is what ``VLLMEngine.stream`` returns; ``_Decoding`` holds the call's rows.
+The checks ask every worker what its hooks did, each one RPC that waits for the step in
+flight, so they are batched (see ``_Decoding``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from steerlab.engine.local import Progress
+from steerlab.engine.request import Request
+from steerlab.engine.vllm.params import expected_tokens, live_steers, to_vllm
+from steerlab.generation.state import RowStates
+
+if TYPE_CHECKING:
+    from steerlab.engine.vllm.engine import VLLMEngine
+
+_CALL_IDS = itertools.count(1)
+
+
+class SteerHookError(RuntimeError):
+    """A steered request whose hooks failed or never ran inside vLLM."""
+
+
+class VLLMStream(Iterator[Progress]):
+    """One call decoding on vLLM: iterate it for ``Progress``; ``add`` joins more requests
+    to it while it runs (they decode in the same continuous batch, from the next step).
+
+    >>> steps = lm.engine.stream(requests)  # doctest: +SKIP
+    >>> first = next(steps); rows = steps.add(more)  # doctest: +SKIP
+    """
+
+    def __init__(self, engine: VLLMEngine, requests: list[Request], wait: float,
+                 description: str) -> None:  # fmt: skip
+        self.engine = engine
+        self._decoding: _Decoding | None = None
+        self._steps: Generator[Progress, None, None] = self._run(requests, wait, description)
+
+    def __next__(self) -> Progress:
+        return next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+
+    def add(self, requests: Sequence[Request]) -> range:
+        """Rows for ``requests`` in this call (indices into ``Progress.states``), checked
+        first as ``stream`` checks its own. Only between steps of a call under way."""
+        if self._decoding is None or self._decoding.closed:
+            raise RuntimeError("Requests join a call only while it runs: after its first "
+                               "step and before its last.")  # fmt: skip
+        self.engine.check(requests)
+        return self._decoding.add(list(requests))
+
+    def _run(self, requests: list[Request], wait: float,
+             description: str) -> Generator[Progress, None, None]:  # fmt: skip
+        engine = self.engine
+        with engine.exclusive(description, wait):
+            decoding = self._decoding = _Decoding(engine, next(_CALL_IDS))
+            try:
+                decoding.add(requests)
+                yield from decoding.run()
+            finally:
+                decoding.closed = True
+                decoding.abort_all()
+                if decoding.hooked:
+                    engine.rpc("steerlab_end")
+
+
+class _Decoding:
+    """One call's requests inside vLLM: add, step, record, verify, abort.
+
+    Each check asks every worker (one RPC, which waits for the step in flight), so checks
+    are batched. A steered row is checked when it starts if it uses a site not yet seen
+    steering in this call (so a compiled model or a missing hook fails at the first token);
+    every steered row is checked in full before it is reported finished. Finished rows wait
+    for a check together: until no row is left decoding, another check is made, or
+    ``HOLD_STEPS`` steps have passed. A row that fails its check fails the call.
+    """
+
+    HOLD_STEPS = 8
+
+    def __init__(self, engine: VLLMEngine, call: int) -> None:
+        self.engine, self.call = engine, call
+        self.requests: list[Request] = []
+        self.rows: list[str] = []  # vLLM request ids
+        self.index: dict[str, int] = {}
+        self.states = RowStates(engine.tokenizer, [])
+        self.live: set[str] = set()  # rows vLLM still decodes
+        self.cached: list[int] = []  # prompt tokens served from the prefix cache, per row
+        self.sites: list[frozenset[str]] = []  # the sites each row steers
+        self.hooked: set[str] = set()  # sites hooked on the workers for this call
+        self.proven: set[str] = set()  # sites seen steering in this call
+        self.held: dict[int, tuple[int, str]] = {}  # finished, unchecked: row -> (step, reason)
+        self.closed = False
+
+    def add(self, requests: list[Request]) -> range:
+        """Send ``requests`` to vLLM as more rows of this call (checked by the caller)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.engine
+        engine.send_vectors(requests)
+        sites = {s.site for r in requests for s in live_steers(r)}
+        if sites - self.hooked:  # between steps: the workers re-hook the union
+            self.hooked |= sites
+            engine.rpc("steerlab_begin", sorted(self.hooked))
+        new = self.states.extend(requests)
+        eos = engine.eos_ids()
+        for i, request in zip(new, requests):
+            row = f"steerlab-{self.call}-{i}"
+            self.requests.append(request)
+            self.rows.append(row)
+            self.index[row] = i
+            self.cached.append(0)
+            self.sites.append(frozenset(s.site for s in live_steers(request)))
+            vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos)
+            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
+            with engine.client_lock:
+                engine.llm.llm_engine.add_request(row, vr.prompt, params)
+            self.live.add(row)
+        return new
+
+    def run(self) -> Iterator[Progress]:
+        llm, client = self.engine.llm.llm_engine, self.engine.client_lock
+        eos = self.engine.eos_ids()
+        step, lengths = 0, list[int]()
+        while self.live or self.held:
+            with client:
+                outputs = llm.step() if self.live else []
+            started, finished = self._record(outputs, eos)
+            self._hold(finished, step)
+            self._abort([r for r in self.live if self._ended(self.index[r])])
+            released = self._check(started, step)
+            before = lengths + [0] * (len(self.rows) - len(lengths))  # rows added meanwhile
+            lengths = [len(t) for t in self.states.tokens]
+            if lengths == before and not finished and not released:
+                continue
+            token_ids = [t[-1] if n > b else self.engine.pad_id
+                         for t, n, b in zip(self.states.tokens, lengths, before)]  # fmt: skip
+            reasons = [why if d else "length" for why, d in
+                       zip(self.states.reasons, self.states.done)]  # fmt: skip
+            yield Progress(step, token_ids, list(self.states.done), lengths, before, reasons,
+                           self.states, lambda: None, None)  # fmt: skip
+            step += 1
+            self._abort([r for r in self.live if self._ended(self.index[r])])  # cancelled
+
+    def _ended(self, i: int) -> bool:
+        return self.states.done[i] or i in self.held
+
+    def _record(self, outputs: list[Any], eos: set[int]) -> tuple[list[int], list[int]]:
+        """Feed new tokens to the row states; returns rows started and rows finished."""
+        started, finished = [], []
+        for out in outputs:
+            i = self.index.get(out.request_id)
+            if i is None or self.rows[i] not in self.live or self._ended(i):
+                continue
+            completion = out.outputs[0]
+            if not self.states.tokens[i] and not self.states.done[i] and completion.token_ids:
+                started.append(i)
+                self.cached[i] = out.num_cached_tokens or 0
+            for j, token in enumerate(completion.token_ids):
+                if self.states.done[i]:
+                    break
+                logprobs = completion.logprobs[j] if completion.logprobs else {}
+                entry = logprobs.get(token)
+                self.states.add(i, int(token), float(entry.logprob) if entry else float("nan"),
+                                eos)  # fmt: skip
+            if out.finished:
+                self.live.discard(self.rows[i])
+                self.states.done[i] = True
+            if self.states.done[i]:
+                finished.append(i)
+        return started, finished
+
+    def _hold(self, finished: list[int], step: int) -> None:
+        """Steered rows that finished stay unfinished to callers until they are checked."""
+        for i in finished:
+            if self.sites[i] and self.states.reasons[i] != "cancelled":
+                self.held[i] = (step, self.states.reasons[i])
+                self.states.done[i], self.states.reasons[i] = False, "length"
+
+    def _check(self, started: list[int], step: int) -> list[int]:
+        """Check what is due; returns the held rows now released as finished."""
+        first = [i for i in started if self.sites[i] - self.proven]
+        due = bool(self.held) and (
+            not self.live or bool(first) or step - min(s for s, _ in self.held.values())
+            >= self.HOLD_STEPS
+        )  # fmt: skip
+        if not first and not due:
+            return []
+        finished = sorted(self.held) if due else []
+        self._verify(first, finished)
+        for i in finished:
+            if not self.states.done[i]:  # not cancelled meanwhile
+                self.states.done[i], self.states.reasons[i] = True, self.held[i][1]
+            del self.held[i]
+        return finished
+
+    def _verify(self, started: list[int], finished: list[int]) -> None:
+        """Ask the workers what the hooks did for steered rows that started or finished."""
+        ask = sorted({*started, *finished})
+        rows = [self.rows[i] for i in ask]
+        forget = [self.rows[i] for i in finished]
+        reports = self.engine.rpc("steerlab_report", rows, forget)
+        for i, row in zip(ask, rows):
+            fired = sum(report[row][0] for report in reports)
+            errors = [report[row][1] for report in reports if report[row][1]]
+            if errors:
+                raise SteerHookError(f"Steering failed inside vLLM for row {i}: {errors[0]}")
+            reason = self.held[i][1] if i in self.held else self.states.reasons[i]
+            generated = len(self.states.tokens[i]) + (reason == "eos")
+            if i not in finished:  # just started: only the prompt has been fed
+                generated = 1
+            expected = expected_tokens(self.requests[i], self.cached[i], generated)
+            if fired < expected:
+                raise SteerHookError(
+                    f"Row {i} is steered, but vLLM's hooks steered {fired} tokens where at "
+                    f"least {expected} were due: the hooks did not run (was the model "
+                    "compiled before they were added?). Nothing was returned for it."
+                )
+            if fired > 0:
+                self.proven |= self.sites[i]
+
+    def _abort(self, rows: list[str]) -> None:
+        if rows:
+            with self.engine.client_lock:
+                self.engine.llm.llm_engine.abort_request(rows)
+            self.live -= set(rows)
+
+    def abort_all(self) -> None:
+        self._abort(sorted(self.live))
