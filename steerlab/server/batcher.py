@@ -97,6 +97,7 @@ class Batcher:
                  lock_wait: float = 60.0) -> None:  # fmt: skip
         self.models, self.window_s, self.max_rows = models, window_s, max_rows
         self.lock_wait = lock_wait  # queue this long behind another call on the same model
+        self.join_running = True  # admit jobs into a running call where the engine can
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._held: deque[Job] = deque()  # taken from the queue but over the batch's cap
         self._thread = threading.Thread(target=self._loop, name="steerlab-engine", daemon=True)
@@ -208,7 +209,7 @@ class Batcher:
                         job.answer(done)
                 if last is not None:
                     break
-                if hasattr(steps, "add"):
+                if self.join_running and hasattr(steps, "add"):
                     self._admit(steps, jobs, spans, progress.states)
         finally:
             steps.close()  # type: ignore[attr-defined]
