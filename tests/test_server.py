@@ -287,3 +287,12 @@ def test_the_command_line_refuses_flags_that_do_not_fit_the_backend():
         options("--tensor-parallel-size", "2")
     with pytest.raises(SystemExit, match="cannot hold"):
         options("--backend", "vllm", "--amplify-before", "steerlab-tiny")
+
+
+def test_streamed_text_stops_before_a_whole_stop_string():
+    from steerlab.server.batcher import _settled
+
+    assert _settled("hello END. more", ("END",)) == "hello "  # a row held past its stop
+    assert _settled("hello EN", ("END",)) == "hello "  # a stop string may be coming
+    assert _settled("hello", ("END",)) == "hello"
+    assert _settled("a\ufffd", ()) == "a"  # half a character

@@ -122,7 +122,7 @@ def test_a_request_joins_a_running_batch_and_is_answered_first(server, lm, hf):
     first = threading.Thread(target=ask, args=("long", long))
     first.start()
     deadline = time.monotonic() + 30
-    while lm.engine._in_flight is None and time.monotonic() < deadline:  # decoding has begun
+    while batcher.batches == before and time.monotonic() < deadline:  # decoding has begun
         time.sleep(0.01)
     ask("short", short)
     first.join()
@@ -135,6 +135,25 @@ def test_a_request_joins_a_running_batch_and_is_answered_first(server, lm, hf):
     ref = [RefSteer("blocks.2.hook_resid_post", w, -2.0, "generated")]
     assert got["short"] == greedy(hf, ids["short"], ref, 4, lm.eos_ids)
     assert lm.hook_count() == 0
+
+
+def test_a_stop_string_never_reaches_the_stream(server, lm):
+    """A steered row that ends at a stop string is held until checked; the stream must
+    still end before the stop string, as the whole answer does."""
+    url, _ = server
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+            "steering": _steering(_vec(5), 2.0)}  # fmt: skip
+    free = _post(url, "/v1/completions", body).json()["choices"][0]["text"]
+    stop = free.split()[len(free.split()) // 2]  # a word from the middle of the reply
+    whole = _post(url, "/v1/completions", {**body, "stop": [stop]}).json()["choices"][0]
+    assert whole["finish_reason"] == "stop" and stop not in whole["text"]
+    streamed = _post(url, "/v1/completions", {**body, "stop": [stop], "stream": True}).text
+    events = [json.loads(line[6:]) for line in streamed.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+    assert "".join(e["choices"][0]["text"] for e in events) == whole["text"]
+    steps = list(lm.stream("Once upon a time", sl.Steer(SITE, _vec(5), alpha=2.0),
+                           max_new_tokens=24, stop=[stop]))  # fmt: skip
+    assert "".join(s.new_text[0] for s in steps) == whole["text"]
 
 
 @pytest.mark.parametrize(

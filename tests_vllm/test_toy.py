@@ -127,6 +127,31 @@ def test_requests_added_to_a_running_call_equal_hf(lm, hf):
         steps.add(joining)
 
 
+def test_a_failed_add_leaves_the_call_whole(lm, hf, monkeypatch):
+    first = Request(_ids(lm, PROMPTS[0]), (RowSteer("blocks.1.hook_resid_pre", _vec(19, 0.4),
+                                                    2.0, "all", sl.Add()),), Sampling(max_new_tokens=NEW))  # fmt: skip
+    steps = lm.engine.stream([first])
+    next(steps)
+    real, calls = lm.engine.llm.llm_engine.add_request, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise RuntimeError("vLLM refused the request")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm.engine.llm.llm_engine, "add_request", second_fails)
+    more = [Request(_ids(lm, p), (), Sampling(max_new_tokens=4)) for p in PROMPTS[1:3]]
+    with pytest.raises(RuntimeError, match="refused"):
+        steps.add(more)
+    monkeypatch.undo()
+    (last,) = deque(steps, maxlen=1)
+    assert last.states.reasons[1:] == ["cancelled", "cancelled"]  # both added rows, not one
+    ref = [RefSteer("blocks.1.hook_resid_pre", _vec(19, 0.4), 2.0)]
+    assert last.states.tokens[0] == greedy(hf, list(first.prompt), ref, NEW, lm.eos_ids)
+    assert lm.hook_count() == 0
+
+
 def test_seed_makes_sampling_reproducible(lm):
     kwargs = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95, "seed": 7}
     steer = sl.Steer("blocks.1.hook_resid_pre", _vec(12, 0.4), alpha=[0.0, 2.0])
@@ -200,7 +225,7 @@ def _reports(lm, monkeypatch, fail_at_finish: bool = False) -> list[tuple[list, 
             rows, forget = kwargs["args"]
             calls.append((list(rows), list(forget)))
             if fail_at_finish and forget:
-                out[0][forget[0]][1] = "injected: a hook failed after the first token"
+                out[0]["rows"][forget[0]][1] = "injected: a hook failed after the first token"
         return out
 
     monkeypatch.setattr(lm.engine.llm, "collective_rpc", recorded)

@@ -98,6 +98,7 @@ class Batcher:
         self.models, self.window_s, self.max_rows = models, window_s, max_rows
         self.lock_wait = lock_wait  # queue this long behind another call on the same model
         self.join_running = True  # admit jobs into a running call where the engine can
+        self._stopping = False  # stop() was called: admit nothing more
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._held: deque[Job] = deque()  # taken from the queue but over the batch's cap
         self._thread = threading.Thread(target=self._loop, name="steerlab-engine", daemon=True)
@@ -222,13 +223,14 @@ class Batcher:
         continuous batch), up to ``max_rows`` live rows. A job the engine refuses fails
         alone; a job with another beta waits for its own batch."""
         live = sum(not d for d in states.done)
-        while self._held or not self._queue.empty():
+        while not self._stopping and (self._held or not self._queue.empty()):
             job = self._held.popleft() if self._held else self._queue.get_nowait()
-            if job is None or job.beta != jobs[0].beta or live + len(job.requests) > self.max_rows:
-                if job is None:
-                    self._queue.put(None)  # stop once this batch is done
-                else:
-                    self._held.appendleft(job)
+            if job is None:
+                self._stopping = True
+                self._queue.put(None)  # stop once this batch is done
+                return
+            if job.beta != jobs[0].beta or live + len(job.requests) > self.max_rows:
+                self._held.appendleft(job)
                 return
             if job.cancelled:
                 self._drop(job)
@@ -248,10 +250,17 @@ class Batcher:
         self.cancelled += 1
 
     def _check_hooks(self) -> None:
-        left = self.models.hook_count()
-        if left:  # the engine removes its hooks in ``finally``; this is a second line
-            log.warning("%d steerlab hooks left after a batch; removing them", left)
-            self.models.remove_hooks()
+        """A second line behind the engine's own ``finally``: hooks left after a batch go.
+        Hooks of a call another thread is running on the same model are that call's own."""
+        try:
+            left = self.models.hook_count()
+            if left:
+                log.warning("%d steerlab hooks left after a batch; removing them", left)
+                self.models.remove_hooks()
+        except CallInFlightError:
+            pass
+        except Exception:  # never let the engine thread die
+            log.exception("checking for hooks left after a batch failed")
 
 
 def _completion(states: RowStates, row: int) -> Completion:
@@ -279,7 +288,11 @@ def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
 
 
 def _settled(text: str, stops: tuple[str, ...]) -> str:
-    """``text`` without a tail that may still change: a partial character or stop string."""
+    """``text`` without a tail that may still change (a partial character or stop string),
+    and never past a whole stop string."""
+    ends = [text.find(stop) for stop in stops if stop in text]
+    if ends:
+        return text[: min(ends)]
     cut = len(text.rstrip("\ufffd"))
     for stop in stops:
         for k in range(min(len(stop) - 1, len(text)), 0, -1):

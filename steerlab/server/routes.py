@@ -50,7 +50,7 @@ def _beta(state: ServerState, body: Sampled) -> float | None:
 
 
 @router.get("/health")
-async def health(request: Request) -> dict[str, Any]:
+def health(request: Request) -> dict[str, Any]:  # sync: counting vLLM's hooks is an RPC
     state = _state(request)
     return {"status": "ok", "model": state.name, "hooks": state.models.hook_count(),
             "queued": state.batcher.pending(), "batches": state.batcher.batches,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from steerlab.engine.local import Progress
@@ -24,6 +25,16 @@ _CALL_IDS = itertools.count(1)
 
 class SteerHookError(RuntimeError):
     """A steered request whose hooks failed or never ran inside vLLM."""
+
+
+@dataclass
+class _Held:
+    """A finished steered row kept back until it is checked: its last step's tokens."""
+
+    step: int
+    reason: str
+    tokens: list[int]
+    logprobs: list[float]
 
 
 class VLLMStream(Iterator[Progress]):
@@ -67,7 +78,7 @@ class VLLMStream(Iterator[Progress]):
                 decoding.closed = True
                 decoding.abort_all()
                 if decoding.hooked:
-                    engine.rpc("steerlab_end")
+                    engine.rpc("steerlab_finish")
 
 
 class _Decoding:
@@ -94,7 +105,7 @@ class _Decoding:
         self.sites: list[frozenset[str]] = []  # the sites each row steers
         self.hooked: set[str] = set()  # sites hooked on the workers for this call
         self.proven: set[str] = set()  # sites seen steering in this call
-        self.held: dict[int, tuple[int, str]] = {}  # finished, unchecked: row -> (step, reason)
+        self.held: dict[int, _Held] = {}  # rows that finished, not yet checked
         self.closed = False
 
     def add(self, requests: list[Request]) -> range:
@@ -108,19 +119,30 @@ class _Decoding:
         if sites - self.hooked:  # between steps: the workers re-hook the union
             self.hooked |= sites
             engine.rpc("steerlab_begin", sorted(self.hooked))
-        new = self.states.extend(requests)
         eos = engine.eos_ids()
-        for i, request in zip(new, requests):
+        start = len(self.rows)
+        sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
+        for i, request in enumerate(requests, start):
             row = f"steerlab-{self.call}-{i}"
+            vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos)
+            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
+            sent.append((row, vr.prompt, params))
+        new = self.states.extend(requests)
+        for i, request, (row, _, _) in zip(new, requests, sent):
             self.requests.append(request)
             self.rows.append(row)
             self.index[row] = i
             self.cached.append(0)
             self.sites.append(frozenset(s.site for s in live_steers(request)))
-            vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos)
-            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
-            with engine.client_lock:
-                engine.llm.llm_engine.add_request(row, vr.prompt, params)
+        for k, (row, prompt, params) in enumerate(sent):
+            try:
+                with engine.client_lock:
+                    engine.llm.llm_engine.add_request(row, prompt, params)
+            except BaseException:  # the rows stay, cancelled, so every list stays aligned
+                self._abort([r for r, _, _ in sent[:k]])
+                for i in new:
+                    self.states.cancel(i)
+                raise
             self.live.add(row)
         return new
 
@@ -131,11 +153,12 @@ class _Decoding:
         while self.live or self.held:
             with client:
                 outputs = llm.step() if self.live else []
+            prior = [len(t) for t in self.states.tokens]
             started, finished = self._record(outputs, eos)
-            self._hold(finished, step)
+            self._hold(finished, prior, step)
             self._abort([r for r in self.live if self._ended(self.index[r])])
             released = self._check(started, step)
-            before = lengths + [0] * (len(self.rows) - len(lengths))  # rows added meanwhile
+            before = lengths + [0] * (len(self.states.tokens) - len(lengths))  # rows added since
             lengths = [len(t) for t in self.states.tokens]
             if lengths == before and not finished and not released:
                 continue
@@ -176,28 +199,37 @@ class _Decoding:
                 finished.append(i)
         return started, finished
 
-    def _hold(self, finished: list[int], step: int) -> None:
-        """Steered rows that finished stay unfinished to callers until they are checked."""
+    def _hold(self, finished: list[int], prior: list[int], step: int) -> None:
+        """Steered rows that finished are kept back, as they stood before this step, until
+        they are checked: a caller never sees them end (or their stop string) unchecked."""
+        states = self.states
         for i in finished:
-            if self.sites[i] and self.states.reasons[i] != "cancelled":
-                self.held[i] = (step, self.states.reasons[i])
-                self.states.done[i], self.states.reasons[i] = False, "length"
+            if not self.sites[i] or states.reasons[i] == "cancelled":
+                continue
+            n = prior[i]
+            self.held[i] = _Held(step, states.reasons[i], states.tokens[i][n:],
+                                 states.logprobs[i][n:])  # fmt: skip
+            del states.tokens[i][n:], states.logprobs[i][n:]
+            states.done[i], states.reasons[i] = False, "length"
 
     def _check(self, started: list[int], step: int) -> list[int]:
         """Check what is due; returns the held rows now released as finished."""
         first = [i for i in started if self.sites[i] - self.proven]
         due = bool(self.held) and (
-            not self.live or bool(first) or step - min(s for s, _ in self.held.values())
+            not self.live or bool(first) or step - min(h.step for h in self.held.values())
             >= self.HOLD_STEPS
         )  # fmt: skip
         if not first and not due:
             return []
         finished = sorted(self.held) if due else []
         self._verify(first, finished)
+        states = self.states
         for i in finished:
-            if not self.states.done[i]:  # not cancelled meanwhile
-                self.states.done[i], self.states.reasons[i] = True, self.held[i][1]
-            del self.held[i]
+            held = self.held.pop(i)
+            if not states.done[i]:  # not cancelled meanwhile
+                states.tokens[i] += held.tokens
+                states.logprobs[i] += held.logprobs
+                states.done[i], states.reasons[i] = True, held.reason
         return finished
 
     def _verify(self, started: list[int], finished: list[int]) -> None:
@@ -207,12 +239,19 @@ class _Decoding:
         forget = [self.rows[i] for i in finished]
         reports = self.engine.rpc("steerlab_report", rows, forget)
         for i, row in zip(ask, rows):
-            fired = sum(report[row][0] for report in reports)
-            errors = [report[row][1] for report in reports if report[row][1]]
+            # Tensor-parallel ranks of a stage each steer the same tokens: count them once.
+            by_stage: dict[int, int] = {}
+            for report in reports:
+                stage = report["rank"][0]
+                by_stage[stage] = max(by_stage.get(stage, 0), report["rows"][row][0])
+            fired = sum(by_stage.values())
+            errors = [r["rows"][row][1] for r in reports if r["rows"][row][1]]
             if errors:
                 raise SteerHookError(f"Steering failed inside vLLM for row {i}: {errors[0]}")
-            reason = self.held[i][1] if i in self.held else self.states.reasons[i]
-            generated = len(self.states.tokens[i]) + (reason == "eos")
+            held = self.held.get(i)
+            reason = held.reason if held else self.states.reasons[i]
+            generated = len(self.states.tokens[i]) + (len(held.tokens) if held else 0)
+            generated += reason == "eos"
             if i not in finished:  # just started: only the prompt has been fed
                 generated = 1
             expected = expected_tokens(self.requests[i], self.cached[i], generated)

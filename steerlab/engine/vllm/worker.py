@@ -96,9 +96,22 @@ class SteerWorker:
     def steerlab_hook_count(self) -> int:
         return count_hooks(self._steerlab_model())
 
-    def steerlab_report(self, rows: list[str], forget: list[str]) -> dict[str, list[Any]]:
-        """``{row: [tokens steered, error or None]}`` for ``rows``; the ``forget`` rows (those
-        that finished) are dropped afterwards."""
+    def steerlab_finish(self) -> int:
+        """The end of a call: its hooks off, and everything kept about its rows dropped
+        (plans, counts, errors, vectors moved to the device). Returns the hooks removed."""
+        state = self._steerlab()
+        state.plans.clear()
+        state.fired.clear()
+        state.errors.clear()
+        state.moved.clear()
+        return self.steerlab_end()
+
+    def steerlab_report(self, rows: list[str], forget: list[str]) -> dict[str, Any]:
+        """What the hooks did for ``rows`` on this worker: ``{"rank": [pipeline stage,
+        tensor-parallel rank], "rows": {row: [tokens steered, error or None]}}``. The
+        ``forget`` rows (those that finished) are dropped afterwards."""
+        from vllm.distributed import get_pp_group, get_tp_group
+
         state = self._steerlab()
         out = {row: [state.fired.get(row, 0), state.errors.get(row)] for row in rows}
         done = set(forget)
@@ -109,7 +122,8 @@ class SteerWorker:
             for rid, plan in list(state.plans.items()):
                 if plan is not None and plan.row in done:
                     del state.plans[rid]
-        return out
+        rank = [get_pp_group().rank_in_group, get_tp_group().rank_in_group]
+        return {"rank": rank, "rows": out}
 
     def steerlab_pp_buffers(self) -> bool:
         """Allocate the buffers a later pipeline stage receives activations in.
