@@ -270,6 +270,20 @@ def test_a_hook_failure_found_at_the_finish_check_fails_the_call(lm, monkeypatch
     assert lm.hook_count() == 0
 
 
+def test_workers_drop_their_vectors_past_the_limit(lm, hf, monkeypatch):
+    monkeypatch.setattr(lm.engine, "max_vectors", 1)
+    steers = [sl.Steer("blocks.1.hook_resid_pre", _vec(20, 0.4), alpha=2.0),
+              sl.Steer("blocks.2.hook_resid_pre", _vec(21, 0.4), alpha=2.0)]  # fmt: skip
+    out = lm.generate(PROMPTS[0], steers, max_new_tokens=8)
+    (worker,) = lm.engine.llm.collective_rpc("steerlab_describe")
+    assert worker["vectors"] == 0 and not lm.engine._sent  # two held: over the limit
+    again = lm.generate(PROMPTS[0], steers, max_new_tokens=8)  # sent again, same tokens
+    ref = [RefSteer("blocks.1.hook_resid_pre", _vec(20, 0.4), 2.0),
+           RefSteer("blocks.2.hook_resid_pre", _vec(21, 0.4), 2.0)]  # fmt: skip
+    assert out.tokens[0] == again.tokens[0]
+    assert out.tokens[0] == greedy(hf, out.prompt_tokens[0], ref, 8, lm.eos_ids)
+
+
 def test_compiled_engines_are_refused():
     class Compiled:
         def collective_rpc(self, method):

@@ -79,6 +79,7 @@ class VLLMStream(Iterator[Progress]):
                 decoding.abort_all()
                 if decoding.hooked:
                     engine.rpc("steerlab_finish")
+                engine.trim_vectors()
 
 
 class _Decoding:

@@ -52,6 +52,9 @@ class VLLMEngine:
         self.revision = revision or ""
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
+        # Past this many, the workers drop their vectors at the end of a call (a server sent
+        # many distinct inline vectors, say); the next call sends again what it needs.
+        self.max_vectors = 4096
         self._lock = threading.Lock()  # one steerlab call at a time
         self._in_flight: str | None = None
         # vLLM's client talks to its engine over sockets that one thread may use at a time:
@@ -175,6 +178,12 @@ class VLLMEngine:
         if new:
             self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)
+
+    def trim_vectors(self) -> None:
+        """Between calls: drop every vector the workers hold once there are too many."""
+        if len(self._sent) > self.max_vectors:
+            self.rpc("steerlab_drop_vectors")
+            self._sent.clear()
 
 
 def _check_steer(steer: RowSteer, valid: list[str], d_model: int) -> None:

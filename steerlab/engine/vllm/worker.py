@@ -62,6 +62,7 @@ class SteerWorker:
             "compilation_mode": int(config.compilation_config.mode),
             "enforce_eager": bool(runner.model_config.enforce_eager),
             "model_class": type(self._steerlab_model()).__name__,
+            "vectors": len(self._steerlab().vectors),
         }
 
     def steerlab_put_vectors(self, blob: bytes) -> list[str]:
@@ -70,6 +71,14 @@ class SteerWorker:
         vectors = load_safetensors(blob)
         state.vectors.update(vectors)
         return sorted(vectors)
+
+    def steerlab_drop_vectors(self) -> int:
+        """Forget every vector sent (between calls only); returns how many there were."""
+        state = self._steerlab()
+        count = len(state.vectors)
+        state.vectors.clear()
+        state.moved.clear()
+        return count
 
     def steerlab_begin(self, sites: list[str]) -> int:
         """Hook ``sites`` (those this worker holds) for one call; returns the hooks added."""
