@@ -84,7 +84,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     def chunk(delta: Delta, finish: str | None = None) -> dict[str, Any]:
         return responses.text_chunk(base, delta, logprobs, tokenizer, finish)
 
-    return EventSourceResponse(_sse(job, events, chunk))
+    return EventSourceResponse(_sse(job, events, [], chunk, _finishes(chunk)))
 
 
 @router.post("/v1/chat/completions")
@@ -104,7 +104,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
         return responses.chat_chunk(base, delta, body.logprobs, tokenizer, finish, role)
 
     first = [chunk(Delta(0, k, "", [], []), role=True) for k in range(len(plan.requests))]
-    return EventSourceResponse(_sse(job, events, chunk, first))
+    return EventSourceResponse(_sse(job, events, first, chunk, _finishes(chunk)))
 
 
 @router.post("/v1/batch")
@@ -116,7 +116,16 @@ async def batch(body: BatchRequest, request: Request) -> Response:
     if not body.stream:
         done = await _finish(job, events, request)
         return JSONResponse(responses.batch(plan, done, state.name, body.logprobs))
-    return EventSourceResponse(_batch_sse(job, events, plan, state.name, body.logprobs))
+    head = {"object": "batch.plan", "prompt_token_ids": plan.prompt_tokens,
+            "prompt_index": plan.prompt_index, "alphas": plan.alphas, "seed": plan.seed}  # fmt: skip
+
+    def delta(d: Delta) -> dict[str, Any]:
+        return {"object": "batch.delta", **asdict(d)}
+
+    def result(d: Done) -> list[dict[str, Any]]:
+        return [responses.batch(plan, d.completions, state.name, body.logprobs)]
+
+    return EventSourceResponse(_sse(job, events, [head], delta, result))
 
 
 @router.post("/v1/vectors")
@@ -168,22 +177,22 @@ async def _finish(job: Job, events: asyncio.Queue[Event], request: Request) -> l
         job.cancelled = not job.finished
 
 
-async def _sse(job: Job, events: asyncio.Queue[Event], chunk: Callable[..., dict[str, Any]],
-               first: list[dict[str, Any]] = ()) -> AsyncIterator[bytes]:  # type: ignore[assignment]  # fmt: skip
-    """Server-sent events: a chunk per delta, finish reasons, then ``[DONE]``.
-
-    Closing the response (the client went away) cancels the job's rows between steps.
-    """
+async def _sse(job: Job, events: asyncio.Queue[Event], head: list[dict[str, Any]],
+               delta: Callable[[Delta], dict[str, Any]],
+               done: Callable[[Done], list[dict[str, Any]]]) -> AsyncIterator[bytes]:  # fmt: skip
+    """Server-sent events: ``head``, one per delta, those ``done`` makes of the result (or
+    the error), then ``[DONE]``. Closing the response (the client went away) cancels the
+    job's rows between steps."""
     try:
-        for item in first:
+        for item in head:
             yield _data(item)
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                yield _data(chunk(event))
+                yield _data(delta(event))
             elif isinstance(event, Done):
-                for k, c in enumerate(event.completions):
-                    yield _data(chunk(Delta(0, k, "", [], []), responses.FINISH[c.finish_reason]))
+                for item in done(event):
+                    yield _data(item)
                 yield _DONE
                 return
             else:
@@ -191,6 +200,12 @@ async def _sse(job: Job, events: asyncio.Queue[Event], chunk: Callable[..., dict
                 return
     finally:
         job.cancelled = not job.finished
+
+
+def _finishes(chunk: Callable[..., dict[str, Any]]) -> Callable[[Done], list[dict[str, Any]]]:
+    """OpenAI's last chunks: an empty delta with each row's finish reason."""
+    return lambda done: [chunk(Delta(0, k, "", [], []), responses.FINISH[c.finish_reason])
+                         for k, c in enumerate(done.completions)]  # fmt: skip
 
 
 _DONE = b"data: [DONE]\n\n"
@@ -209,24 +224,3 @@ class EventSourceResponse(StreamingResponse):
     def __init__(self, content: AsyncIterator[bytes]) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})  # fmt: skip
-
-
-async def _batch_sse(job: Job, events: asyncio.Queue[Event], plan: Plan, name: str,
-                     logprobs: bool) -> AsyncIterator[bytes]:  # fmt: skip
-    """``/v1/batch`` streamed: the rows' layout, a delta per row per step, then the result."""
-    try:
-        yield _data({"object": "batch.plan", "prompt_token_ids": plan.prompt_tokens,
-                     "prompt_index": plan.prompt_index, "alphas": plan.alphas, "seed": plan.seed})  # fmt: skip
-        while True:
-            event = await events.get()
-            if isinstance(event, Delta):
-                yield _data({"object": "batch.delta", **asdict(event)})
-            elif isinstance(event, Done):
-                yield _data(responses.batch(plan, event.completions, name, logprobs))
-                yield _DONE
-                return
-            else:
-                yield _data(event.error.body())
-                return
-    finally:
-        job.cancelled = not job.finished
