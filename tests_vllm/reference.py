@@ -128,3 +128,19 @@ def greedy(
         for h in handles:
             h.remove()
     return out
+
+
+def peaky_folder(path: Any, family: str, seed: int) -> Any:
+    """Test models, not reference arithmetic (so ``steerlab.testing`` may build them): a tiny
+    random ``family`` model (4 layers, d_model 128) and the char tokenizer saved
+    in ``path``; weights scaled up for peakier logits, so greedy ties are rare."""
+    from steerlab.testing import char_tokenizer, tiny_model
+
+    model = tiny_model(family, n_layers=4, d_model=128, seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.mul_(4.0)
+    model.save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import RefSteer, greedy
+from reference import RefSteer, greedy, peaky_folder
 from transformers import AutoModelForCausalLM
 
 import steerlab as sl
 from steerlab.engine import Request, RowSteer, Sampling
-from steerlab.testing import char_tokenizer, tiny_model
 
 NEW = 10
 OPS = {"add": sl.Add(), "ablate": sl.Ablate(), "clamp": sl.Clamp(3.0)}
@@ -32,14 +31,7 @@ ROWS = [
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
 def family(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    model = tiny_model(request.param, n_layers=4, d_model=128, seed=5)
-    with torch.no_grad():  # peakier logits than the default init, so ties are rare
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(4.0)
-    model.save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
+    path = peaky_folder(tmp_path_factory.mktemp(request.param), request.param, seed=5)
     lm = sl.load(str(path), backend="vllm", max_model_len=128)
     yield request.param, lm, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     lm.engine.close()

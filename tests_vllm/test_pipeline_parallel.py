@@ -14,26 +14,17 @@ import os
 
 import pytest
 import torch
-from reference import RefSteer, greedy
+from reference import RefSteer, greedy, peaky_folder
 from transformers import AutoModelForCausalLM
 
 import steerlab as sl
-from steerlab.testing import char_tokenizer, tiny_model
 
 NEW = 12
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model = tiny_model("llama", n_layers=4, d_model=128, seed=3)
-    with torch.no_grad():  # peakier logits than the default init, so ties are rare
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(4.0)
-    model.save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return peaky_folder(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=3)
 
 
 @pytest.fixture(scope="module")
