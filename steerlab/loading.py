@@ -232,6 +232,8 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
         )
     if dtype is not None and not isinstance(dtype, str):
         dtype = str(dtype).removeprefix("torch.")
+    path = _locate(name)
+    _require_safetensors(path, trust_remote_code)
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -243,7 +245,7 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
     from steerlab.engine.vllm import load_vllm
 
     return load_vllm(
-        _locate(name), name=str(name), dtype=dtype or "float32", revision=revision,
+        path, name=str(name), dtype=dtype or "float32", revision=revision,
         trust_remote_code=trust_remote_code, max_model_len=options["max_model_len"],
         tensor_parallel_size=options["tensor_parallel_size"] or 1,
         pipeline_parallel_size=options["pipeline_parallel_size"] or 1,

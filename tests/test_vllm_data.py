@@ -226,3 +226,10 @@ def test_a_model_in_other_processes_is_refused_by_amplify_and_model():
         remote.model  # noqa: B018
     with pytest.raises(ValueError, match="a backend, an engine"):
         SteerableModel(None, tokenizer)
+
+
+def test_a_folder_of_pickled_weights_is_refused_on_vllm_too(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    with pytest.raises(ValueError, match="pickled .bin"):
+        sl.load(str(tmp_path), backend="vllm")

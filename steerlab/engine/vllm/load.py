@@ -61,6 +61,9 @@ def load_vllm(
                                               trust_remote_code=trust_remote_code)  # fmt: skip
     from vllm import LLM
 
+    # vLLM's "auto" falls back to pickled .bin weights; steerlab loads safetensors unless
+    # trust_remote_code is on (or vllm_args names a load_format itself).
+    extra.setdefault("load_format", "auto" if trust_remote_code else "safetensors")
     llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
               tensor_parallel_size=tensor_parallel_size,
               pipeline_parallel_size=pipeline_parallel_size, revision=revision,
