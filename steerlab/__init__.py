@@ -11,15 +11,15 @@ from importlib import import_module as _import_module
 from typing import Any as _Any
 
 from steerlab import stats
-from steerlab.activations import Activations
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.chat import ChatSession
-from steerlab.generation.result import Generation, Step
-from steerlab.interventions import Ablate, Add, Clamp, Steer, SteerError
+from steerlab.core import Ablate, Add, Clamp, Steer, SteerError
+from steerlab.core.activations import Activations
+from steerlab.core.results import Generation, Step
+from steerlab.core.sites import SiteError
 from steerlab.loading import load, wrap
 from steerlab.model import SteerableModel
-from steerlab.sites import SiteError
 from steerlab.vectors import (
     SteeringVector,
     SweepResult,

@@ -18,9 +18,9 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from steerlab.backends.base import ActivationFn, Backend
-from steerlab.engine.cache import PairCacheOps
+from steerlab.backends.cache import PairCacheOps
+from steerlab.core.sites import Site
 from steerlab.model import SteerableModel
-from steerlab.sites import Site
 
 
 class AmplifiedBackend:

@@ -16,11 +16,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from steerlab.generation.prompts import Prompt, normalise
-from steerlab.generation.result import Generation, Step
+from steerlab.core.ops import op_to_data
+from steerlab.core.prompts import Prompt, normalise
+from steerlab.core.results import Generation, Step
+from steerlab.core.rows import SteerArg, as_steers
 from steerlab.model import fresh_seed
-from steerlab.rows import SteerArg, as_steers
-from steerlab.steering.ops import op_to_data
 
 
 class ServerError(RuntimeError):

@@ -16,8 +16,8 @@ import torch
 
 from steerlab.backends import backend_for
 from steerlab.backends.parity import Reference, bridge_reference, check, hf_reference, probe_ids
+from steerlab.core.bars import delayed_library_bars
 from steerlab.model import SteerableModel
-from steerlab.progress import delayed_library_bars
 
 BackendName = Literal["bridge", "hooked", "hf", "vllm"]
 BACKENDS = ("bridge", "hooked", "hf", "vllm")

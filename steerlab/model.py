@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steerlab.activations import Activations
 from steerlab.backends.base import Backend
-from steerlab.engine.cache import KVCache
+from steerlab.backends.cache import KVCache
+from steerlab.core.activations import Activations
+from steerlab.core.prompts import Prompt
+from steerlab.core.request import Request, Sampling
+from steerlab.core.results import Generation, Step
+from steerlab.core.rows import Rows, SteerArg, as_steers, lay_out
+from steerlab.core.sites import resolve
 from steerlab.engine.local import LocalEngine
 from steerlab.engine.protocol import Engine
-from steerlab.engine.request import Request, Sampling
-from steerlab.generation.prompts import Prompt
-from steerlab.generation.result import Generation, Step
-from steerlab.generation.steps import OnToken, steps
-from steerlab.rows import Rows, SteerArg, as_steers, lay_out
-from steerlab.sites import resolve
+from steerlab.engine.steps import OnToken, steps
 
 if TYPE_CHECKING:
     from steerlab.chat import ChatSession

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steerlab.sites import Site
+from steerlab.core.sites import Site
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel

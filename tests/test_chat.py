@@ -2,7 +2,7 @@
 
 import pytest
 
-from steerlab.generation.prompts import encode
+from steerlab.core.prompts import encode
 from steerlab.testing import char_tokenizer
 
 TEMPLATE = (

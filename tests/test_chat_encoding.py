@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 import steerlab as sl
 from steerlab.chat.encoding import as_messages, common_prefix, render
-from steerlab.generation.prompts import PromptError, encode
+from steerlab.core.prompts import PromptError, encode
 from steerlab.toy import asset_path
 
 EXCHANGES = [

@@ -11,8 +11,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import steerlab as sl
+from steerlab.core.request import Request, RowSteer
 from steerlab.engine.compiled.fit import model_reason
-from steerlab.engine.request import Request, RowSteer
 from steerlab.testing import save_tiny
 
 PROMPTS = ["Once upon a time", "The sea was", "Hi"]

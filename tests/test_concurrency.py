@@ -123,7 +123,7 @@ def test_ctrl_c_between_registering_and_recording_leaks_nothing(lm, direction, m
 
 
 def test_a_second_ctrl_c_during_cleanup_still_removes_every_hook(lm, direction, monkeypatch):
-    import steerlab.hooks as hooks
+    import steerlab.core.tagging as hooks
 
     real, calls = hooks._tagged, []
 

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import steerlab as sl
 from steerlab.backends.hf import LAYOUTS
-from steerlab.sites import Site, SiteError
+from steerlab.core.sites import Site, SiteError
 from steerlab.testing import char_tokenizer
 
 TINY = dict(

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import steerlab as sl
+from steerlab.core.sites import all_sites
+from steerlab.core.tagging import tag
 from steerlab.engine import Request, RowSteer, Sampling
-from steerlab.hooks import tag
-from steerlab.sites import all_sites
 from steerlab.testing import char_tokenizer
 
 VOCAB = 98  # char_tokenizer: 3 specials + printable ASCII

@@ -7,8 +7,8 @@ import torch
 from test_sessions import Counter
 
 import steerlab as sl
-from steerlab.engine import prefix
-from steerlab.engine.request import Request, RowSteer
+from steerlab.core.request import Request, RowSteer
+from steerlab.engine.local import prefix
 
 ALPHAS = [0.0, 2.0, -2.0, 4.0]
 

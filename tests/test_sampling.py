@@ -2,7 +2,7 @@
 
 import torch
 
-from steerlab.generation.sampling import sample_next
+from steerlab.core.sampling import sample_next
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 0.0]])
 

@@ -13,7 +13,7 @@ from helpers import BACKENDS
 
 import steerlab as sl
 from steerlab.chat.key import CacheKey
-from steerlab.generation.prompts import PromptError
+from steerlab.core.prompts import PromptError
 
 MESSAGES = ["Tell me a story about a fox.", "What did the fox find?", "How did it end?"]
 # turn by turn: greedy, seeded sampling, greedy

@@ -5,6 +5,7 @@ import torch
 from helpers import PROMPTS
 
 import steerlab as sl
+from steerlab.core.sites import Site
 
 SITE = "blocks.1.hook_resid_pre"
 
@@ -26,7 +27,7 @@ def test_steering_at_layer_leaves_earlier_activations_untouched(lm, direction):
     steer = sl.Steer(f"blocks.{layer}.hook_resid_pre", direction, alpha=10.0)
     base, steered = lm.run_with_cache(PROMPTS), lm.run_with_cache(PROMPTS, steer=steer)
     for site in base:
-        parsed = sl.sites.Site.parse(site)
+        parsed = Site.parse(site)
         earlier = parsed.layer is None or parsed.layer < layer
         assert torch.equal(steered[site], base[site]) == earlier, site
 

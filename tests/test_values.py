@@ -11,7 +11,7 @@ import torch
 from helpers import PROMPTS, load_tiny
 
 import steerlab as sl
-from steerlab.interventions import Steer, SteerError
+from steerlab.core import Steer, SteerError
 from steerlab.testing import save_tiny
 from steerlab.vectors import Provenance, SteeringVector, SweepResult, VectorFileError
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from steerlab.interventions import Ablate, Steer
+from steerlab.core import Ablate, Steer
 from steerlab.vectors import Provenance, SteeringVector
 
 S1, S2 = "blocks.1.hook_resid_pre", "blocks.2.hook_resid_pre"

@@ -2,7 +2,7 @@
 
 Greedy decoding one row at a time, recomputing the whole sequence at every step (no KV
 cache), with steering hooks on HuggingFace's own GPT-2 and Llama modules. The steering
-arithmetic is written out here rather than taken from ``steerlab.steering``.
+arithmetic is written out here rather than taken from ``steerlab.core``.
 """
 
 from __future__ import annotations

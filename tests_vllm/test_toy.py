@@ -10,11 +10,11 @@ import torch
 from reference import RefSteer, greedy
 
 import steerlab as sl
+from steerlab.core.prompts import PromptError
 from steerlab.engine import CallInFlightError, Request, RowSteer, Sampling
 from steerlab.engine.vllm import SteerHookError
 from steerlab.engine.vllm import params as vllm_params
 from steerlab.engine.vllm.load import _check_eager
-from steerlab.generation.prompts import PromptError
 
 PROMPTS = ["Once upon a time", "The sea was", "Tell me a story about the forest.", "A cat"]
 NEW = 16

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.engine.cache import CacheOps
-from steerlab.sites import Site
+from steerlab.backends.cache import CacheOps
+from steerlab.core.sites import Site
 
 # Receives an activation [batch, pos, d_model]; returns a replacement or None.
 ActivationFn = Callable[[torch.Tensor], torch.Tensor | None]

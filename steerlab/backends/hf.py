@@ -17,9 +17,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from steerlab.backends.base import ActivationFn, config_eos, position_ids, resid_mid_hooks
-from steerlab.engine.cache import DynamicCacheOps
-from steerlab.hooks import tag
-from steerlab.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
+from steerlab.backends.cache import DynamicCacheOps
+from steerlab.core.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
+from steerlab.core.tagging import tag
 
 
 @dataclass(frozen=True)

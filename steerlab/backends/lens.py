@@ -14,9 +14,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from steerlab.backends.base import ActivationFn, config_eos, position_ids, resid_mid_hooks
-from steerlab.engine.cache import DynamicCacheOps, LensCacheOps
-from steerlab.hooks import tag
-from steerlab.sites import Site, all_sites
+from steerlab.backends.cache import DynamicCacheOps, LensCacheOps
+from steerlab.core.sites import Site, all_sites
+from steerlab.core.tagging import tag
 
 
 class _LensBackend:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from steerlab.generation.prompts import Message, PromptError, _single_bos
+from steerlab.core.prompts import Message, PromptError, _single_bos
 
 _PROBE = "\x00steerlab-role-probe-{}\x00"
 

@@ -7,7 +7,7 @@ steer's ``fingerprint()`` (site, vector, positions, op) with its alpha. Two keys
 prefix exactly when that prefix of the cache can be reused; the first position where they
 differ is where recomputing starts.
 
-Which positions a steer touches follows ``steerlab.steering.position_mask``: ``"all"``
+Which positions a steer touches follows ``steerlab.core.position_mask``: ``"all"``
 every token, ``"prompt"`` tokens the user or system supplied, ``"generated"`` tokens the
 model produced (in any turn, the EOS that ended a reply included), ``k`` tokens from
 index ``k`` on, counted from the conversation's first token. Hence:
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from steerlab.engine.request import RowSteer
-from steerlab.steering.steer import position_mask
+from steerlab.core.request import RowSteer
+from steerlab.core.steer import position_mask
 
 Touches = tuple[str, ...]  # the steers that touched one position, as "fingerprint@alpha"
 

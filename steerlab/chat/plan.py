@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 from steerlab.chat.encoding import check_roles, common_prefix, render
 from steerlab.chat.key import CacheKey, touches
-from steerlab.engine.request import RowSteer
-from steerlab.generation.prompts import Message, PromptError
+from steerlab.core.prompts import Message
+from steerlab.core.request import RowSteer
+from steerlab.core.window import check_window, fits
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -84,11 +85,11 @@ def plan_turn(lm: SteerableModel, conversation: Conversation, new: list[Message]
     while True:
         messages = [*conversation.messages, *new]
         target = render(lm.tokenizer, messages, generation_prompt=True)
-        if fits(lm, len(target), max_new_tokens):
+        if fits(lm.n_ctx, len(target), max_new_tokens):
             break
         smaller = conversation.drop_oldest() if overflow == "drop_oldest" else None
         if smaller is None:
-            raise PromptError(too_long(lm, len(target), max_new_tokens, dropped))
+            too_long(lm, len(target), max_new_tokens, dropped)
         conversation, dropped = smaller, dropped + 1
     flags = conversation.flags_for(target)
     key = CacheKey(lm.name, lm.revision, tuple(target), tuple(touches(steers, flags)))
@@ -101,17 +102,11 @@ def plan_turn(lm: SteerableModel, conversation: Conversation, new: list[Message]
     return Plan(after, target, flags, key, reuse, dropped)
 
 
-def fits(lm: SteerableModel, prompt: int, new: int) -> bool:
-    return lm.n_ctx is None or prompt + new <= lm.n_ctx
-
-
-def too_long(lm: SteerableModel, prompt: int, new: int, dropped: int) -> str:
+def too_long(lm: SteerableModel, prompt: int, new: int, dropped: int) -> None:
+    """Refuse a turn past the context window, saying what dropping old exchanges did."""
     hint = (
         f" even after dropping {dropped} old exchanges (the system prompt stays)"
         if dropped
         else "; build the session with overflow='drop_oldest' to drop old exchanges"
     )
-    return (
-        f"This turn needs {prompt} conversation tokens + max_new_tokens {new} = {prompt + new}, "
-        f"beyond this model's context window of {lm.n_ctx}{hint}."
-    )
+    check_window(lm.n_ctx, prompt, new, hint=hint)

@@ -24,20 +24,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from steerlab.backends.cache import KVCache
 from steerlab.chat.encoding import as_messages, render
 from steerlab.chat.key import CacheKey, touches
-from steerlab.chat.plan import Conversation, Plan, fits, plan_turn, too_long
+from steerlab.chat.plan import Conversation, Plan, plan_turn, too_long
 from steerlab.chat.turns import TurnLog, TurnStats
-from steerlab.engine.cache import KVCache
+from steerlab.core.ops import SteerError
+from steerlab.core.prompts import Message, PromptError
+from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.results import Generation, Step
+from steerlab.core.rows import Rows, SteerArg, as_steers
+from steerlab.core.steer import Steer, check_steer
 from steerlab.engine.local import Progress
-from steerlab.engine.request import Request, RowSteer, Sampling
-from steerlab.generation.prompts import Message, PromptError
-from steerlab.generation.result import Generation, Step
-from steerlab.generation.steps import OnToken, steps
-from steerlab.rows import Rows, SteerArg, as_steers
-from steerlab.sites import resolve
-from steerlab.steering.ops import SteerError
-from steerlab.steering.steer import Steer
+from steerlab.engine.steps import OnToken, steps
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -110,12 +109,7 @@ class ChatSession:
     def steer(self, steer: SteerArg) -> None:
         steers = as_steers(steer)
         for s in steers:
-            resolve(s.site, self.lm.sites())
-            if s.vector.shape[0] != self.lm.d_model:
-                raise SteerError(
-                    f"Vector for {s.site} has size {s.vector.shape[0]}, but this model has "
-                    f"d_model={self.lm.d_model}."
-                )
+            check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model)
             if len(s.alpha) != 1:
                 raise SteerError(
                     f"A chat session is one conversation: give one alpha per steer, not "
@@ -243,8 +237,7 @@ class ChatSession:
                          generation_prompt=False)  # fmt: skip
         except PromptError:  # a template that wants a user message: the first turn feeds it
             return
-        if not fits(self.lm, len(ids), 1):
-            raise PromptError(too_long(self.lm, len(ids), 1, 0))
+        too_long(self.lm, len(ids), 1, 0)
         self._cache = self.lm.engine.prefill([Request(tuple(ids), self._row_steers())])
         self._key = self._key_of(ids, [False] * len(ids))
         self._conversation = replace(self._conversation, tokens=tuple(ids),

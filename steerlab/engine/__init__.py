@@ -3,8 +3,8 @@
 ``LocalEngine`` decodes in-process through a backend's hooks; ``KVCache`` outlives a call.
 """
 
-from steerlab.engine.cache import KVCache
+from steerlab.backends.cache import KVCache
+from steerlab.core.request import Completion, Request, RowSteer, Sampling
 from steerlab.engine.guard import CallInFlightError
-from steerlab.engine.request import Completion, Request, RowSteer, Sampling
 
 __all__ = ["CallInFlightError", "Completion", "KVCache", "Request", "RowSteer", "Sampling"]

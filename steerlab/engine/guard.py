@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from steerlab.core.tagging import remove_hooks
 from steerlab.engine.context import ForwardContext
-from steerlab.hooks import remove_hooks
 
 _REGISTRY_LOCK = threading.Lock()
 _GUARDS: weakref.WeakKeyDictionary[nn.Module, _Guard] = weakref.WeakKeyDictionary()

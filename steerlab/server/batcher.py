@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from steerlab.core.request import Completion, Request
 from steerlab.engine.guard import CallInFlightError
-from steerlab.engine.request import Completion, Request
-from steerlab.generation.state import RowStates
+from steerlab.engine.state import RowStates
 from steerlab.model import SteerableModel
 from steerlab.server.errors import ApiError
 from steerlab.server.models import ServedModels

@@ -15,10 +15,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from steerlab.engine.request import Request, Sampling
-from steerlab.generation.prompts import Prompt, PromptError
+from steerlab.core.errors import ContextError
+from steerlab.core.ops import Operation, SteerError, op_from_data
+from steerlab.core.prompts import Prompt, PromptError
+from steerlab.core.request import Request, Sampling
+from steerlab.core.rows import Rows, lay_out
+from steerlab.core.sites import SiteError, resolve
+from steerlab.core.steer import Steer
+from steerlab.core.window import check_window
 from steerlab.model import SteerableModel, fresh_seed
-from steerlab.rows import Rows, lay_out
 from steerlab.server.errors import ApiError
 from steerlab.server.schemas import (
     BatchItem,
@@ -29,9 +34,6 @@ from steerlab.server.schemas import (
     Steering,
 )
 from steerlab.server.vectors import VectorStore
-from steerlab.sites import SiteError, resolve
-from steerlab.steering.ops import Operation, SteerError, op_from_data
-from steerlab.steering.steer import Steer
 
 _SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
@@ -131,13 +133,12 @@ def rows_of(lm: SteerableModel, prompts: list[Prompt], steers: list[Steer], samp
     """Prompts x alphas as rows, with the context window checked against ``max_tokens``."""
     try:
         rows = lay_out(lm, prompts, steers, chat=chat, new_tokens=0)
+        check_window(lm.n_ctx, max(len(ids) for ids in rows.encoded), sampling.max_new_tokens,
+                     what="max_tokens")  # fmt: skip
+    except ContextError as error:
+        raise ApiError(400, str(error), "max_tokens") from None
     except (PromptError, SteerError) as error:
         raise ApiError(400, str(error), param) from None
-    longest = max(len(ids) for ids in rows.encoded)
-    if lm.n_ctx is not None and longest + sampling.max_new_tokens > lm.n_ctx:
-        raise ApiError(400, f"The prompt has {longest} tokens; with max_tokens="
-                            f"{sampling.max_new_tokens} that is beyond this model's context "
-                            f"window of {lm.n_ctx}.", "max_tokens")  # fmt: skip
     return rows, rows.requests(sampling)
 
 

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from steerlab.engine.request import Completion
+from steerlab.core.request import Completion
 from steerlab.server.batcher import Delta
 from steerlab.server.plan import Plan
 

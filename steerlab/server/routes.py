@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from steerlab.engine.request import Completion
+from steerlab.core.request import Completion
 from steerlab.server import responses
 from steerlab.server.batcher import Batcher, Delta, Done, Event, Failed, Job
 from steerlab.server.errors import ApiError

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from steerlab.generation.prompts import Prompt
-from steerlab.progress import bar
-from steerlab.sites import resolve
+from steerlab.core.bars import bar
+from steerlab.core.prompts import Prompt
+from steerlab.core.sites import resolve
 from steerlab.vectors.methods import Method, mean_diff
 from steerlab.vectors.vector import Provenance, SteeringVector
 

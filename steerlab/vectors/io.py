@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steerlab.sites import Site, SiteError, resolve
+from steerlab.core.sites import Site, SiteError, resolve
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from steerlab.generation.prompts import Batch, Prompt
-from steerlab.interventions import Steer
+from steerlab.core import Steer
+from steerlab.core.prompts import Batch, Prompt
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel

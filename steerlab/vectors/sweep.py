@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from steerlab.generation.prompts import Prompt, normalise
-from steerlab.progress import bar
-from steerlab.sites import Site
+from steerlab.core.bars import bar
+from steerlab.core.prompts import Prompt, normalise
+from steerlab.core.sites import Site
 from steerlab.vectors.scoring import (
     completion_nll,
     kl_divergence,

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steerlab.interventions import Operation, Positions, Steer, SteerError
-from steerlab.sites import Site
+from steerlab.core import Operation, Positions, Steer, SteerError
+from steerlab.core.sites import Site
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel

@@ -13,8 +13,8 @@ from typing import Any
 import ipywidgets as widgets
 
 from steerlab.chat import ChatSession
+from steerlab.core.rows import SteerArg
 from steerlab.model import SteerableModel
-from steerlab.rows import SteerArg
 
 
 class ChatPanel:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 import ipywidgets as widgets
 
-from steerlab.sites import Site
+from steerlab.core.sites import Site
 from steerlab.widgets.runner import PanelRequest
 
 _WIDE = widgets.Layout(width="100%")

@@ -12,10 +12,10 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from steerlab.generation.result import Generation
+from steerlab.core.results import Generation
+from steerlab.core.sites import Site
 from steerlab.model import SteerableModel
 from steerlab.plots import export_button
-from steerlab.sites import Site
 from steerlab.vectors import SteeringVector
 from steerlab.widgets.completions import completions_button
 from steerlab.widgets.controls import build_controls, hook_kinds

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from steerlab.backends.base import Backend
+from steerlab.core.request import Request
 from steerlab.engine.compiled.runner import StepRunner
 from steerlab.engine.guard import Call
-from steerlab.engine.request import Request
-from steerlab.generation.loop import Batch
+from steerlab.engine.local.loop import Batch
 
 
 def cache_layers(data: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:

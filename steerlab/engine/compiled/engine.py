@@ -8,17 +8,17 @@ from typing import Any
 
 import torch
 
-from steerlab.capture import Recorder
-from steerlab.engine.cache import KVCache
+from steerlab.backends.cache import KVCache
+from steerlab.core.request import Request, Sampling
 from steerlab.engine.compiled.batch import StaticBatch
 from steerlab.engine.compiled.families import FAMILIES, Family, hf_model_of
 from steerlab.engine.compiled.fit import call_reason, model_reason, steer_reason
 from steerlab.engine.compiled.runner import StepRunner, bucket
 from steerlab.engine.guard import calling
 from steerlab.engine.local import LocalEngine, Progress
-from steerlab.engine.request import Request, Sampling
-from steerlab.generation.loop import decode
-from steerlab.generation.state import RowStates
+from steerlab.engine.local.capture import Recorder
+from steerlab.engine.local.loop import decode
+from steerlab.engine.state import RowStates
 
 log = logging.getLogger(__name__)
 MIN_LENGTH = 64  # the smallest length bucket

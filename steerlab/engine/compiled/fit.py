@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from steerlab.core.ops import OPS, form_of
+from steerlab.core.request import Request
+from steerlab.core.tagging import _TAG
 from steerlab.engine.compiled.families import family_reason
-from steerlab.engine.compiled.tables import unsupported_op
-from steerlab.engine.request import Request
-from steerlab.hooks import _TAG
 
 _RECORDERS = ("transformer_lens.model_bridge", "transformers.utils.output_capturing")
 
@@ -40,8 +40,8 @@ def steer_reason(requests: Sequence[Request]) -> str | None:
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled table holds one per site)"
         for steer in request.steers:
-            if unsupported_op(steer.op):
-                return f"custom operation {steer.op!r} (compiled: Add, Ablate, Clamp)"
+            if form_of(steer.op) is None:
+                return f"custom operation {steer.op!r} (compiled: {', '.join(sorted(OPS))})"
     return None
 
 

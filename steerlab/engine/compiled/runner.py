@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from steerlab.core.request import Request
 from steerlab.engine.compiled.families import Family
 from steerlab.engine.compiled.step import decode_step
 from steerlab.engine.compiled.tables import StaticCache, SteerTable
-from steerlab.engine.request import Request
 
 _COMPILED: dict[tuple[str | None, str], Callable[..., torch.Tensor]] = {}  # per process
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from steerlab.core.steer import touched
 from steerlab.engine.compiled.families import Family
 from steerlab.engine.compiled.tables import slot_of
 
@@ -21,11 +22,14 @@ def steer(
     pos: torch.Tensor,  # [B] long
 ) -> torch.Tensor:
     """The steering table's row ``at`` applied to ``h``; untouched rows stay bit-identical."""
-    vector, unit, add, proj, target, on_generated, from_pos = (t[at] for t in table)
+    vector, unit, add, proj, low, high, on_prompt, on_generated, from_pos = (t[at] for t in table)
     act = h[:, 0]  # [B, d]
-    gate = live & on_generated & (pos >= from_pos) & ((add != 0) | (proj != 0))  # [B]
+    # every token a decode step feeds was generated: live rows' are, dead rows' are pads
+    where = touched(on_prompt, on_generated, from_pos, pos, live)
+    gate = live & where & ((add != 0) | (proj != 0))  # [B]
     along = (act * unit).sum(-1)  # [B]
-    new = act + add[:, None] * vector + (proj * (target - along))[:, None] * unit
+    moved = torch.clamp(along, min=low, max=high) - along  # [B], 0 for Add rows
+    new = act + add[:, None] * vector + (proj * moved)[:, None] * unit
     return torch.where(gate[:, None], new, act)[:, None]
 
 

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 import torch
 
-from steerlab.engine.request import Request
-from steerlab.sites import EMBED, Site
-from steerlab.steering.ops import Ablate, Add, Clamp
+from steerlab.core.ops import form_of, unit
+from steerlab.core.request import Request
+from steerlab.core.sites import EMBED, Site
+from steerlab.core.steer import position_form
 
 _KINDS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
@@ -32,15 +33,15 @@ def slot_of(layer: int, kind: str) -> int:
 class SteerTable:
     """Every steer of a call as data, one row per (site, batch row).
 
-    A steer is ``act + add * vector + proj * (target - act . unit) * unit`` where ``gate``
-    holds: Add sets ``add = alpha``; Ablate sets ``proj = alpha, target = 0``; Clamp sets
-    ``proj = alpha, target = value``. At most one steer per site per row.
+    Each steer is its operation's ``Form`` and its positions rule's data form, so any
+    operation of ``core/ops.py`` fits: ``act + add * vector + proj * (clip(a, low, high) - a)
+    * unit`` with ``a = act . unit``, on the tokens ``core.steer.touched`` picks. At most one
+    steer per site per row.
 
     Attributes:
         vector, unit: [sites, batch, d_model].
-        add, proj, target: [sites, batch].
-        on_generated: [sites, batch] bool, the steer acts on generated tokens at all.
-        from_pos: [sites, batch] long, first position index the steer acts on.
+        add, proj, low, high: [sites, batch].
+        on_prompt, on_generated: [sites, batch] bool; from_pos: [sites, batch] long.
     """
 
     def __init__(self, n_sites: int, batch: int, d_model: int, dtype: torch.dtype,
@@ -48,15 +49,16 @@ class SteerTable:
         shape = (n_sites, batch)
         self.vector = torch.zeros(*shape, d_model, dtype=dtype, device=device)
         self.unit = torch.zeros(*shape, d_model, dtype=dtype, device=device)
-        self.add, self.proj, self.target = (
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(3)
+        self.add, self.proj, self.low, self.high = (
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(4)
         )
+        self.on_prompt = torch.zeros(shape, dtype=torch.bool, device=device)
         self.on_generated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.from_pos = torch.zeros(shape, dtype=torch.long, device=device)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.vector, self.unit, self.add, self.proj, self.target, self.on_generated,
-                self.from_pos)  # fmt: skip
+        return (self.vector, self.unit, self.add, self.proj, self.low, self.high,
+                self.on_prompt, self.on_generated, self.from_pos)  # fmt: skip
 
     def fill(self, requests: Sequence[Request]) -> None:
         """Write each row's steers (rows past ``len(requests)`` stay unsteered)."""
@@ -66,18 +68,20 @@ class SteerTable:
         for row, request in enumerate(requests):
             for steer in request.steers:
                 at = slot(Site.parse(steer.site))
+                form = form_of(steer.op)
+                assert form is not None, "fit.steer_reason keeps custom operations eager"
                 vector = steer.vector.to(self.vector.device, dtype)
                 alpha = torch.tensor(steer.alpha, dtype=dtype).item()  # eager casts alpha too
                 self.vector[at, row] = vector
-                if isinstance(steer.op, Add):
+                if form.add:
                     self.add[at, row] = alpha
                 else:
-                    self.unit[at, row] = vector / vector.norm()
+                    self.unit[at, row] = unit(vector)
                     self.proj[at, row] = alpha
-                    self.target[at, row] = steer.op.value if isinstance(steer.op, Clamp) else 0.0
-                k = steer.positions
-                self.on_generated[at, row] = k != "prompt"
-                self.from_pos[at, row] = k if isinstance(k, int) else 0
+                self.low[at, row], self.high[at, row] = form.low, form.high
+                on_prompt, on_generated, from_pos = position_form(steer.positions)
+                self.on_prompt[at, row], self.on_generated[at, row] = on_prompt, on_generated
+                self.from_pos[at, row] = from_pos
 
 
 class StaticCache:
@@ -103,7 +107,3 @@ class StaticCache:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (*self.keys, *self.values, self.mask)
-
-
-def unsupported_op(op: object) -> bool:
-    return type(op) not in (Add, Ablate, Clamp)

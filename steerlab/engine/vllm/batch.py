@@ -4,7 +4,7 @@ vLLM flattens a step's requests into one token axis. Before each forward the wor
 the model runner's batch (request ids in order, and ``query_start_loc``, the cumulative
 token counts) and the ``positions`` the model is called with, and lays every distinct
 steer of the step out as a per-token alpha, zero where a token is not steered. Sites then
-apply each steer exactly as ``steerlab.steering.apply`` does in-process.
+apply each steer exactly as ``steerlab.engine.local.steering`` does in-process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from steerlab.steering.ops import Operation, op_from_data
+from steerlab.core.ops import Operation, op_from_data
+from steerlab.core.steer import position_mask
 
 DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args
 
@@ -68,14 +69,9 @@ class ForwardBatch:
 
 
 def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
-    """Which tokens (absolute positions ``pos``, their rows' prompt lengths) a steer touches."""
-    if positions == "all":
-        return np.ones(pos.shape, dtype=bool)
-    if positions == "prompt":
-        return pos < prompt_len
-    if positions == "generated":
-        return pos >= prompt_len
-    return pos >= int(positions)
+    """Which tokens (absolute positions ``pos``, their rows' prompt lengths) a steer touches:
+    the core's position rule, with a token generated exactly when it is past the prompt."""
+    return position_mask(positions, pos, pos >= prompt_len)
 
 
 @dataclass

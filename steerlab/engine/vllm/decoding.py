@@ -12,10 +12,10 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from steerlab.core.request import Request
 from steerlab.engine.local import Progress
-from steerlab.engine.request import Request
+from steerlab.engine.state import RowStates
 from steerlab.engine.vllm.params import expected_tokens, live_steers, to_vllm
-from steerlab.generation.state import RowStates
 
 if TYPE_CHECKING:
     from steerlab.engine.vllm.engine import VLLMEngine

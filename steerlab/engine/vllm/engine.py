@@ -17,15 +17,17 @@ from typing import Any
 
 import torch
 
-from steerlab.engine.cache import KVCache
+from steerlab.backends.cache import KVCache
+from steerlab.core.ops import op_to_data
+from steerlab.core.prompts import PromptError
+from steerlab.core.request import Completion, Request
+from steerlab.core.sites import all_sites
+from steerlab.core.steer import check_steer
+from steerlab.core.window import check_window
 from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.local import Progress
-from steerlab.engine.request import Completion, Request, RowSteer
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
 from steerlab.engine.vllm.params import live_steers
-from steerlab.generation.prompts import PromptError
-from steerlab.sites import all_sites, resolve
-from steerlab.steering.ops import SteerError, op_to_data
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
 
@@ -95,14 +97,11 @@ class VLLMEngine:
         for r in requests:
             if not r.prompt:
                 raise PromptError("The vLLM engine needs at least one prompt token per request.")
-            if self.n_ctx is not None and len(r.prompt) + r.sampling.max_new_tokens > self.n_ctx:
-                raise PromptError(
-                    f"A prompt of {len(r.prompt)} tokens plus max_new_tokens="
-                    f"{r.sampling.max_new_tokens} is beyond this engine's max_model_len of "
-                    f"{self.n_ctx}; load with a larger max_model_len."
-                )
+            check_window(self.n_ctx, len(r.prompt), r.sampling.max_new_tokens,
+                         hint=" (vLLM's max_model_len; load with a larger one)")  # fmt: skip
             for steer in r.steers:
-                _check_steer(steer, valid, self.d_model)
+                check_steer(steer.site, steer.vector, valid, self.d_model)
+                op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
 
     def stream(
         self,
@@ -184,13 +183,3 @@ class VLLMEngine:
         if len(self._sent) > self.max_vectors:
             self.rpc("steerlab_drop_vectors")
             self._sent.clear()
-
-
-def _check_steer(steer: RowSteer, valid: list[str], d_model: int) -> None:
-    resolve(steer.site, valid)
-    if steer.vector.shape[0] != d_model:
-        raise SteerError(
-            f"Vector for {steer.site} has size {steer.vector.shape[0]}, but this model has "
-            f"d_model={d_model}."
-        )
-    op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers

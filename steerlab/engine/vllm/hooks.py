@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from steerlab.core.sites import EMBED, Site
+from steerlab.core.tagging import tag
 from steerlab.engine.vllm.sites import VLLMLayout
-from steerlab.hooks import tag
-from steerlab.sites import EMBED, Site
 
 Apply = Callable[[str, torch.Tensor], torch.Tensor | None]
 

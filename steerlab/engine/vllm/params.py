@@ -9,7 +9,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from steerlab.engine.request import Request, RowSteer
+import numpy as np
+
+from steerlab.core.request import Request, RowSteer
+from steerlab.core.steer import position_mask
 from steerlab.engine.vllm.batch import DATA_KEY
 
 
@@ -84,16 +87,6 @@ def expected_tokens(request: Request, cached: int, generated: int) -> int:
     are not recomputed, and the last sampled token is never fed back.
     """
     n_prompt = len(request.prompt)
-    fed = range(cached, n_prompt + generated - 1)
-    total = 0
-    for steer in live_steers(request):
-        where = steer.positions
-        if where == "all":
-            total += len(fed)
-        elif where == "prompt":
-            total += len(range(cached, min(n_prompt, fed.stop)))
-        elif where == "generated":
-            total += len(range(max(n_prompt, cached), fed.stop))
-        else:
-            total += len(range(max(int(where), cached), fed.stop))
-    return total
+    fed = np.arange(cached, n_prompt + generated - 1)
+    return sum(int(position_mask(s.positions, fed, fed >= n_prompt).sum())
+               for s in live_steers(request))  # fmt: skip

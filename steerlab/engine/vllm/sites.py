@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from steerlab.sites import BLOCK_KINDS, EMBED
+from steerlab.core.sites import BLOCK_KINDS, EMBED
 
 
 @dataclass(frozen=True)

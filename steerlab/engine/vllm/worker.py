@@ -19,10 +19,10 @@ from safetensors.torch import load as load_safetensors
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.vllm import hooks
 from steerlab.engine.vllm.batch import ForwardBatch, Layouts, RowPlan, SiteSteer, parse_plan
 from steerlab.engine.vllm.sites import layout_for
-from steerlab.hooks import count_hooks, remove_hooks, tag
 
 
 @dataclass

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from steerlab.engine.request import Request, RowSteer, Sampling
-from steerlab.generation.prompts import Prompt, PromptError, encode, normalise
-from steerlab.sites import resolve
-from steerlab.steering.ops import SteerError
-from steerlab.steering.steer import Steer
+from steerlab.core.ops import SteerError
+from steerlab.core.prompts import Prompt, PromptError, encode, normalise
+from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.steer import Steer, check_steer
+from steerlab.core.window import check_window
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -110,12 +110,7 @@ def lay_out(
     prompts = normalise(prompts)
     steers = as_steers(steer)
     for s in steers:
-        resolve(s.site, lm.sites())
-        if s.vector.shape[0] != lm.d_model:
-            raise SteerError(
-                f"Vector for {s.site} has size {s.vector.shape[0]}, "
-                f"but this model has d_model={lm.d_model}."
-            )
+        check_steer(s.site, s.vector, lm.sites(), lm.d_model)
     prompt_index, alphas = expand_rows(len(prompts), steers)
     if continuing:
         encoded = [_continuation(lm.tokenizer, p) for p in prompts]
@@ -124,7 +119,7 @@ def lay_out(
         for i, row in enumerate(encoded):
             if not row:
                 raise PromptError(f"Prompt {i} encodes to no tokens.")
-    _check_length(encoded, new_tokens + continuing, lm.n_ctx)
+    check_window(lm.n_ctx, max(len(r) for r in encoded) + continuing, new_tokens)
     return Rows(prompts, [encoded[p] for p in prompt_index], steers, prompt_index, alphas)
 
 
@@ -132,12 +127,3 @@ def _continuation(tokenizer: Any, prompt: Prompt) -> list[int]:
     if not isinstance(prompt, str):
         raise PromptError("Continuing a cache takes text (or None), not a list of messages.")
     return tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
-
-
-def _check_length(rows: list[list[int]], new: int, n_ctx: int | None) -> None:
-    longest = max(len(r) for r in rows)
-    if n_ctx is not None and longest + new > n_ctx:
-        raise PromptError(
-            f"The longest prompt has {longest} tokens; with max_new_tokens (and any cached "
-            f"tokens) that is {longest + new}, beyond this model's context window of {n_ctx}."
-        )

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from steerlab.engine.request import Completion, Request
+from steerlab.core.request import Completion, Request
 
 
 class RowStates:

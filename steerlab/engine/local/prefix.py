@@ -21,7 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from steerlab.engine.request import Request, RowSteer
+import torch
+
+from steerlab.core.request import Request, RowSteer
+from steerlab.core.steer import position_mask
 
 
 def group_size(requests: Sequence[Request]) -> int | None:
@@ -68,10 +71,8 @@ def _on_prefix(request: Request) -> list[tuple[str, float]]:
 
 
 def _touches(steer: RowSteer, n: int, generated: Sequence[bool]) -> bool:
-    if steer.positions == "all":
-        return True
-    if steer.positions == "prompt":
-        return not all(generated)
-    if steer.positions == "generated":
-        return any(generated)
-    return steer.positions < n
+    """Whether the steer touches any of the first ``n`` tokens (the core's position rule)."""
+    pos = torch.arange(n)
+    return bool(
+        position_mask(steer.positions, pos, torch.tensor(generated, dtype=torch.bool)).any()
+    )

@@ -9,12 +9,10 @@ from typing import Any
 
 import torch
 
+from steerlab.core.errors import PromptError
+
 Message = dict[str, str]
 Prompt = str | list[Message]
-
-
-class PromptError(ValueError):
-    """Prompts that cannot be run."""
 
 
 def normalise(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -12,6 +12,8 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from steerlab.core.errors import SiteError
+
 BLOCK_KINDS = (
     "hook_resid_pre",
     "hook_resid_mid",
@@ -29,10 +31,6 @@ WHY_ABSENT = {
     "parallel block (GPT-J, GPT-NeoX, Phi-2, Falcon, Cohere) both read the block input. "
     "Steer hook_resid_pre, hook_attn_out or hook_resid_post instead.",
 }
-
-
-class SiteError(ValueError):
-    """An unknown or out-of-range hook site."""
 
 
 @dataclass(frozen=True, order=True)

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 
 from steerlab.backends.base import Backend
+from steerlab.core.sites import Site
 from steerlab.engine.guard import Call
-from steerlab.sites import Site
 
 
 class Recorder:

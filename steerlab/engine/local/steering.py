@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from steerlab.backends.base import Backend
+from steerlab.core.ops import Operation
+from steerlab.core.request import RowSteer
+from steerlab.core.sites import Site
+from steerlab.core.steer import Positions, check_steer, position_mask
 from steerlab.engine.guard import Call
-from steerlab.engine.request import RowSteer
-from steerlab.sites import Site, resolve
-from steerlab.steering.ops import Operation, SteerError
-from steerlab.steering.steer import Positions, position_mask
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,7 @@ def check_row_steers(backend: Backend, rows: Sequence[Sequence[RowSteer]]) -> No
     valid = backend.sites()
     for steers in rows:
         for steer in steers:
-            resolve(steer.site, valid)
-            if steer.vector.shape[0] != backend.d_model:
-                raise SteerError(
-                    f"Vector for {steer.site} has size {steer.vector.shape[0]}, "
-                    f"but this model has d_model={backend.d_model}."
-                )
+            check_steer(steer.site, steer.vector, valid, backend.d_model)
 
 
 def group_steers(rows: Sequence[Sequence[RowSteer]]) -> list[AttachedSteer]:

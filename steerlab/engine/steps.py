@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from steerlab.generation.result import Generation, Step
+from steerlab.core.results import Generation, Step
 
 if TYPE_CHECKING:
+    from steerlab.core.rows import Rows
     from steerlab.engine.local import Progress
-    from steerlab.rows import Rows
 
 OnToken = Callable[[Step], object]
 

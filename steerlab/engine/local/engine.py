@@ -10,16 +10,16 @@ from typing import Any
 import torch
 
 from steerlab.backends.base import Backend
-from steerlab.capture import Recorder
-from steerlab.engine import prefix
-from steerlab.engine.cache import KVCache
+from steerlab.backends.cache import KVCache
+from steerlab.core.request import Completion, Request
+from steerlab.core.sites import Site, resolve
+from steerlab.core.tagging import count_hooks, remove_hooks
 from steerlab.engine.guard import Call, calling
-from steerlab.engine.request import Completion, Request
-from steerlab.generation.loop import Batch, decode
-from steerlab.generation.state import RowStates
-from steerlab.hooks import count_hooks, remove_hooks
-from steerlab.sites import Site, resolve
-from steerlab.steering.apply import attach_steer, check_row_steers, group_steers
+from steerlab.engine.local import prefix
+from steerlab.engine.local.capture import Recorder
+from steerlab.engine.local.loop import Batch, decode
+from steerlab.engine.local.steering import attach_steer, check_row_steers, group_steers
+from steerlab.engine.state import RowStates
 
 
 @dataclass

@@ -11,13 +11,13 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from steerlab.backends.base import Backend
-from steerlab.engine.cache import KVCache
+from steerlab.backends.cache import KVCache
+from steerlab.core.prompts import Batch as PromptBatch
+from steerlab.core.request import Request
+from steerlab.core.sampling import sample_next
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
-from steerlab.engine.request import Request
-from steerlab.generation.prompts import Batch as PromptBatch
-from steerlab.generation.sampling import sample_next
-from steerlab.generation.state import RandomStreams, RowStates
+from steerlab.engine.state import RandomStreams, RowStates
 
 
 class Batch:

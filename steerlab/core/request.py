@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from steerlab.steering.ops import Operation, SteerError, op_to_data
-from steerlab.steering.steer import Positions, Steer, vector_fingerprint
+from steerlab.core.ops import Operation, SteerError, op_to_data
+from steerlab.core.steer import Positions, Steer, vector_fingerprint
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,22 @@
+"""The core: plain values and the rules every engine shares (internal; see ``steerlab``).
+
+Sites, operations, ``Steer`` with its position rule, the request and its wire format,
+prompt encoding, rows, results, errors and hook tagging. Nothing here runs a model or
+imports an engine, a backend, plotly or ipywidgets.
+"""
+
+from steerlab.core.ops import Ablate, Add, Clamp, Operation, SteerError, op_from_data, op_to_data
+from steerlab.core.steer import Positions, Steer, position_mask
+
+__all__ = [
+    "Ablate",
+    "Add",
+    "Clamp",
+    "Operation",
+    "Positions",
+    "Steer",
+    "SteerError",
+    "op_from_data",
+    "op_to_data",
+    "position_mask",
+]

@@ -1,0 +1,19 @@
+"""steerlab's own errors: each a ``ValueError``, raised before any compute."""
+
+from __future__ import annotations
+
+
+class SteerError(ValueError):
+    """A steer that cannot be applied to this model or input."""
+
+
+class SiteError(ValueError):
+    """An unknown or out-of-range hook site."""
+
+
+class PromptError(ValueError):
+    """Prompts that cannot be run."""
+
+
+class ContextError(PromptError):
+    """A call that would run past the model's context window."""
