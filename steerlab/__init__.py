@@ -14,7 +14,7 @@ from steerlab import stats
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.chat import ChatSession
-from steerlab.core import Ablate, Add, Clamp, Steer, SteerError
+from steerlab.core import Ablate, Add, Cap, Clamp, Steer, SteerError
 from steerlab.core.activations import Activations
 from steerlab.core.results import Generation, Step
 from steerlab.core.sites import SiteError
@@ -63,6 +63,7 @@ __all__ = [
     "Ablate",
     "Activations",
     "Add",
+    "Cap",
     "ChatSession",
     "Clamp",
     "Generation",

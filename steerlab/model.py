@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +24,23 @@ from steerlab.engine.steps import OnToken, steps
 
 if TYPE_CHECKING:
     from steerlab.chat import ChatSession
+
+
+# Capabilities above the facade that add a method to it provide the implementation here
+# when they are imported (``steerlab.chat`` provides ``chat``), so that this module never
+# imports them: dependencies point down.
+_PROVIDED: dict[str, Callable[..., Any]] = {}
+
+
+def provide(name: str, factory: Callable[..., Any]) -> None:
+    """Offer ``lm.<name>(...)``: called by the capability package that implements it."""
+    _PROVIDED[name] = factory
+
+
+def _provided(name: str) -> Callable[..., Any]:
+    if name not in _PROVIDED:
+        raise RuntimeError(f"lm.{name}() is provided by steerlab.{name}: import steerlab first.")
+    return _PROVIDED[name]
 
 
 def fresh_seed() -> int:
@@ -113,14 +130,12 @@ class SteerableModel:
 
         >>> lm = steerlab.load("steerlab-tiny", backend="hf").compile()  # doctest: +SKIP
         """
-        from steerlab.engine.compiled import CompiledEngine
-
-        if not isinstance(self.engine, LocalEngine):
+        compile_step = getattr(self.engine, "compile", None)
+        if compile_step is None:
             raise TypeError(
                 f"compile() needs the in-process engine; this model decodes on {self.engine.kind!r}."
             )
-        if not isinstance(self.engine, CompiledEngine):
-            self.engine = CompiledEngine(self.engine, mode=mode, backend=backend)
+        compile_step(mode=mode, backend=backend)
         return self
 
     def explain(
@@ -150,7 +165,7 @@ class SteerableModel:
             requests = rows.requests(Sampling(max_new_tokens))
         explain = getattr(self.engine, "explain", None)
         if explain is None:
-            return "eager: the model is not compiled (lm.compile())"
+            return f"{self.engine.kind}: the {self.engine.kind} engine decodes every call"
         return explain(requests, **options)
 
     def stream(
@@ -281,9 +296,7 @@ class SteerableModel:
         >>> chat = lm.chat(system="You are terse.")  # doctest: +SKIP
         >>> chat.say("Hello!", max_new_tokens=20).text[0]  # doctest: +SKIP
         """
-        from steerlab.chat import ChatSession
-
-        return ChatSession(self, system, steer, overflow=overflow)
+        return _provided("chat")(self, system, steer, overflow=overflow)
 
     def logits(
         self,

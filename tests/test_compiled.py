@@ -81,7 +81,7 @@ def test_no_recompile_for_alpha_prompt_site_op_or_batch_in_bucket(pair) -> None:
     for prompts, steer in calls:
         fast.generate(prompts, steer, max_new_tokens=20)
     assert counters["stats"]["unique_graphs"] == graphs
-    assert fast.engine.compile_times()  # the first step of each bucket, timed
+    assert fast.engine.compiled.compile_times()  # the first step of each bucket, timed
 
 
 def test_stream_closed_early_takes_hooks_off_and_frees_the_model(pair) -> None:
@@ -135,6 +135,6 @@ def test_bridge_equals_eager() -> None:
 def test_cuda_graphs_equal_eager() -> None:
     fast = sl.load("steerlab-tiny", backend="hf", device="cuda", compile=True)
     eager = sl.load("steerlab-tiny", backend="hf", device="cuda")
-    assert fast.engine.mode == "reduce-overhead"
+    assert fast.engine.compiled.mode == "reduce-overhead"
     _assert_same(fast, eager, _steers(fast.d_model))
     _assert_same(fast, eager, _steers(fast.d_model), temperature=0.9, seed=5)

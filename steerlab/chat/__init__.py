@@ -7,5 +7,8 @@
 from steerlab.chat.key import CacheKey
 from steerlab.chat.session import ChatSession
 from steerlab.chat.turns import TurnLog, TurnStats
+from steerlab.model import provide
 
 __all__ = ["CacheKey", "ChatSession", "TurnLog", "TurnStats"]
+
+provide("chat", ChatSession)  # lm.chat(...), without the facade importing this package

@@ -89,7 +89,8 @@ def plan_turn(lm: SteerableModel, conversation: Conversation, new: list[Message]
             break
         smaller = conversation.drop_oldest() if overflow == "drop_oldest" else None
         if smaller is None:
-            too_long(lm, len(target), max_new_tokens, dropped)
+            too_long(lm, len(target), max_new_tokens, dropped)  # raises: it does not fit
+            raise AssertionError("unreachable")
         conversation, dropped = smaller, dropped + 1
     flags = conversation.flags_for(target)
     key = CacheKey(lm.name, lm.revision, tuple(target), tuple(touches(steers, flags)))

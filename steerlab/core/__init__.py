@@ -5,12 +5,22 @@ prompt encoding, rows, results, errors and hook tagging. Nothing here runs a mod
 imports an engine, a backend, plotly or ipywidgets.
 """
 
-from steerlab.core.ops import Ablate, Add, Clamp, Operation, SteerError, op_from_data, op_to_data
+from steerlab.core.ops import (
+    Ablate,
+    Add,
+    Cap,
+    Clamp,
+    Operation,
+    SteerError,
+    op_from_data,
+    op_to_data,
+)
 from steerlab.core.steer import Positions, Steer, position_mask
 
 __all__ = [
     "Ablate",
     "Add",
+    "Cap",
     "Clamp",
     "Operation",
     "Positions",

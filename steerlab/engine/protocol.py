@@ -1,20 +1,44 @@
-"""The engine seam: what ``SteerableModel`` needs from an engine.
+"""The engine seam: what ``SteerableModel`` needs from an engine, and what each can do.
 
 An engine takes ``Request`` rows (token ids, steers as data, sampling settings) and
-decodes them. ``LocalEngine`` is the decode loop plus hooks on an in-process backend (a
-module-level hook table); ``CompiledEngine`` runs its decode step compiled; ``VLLMEngine``
-hands decoding to vLLM, whose workers apply the same steers.
+decodes them. ``LocalEngine`` is the decode loop plus hooks on an in-process backend (its
+step eager, or compiled after ``compile()``); ``VLLMEngine`` hands decoding to vLLM, whose
+workers apply the same steers. Every engine checks requests with the core's rules
+(``check_steer``, ``check_window``) and yields ``Progress``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from steerlab.backends.cache import KVCache
 from steerlab.core.request import Completion, Request
+from steerlab.engine.progress import Progress
+
+if TYPE_CHECKING:
+    from steerlab.backends.cache import KVCache
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond decoding steers of ``core/ops.py`` as data.
+
+    Attributes:
+        custom_ops: any Python callable steers (in-process hooks), not only data ops.
+        cache_reuse: ``KVCache`` objects continue across calls (``cache=``, ``prefill``).
+        capture: activations are recorded during a call (``capture=``).
+        forward: full logits of one forward pass (``logits``, ``run_with_cache``).
+        join: a running stream takes more requests (``stream(...).add``).
+    """
+
+    custom_ops: bool = False
+    cache_reuse: bool = False
+    capture: bool = False
+    forward: bool = False
+    join: bool = False
 
 
 class Engine(Protocol):
@@ -22,6 +46,7 @@ class Engine(Protocol):
     n_layers: int
     d_model: int
     n_ctx: int | None
+    capabilities: Capabilities
 
     def sites(self) -> list[str]: ...
 
@@ -31,7 +56,7 @@ class Engine(Protocol):
 
     def remove_hooks(self) -> int: ...
 
-    def check(self, requests: Sequence[Request], capture: Sequence[str] = ()) -> Any:
+    def check(self, requests: Sequence[Request], capture: Sequence[str] = ()) -> object:
         """Everything about ``requests`` that can fail, before any compute."""
         ...
 
@@ -49,8 +74,7 @@ class Engine(Protocol):
         use_cache: bool = True,
         wait: float = 0.0,
         description: str = "generate",
-    ) -> Iterator[Any]:  # Progress
-        ...
+    ) -> Iterator[Progress]: ...
 
     def run(self, requests: Sequence[Request], *, wait: float = 0.0) -> list[Completion]: ...
 

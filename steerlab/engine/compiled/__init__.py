@@ -1,9 +1,9 @@
 """The compiled fast path: a static KV cache, one compiled decode step, steering as data.
 
-``lm.compile()`` (or ``sl.load(..., compile=True)``) puts a ``CompiledEngine`` in front of
-the eager one; ``lm.explain(...)`` says which path a call takes.
+``lm.compile()`` (or ``sl.load(..., compile=True)``) gives the local engine a
+``CompiledStep``; ``lm.explain(...)`` says which path a call takes.
 """
 
-from steerlab.engine.compiled.engine import CompiledEngine
+from steerlab.engine.compiled.strategy import CompiledStep
 
-__all__ = ["CompiledEngine"]
+__all__ = ["CompiledStep"]

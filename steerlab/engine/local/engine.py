@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections import deque
+import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,30 +18,29 @@ from steerlab.engine.local import prefix
 from steerlab.engine.local.capture import Recorder
 from steerlab.engine.local.loop import Batch, decode
 from steerlab.engine.local.steering import attach_steer, check_row_steers, group_steers
+from steerlab.engine.progress import Progress, last
+from steerlab.engine.protocol import Capabilities
 from steerlab.engine.state import RowStates
 
+if TYPE_CHECKING:
+    from steerlab.engine.compiled import CompiledStep
+    from steerlab.engine.compiled.batch import StaticBatch
 
-@dataclass
-class Progress:
-    """Where a call stands after one step: each row's tokens, as a snapshot."""
-
-    index: int
-    token_ids: list[int]  # [rows]: each row's new token (the pad id for rows already done)
-    done: list[bool]
-    lengths: list[int]  # new tokens per row after this step
-    before: list[int]  # new tokens per row before it
-    reasons: list[str]
-    states: RowStates
-    cache: Callable[[], KVCache | None]
-    recorder: Recorder | None
+log = logging.getLogger(__name__)
 
 
 class LocalEngine:
     """Decodes requests in this process, steering through hooks on ``backend``.
 
+    Its decode step is a strategy: eager by default; after ``compile()`` a compiled step
+    (``engine/compiled/``) takes every call that fits it, and ``explain`` says which path a
+    call takes and why.
+
     >>> engine = LocalEngine(lm.backend, lm.tokenizer, pad_id=0)  # doctest: +SKIP
     >>> engine.run([Request((0, 17, 4), sampling=Sampling(max_new_tokens=5))])  # doctest: +SKIP
     """
+
+    capabilities = Capabilities(custom_ops=True, cache_reuse=True, capture=True, forward=True)
 
     def __init__(self, backend: Backend, tokenizer: Any, *, pad_id: int,
                  eos_ids: set[int] | None = None) -> None:  # fmt: skip
@@ -51,6 +49,20 @@ class LocalEngine:
         self.n_layers, self.d_model, self.n_ctx = backend.n_layers, backend.d_model, backend.n_ctx
         self._eos = eos_ids
         self.share_prefix = True  # rows of one prompt feed it once (``engine/prefix.py``)
+        self.compiled: CompiledStep | None = None
+
+    def compile(self, *, mode: str | None = None, backend: str = "inductor") -> None:
+        """Decode through a compiled step from now on, wherever a call fits it."""
+        from steerlab.engine.compiled import CompiledStep
+
+        if self.compiled is None:
+            self.compiled = CompiledStep(self, mode=mode, backend=backend)
+
+    def explain(self, requests: Sequence[Request], **options: Any) -> str:
+        """One line: which path these requests take, and why when it is the eager one."""
+        if self.compiled is None:
+            return "eager: the model is not compiled (lm.compile())"
+        return self.compiled.explain(requests, **options)
 
     def sites(self) -> list[str]:
         return self.backend.sites()
@@ -106,6 +118,13 @@ class LocalEngine:
             raise ValueError("Continuing a cache needs use_cache=True.")
         if any(not r.prompt for r in requests) and cache is None:
             raise ValueError("A request with no prompt tokens needs a cache to continue.")
+        if self.compiled is not None:
+            why = self.compiled.reason(requests, cache=cache, keep_cache=keep_cache,
+                                       capture=capture, use_cache=use_cache)  # fmt: skip
+            if why is None:
+                return self._stream(list(requests), None, False, None, True, wait, description,
+                                    False, static=True)  # fmt: skip
+            log.debug("steerlab: %s runs eagerly: %s", description, why)
         recorder = Recorder(sites) if sites else None
         keep = keep_cache or cache is not None
         compact = compact and not keep and recorder is None
@@ -117,7 +136,8 @@ class LocalEngine:
 
     def _stream(self, requests: list[Request], cache: KVCache | None, keep_cache: bool,
                 recorder: Recorder | None, use_cache: bool, wait: float, description: str,
-                compact: bool, shared: int | None = None) -> Iterator[Progress]:  # fmt: skip
+                compact: bool, shared: int | None = None,
+                static: bool = False) -> Iterator[Progress]:  # fmt: skip
         states = RowStates(self.tokenizer, requests)
         with calling(self.models(), description, wait=wait) as call:
             self._attach(requests, recorder, call)
@@ -125,29 +145,26 @@ class LocalEngine:
             if shared is not None:  # each distinct prompt once, then every row goes on from it
                 cache = self._shared_prefix(requests, shared, call)
                 feed = prefix.last_tokens(requests)
-            batch = Batch(self.backend, feed, cache, self.pad_id, use_cache)
+            batch: Batch | StaticBatch
+            if static:  # the compiled step: eager prefill, then one compiled graph per step
+                assert self.compiled is not None
+                batch = self.compiled.batch(requests)
+            else:
+                batch = Batch(self.backend, feed, cache, self.pad_id, use_cache)
             steps = decode(batch, states, call, eos_ids=self.eos_ids(), pad_id=self.pad_id,
                            compact=compact, keep_cache=keep_cache)  # fmt: skip
+            kept = _cache_of(batch, cache, keep_cache) if isinstance(batch, Batch) else _none
             lengths = [0] * len(requests)
             try:
                 for index in steps:
-                    before, lengths = lengths, [len(t) for t in states.tokens]
-                    yield self._progress(index, states, lengths, before,
-                                         _cache_of(batch, cache, keep_cache), recorder)  # fmt: skip
+                    progress = Progress.after(index, states, lengths, self.pad_id, cache=kept,
+                                              recorder=recorder)  # fmt: skip
+                    lengths = progress.lengths
+                    yield progress
             finally:
                 if given is not None:  # however the call ended, the cache holds what was fed
+                    assert isinstance(batch, Batch)
                     _settle(batch, given)
-
-    def _progress(self, index: int, states: RowStates, lengths: list[int], before: list[int],
-                  cache: Callable[[], KVCache | None],
-                  recorder: Recorder | None) -> Progress:  # fmt: skip
-        token_ids = [
-            states.tokens[r][-1] if n > b else self.pad_id
-            for r, (n, b) in enumerate(zip(lengths, before))
-        ]
-        reasons = [why if d else "length" for why, d in zip(states.reasons, states.done)]
-        return Progress(index, token_ids, list(states.done), lengths, before, reasons, states,
-                        cache, recorder)  # fmt: skip
 
     def _shared_prefix(self, requests: list[Request], k: int, call: Call) -> KVCache:
         """Feed each group's prompt (minus its last token) once; the cache, repeated k times."""
@@ -183,8 +200,7 @@ class LocalEngine:
             compact: bool = True) -> list[Completion]:  # fmt: skip
         """Decode every request; one ``Completion`` per request, in order."""
         steps = self.stream(requests, wait=wait, description="run", compact=compact)
-        (last,) = deque(steps, maxlen=1)
-        return last.states.completions()
+        return last(steps).states.completions()
 
     def stream_completions(
         self, requests: Sequence[Request], *, wait: float = 0.0
@@ -209,6 +225,10 @@ class LocalEngine:
             logits = batch.forward(call, last_only=last_only)
         activations = recorder.stacked() if recorder else {}
         return logits, activations, batch.tokens, batch.mask
+
+
+def _none() -> None:
+    return None
 
 
 def _cache_of(batch: Batch, given: KVCache | None,

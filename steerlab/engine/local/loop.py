@@ -7,6 +7,7 @@ the call's per-forward context. The loop samples, records, and drops finished ro
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import torch
 
@@ -120,8 +121,20 @@ def sample(logits: torch.Tensor, uniform: torch.Tensor, requests: list[Request])
     return token
 
 
+class Stepper(Protocol):
+    """What ``decode`` needs of a batch: ``Batch`` here, or the compiled step's static one."""
+
+    rows: list[int]
+
+    def forward(self, call: Call, *, last_only: bool = True) -> torch.Tensor: ...
+
+    def append(self, tokens: torch.Tensor, live: torch.Tensor) -> None: ...
+
+    def keep(self, index: list[int]) -> None: ...
+
+
 def decode(
-    batch: Batch,
+    batch: Stepper,
     states: RowStates,
     call: Call,
     *,

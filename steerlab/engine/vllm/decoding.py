@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from steerlab.core.request import Request
-from steerlab.engine.local import Progress
+from steerlab.engine.progress import Progress
 from steerlab.engine.state import RowStates
 from steerlab.engine.vllm.params import expected_tokens, live_steers, to_vllm
 
@@ -163,12 +163,7 @@ class _Decoding:
             lengths = [len(t) for t in self.states.tokens]
             if lengths == before and not finished and not released:
                 continue
-            token_ids = [t[-1] if n > b else self.engine.pad_id
-                         for t, n, b in zip(self.states.tokens, lengths, before)]  # fmt: skip
-            reasons = [why if d else "length" for why, d in
-                       zip(self.states.reasons, self.states.done)]  # fmt: skip
-            yield Progress(step, token_ids, list(self.states.done), lengths, before, reasons,
-                           self.states, lambda: None, None)  # fmt: skip
+            yield Progress.after(step, self.states, before, self.engine.pad_id)
             step += 1
             self._abort([r for r in self.live if self._ended(self.index[r])])  # cancelled
 

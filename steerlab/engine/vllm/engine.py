@@ -10,7 +10,6 @@ call: never a silent no-op.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -25,7 +24,8 @@ from steerlab.core.sites import all_sites
 from steerlab.core.steer import check_steer
 from steerlab.core.window import check_window
 from steerlab.engine.guard import CallInFlightError
-from steerlab.engine.local import Progress
+from steerlab.engine.progress import Progress, last
+from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
 from steerlab.engine.vllm.params import live_steers
 
@@ -42,6 +42,7 @@ class VLLMEngine:
     """
 
     kind = "vllm"
+    capabilities = Capabilities(join=True)
 
     def __init__(self, llm: Any, tokenizer: Any, *, eos_ids: set[int], pad_id: int,
                  revision: str | None = None) -> None:  # fmt: skip
@@ -134,8 +135,8 @@ class VLLMEngine:
 
     def run(self, requests: Sequence[Request], *, wait: float = 0.0) -> list[Completion]:
         """Decode every request; one ``Completion`` per request, in order."""
-        (last,) = deque(self.stream(requests, wait=wait, description="run"), maxlen=1)
-        return last.states.completions()
+        final = last(self.stream(requests, wait=wait, description="run"))
+        return final.states.completions()
 
     def forward(self, requests: Sequence[Request], **_: Any) -> Any:
         raise NotImplementedError(

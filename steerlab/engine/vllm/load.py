@@ -1,4 +1,4 @@
-"""``load_vllm``: a ``SteerableModel`` whose engine is vLLM (``sl.load(..., backend="vllm")``)."""
+"""``load_vllm``: a vLLM engine for a ``SteerableModel`` (``sl.load(..., backend="vllm")``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 from steerlab.backends.base import config_eos
 from steerlab.engine.vllm.engine import VLLMEngine
 from steerlab.engine.vllm.sites import layout_for
-from steerlab.model import SteerableModel
 
 WORKER = "steerlab.engine.vllm.worker.SteerWorker"
 # Settings steerlab owns: hooks must exist before the model runs, so no compilation.
@@ -20,7 +19,6 @@ _OWNED = ("enforce_eager", "worker_extension_cls", "compilation_config", "model"
 def load_vllm(
     path: str,
     *,
-    name: str,
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     dtype: str = "float32",
@@ -28,12 +26,11 @@ def load_vllm(
     revision: str | None = None,
     trust_remote_code: bool = False,
     vllm_args: Mapping[str, Any] | None = None,
-) -> SteerableModel:
+) -> VLLMEngine:
     """Start a vLLM engine on ``path`` with steerlab's worker extension, in eager mode.
 
     Args:
         path: a local HF-format folder or a hub id.
-        name: the name the model is shown under.
         tensor_parallel_size: GPUs (or CPU processes) each layer is split over.
         pipeline_parallel_size: stages the layers are split into.
         dtype: the weights' dtype, e.g. ``"bfloat16"``.
@@ -78,8 +75,7 @@ def load_vllm(
         generation = None
     eos = {i for i in {tokenizer.eos_token_id} | config_eos(generation) if i is not None}
     pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
-    engine = VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
-    return SteerableModel(None, tokenizer, name=name, revision=revision, engine=engine)
+    return VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
 
 
 def _check_eager(llm: Any) -> None:
