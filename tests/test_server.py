@@ -290,7 +290,7 @@ def test_the_command_line_refuses_flags_that_do_not_fit_the_backend():
 
 
 def test_streamed_text_stops_before_a_whole_stop_string():
-    from steerlab.server.batcher import _settled
+    from steerlab.engine.scheduler import _settled
 
     assert _settled("hello END. more", ("END",)) == "hello "  # a row held past its stop
     assert _settled("hello EN", ("END",)) == "hello "  # a stop string may be coming

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from steerlab.server.batcher import Batcher
+from steerlab.engine.scheduler import Scheduler
 from steerlab.server.errors import ApiError, field_name
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits
@@ -43,7 +43,8 @@ def create_app(
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)  # doctest: +SKIP
     """
     limits = limits or Limits()
-    batcher = Batcher(models, window_s=window_ms / 1000, max_rows=max_batch_rows)
+    batcher = Scheduler(lambda beta: models.model_for(beta).engine, window_s=window_ms / 1000,
+                        max_rows=max_batch_rows)  # fmt: skip
     state = ServerState(models, VectorStore(models.lm), batcher, limits,
                         name or models.lm.name or "model")  # fmt: skip
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from steerlab.engine.guard import CallInFlightError
+from steerlab.engine.scheduler import Job
+
+log = logging.getLogger("steerlab.server")
 
 
 class ApiError(Exception):
@@ -45,3 +51,18 @@ def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
 def _type_tag(part: str) -> bool:
     """Pydantic names the member of a union that failed (``float``, ``list[float]``)."""
     return "[" in part or "-" in part or part in {"float", "int", "str", "bool", "dict", "list"}
+
+
+def api_error(error: Exception, job: Job) -> ApiError:
+    """What a client is told of the exception a job failed with."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, FloatingPointError):
+        param = "steering" if any(r.steers for r in job.requests) else "amplify"
+        return ApiError(422, str(error), param)
+    if isinstance(error, CallInFlightError):
+        return ApiError(503, f"The model is busy: {error}", None, "server_busy")
+    if isinstance(error, ValueError):
+        return ApiError(400, str(error))
+    log.exception("request failed", exc_info=error)
+    return ApiError(500, f"{type(error).__name__}: {error}", None, "server_error")

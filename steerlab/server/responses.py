@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from steerlab.core.request import Completion
-from steerlab.server.batcher import Delta
+from steerlab.engine.scheduler import Delta
 from steerlab.server.plan import Plan
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "length"}

@@ -13,9 +13,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from steerlab.core.request import Completion
+from steerlab.engine.scheduler import Delta, Done, Event, Failed, Job, Scheduler
 from steerlab.server import responses
-from steerlab.server.batcher import Batcher, Delta, Done, Event, Failed, Job
-from steerlab.server.errors import ApiError
+from steerlab.server.errors import ApiError, api_error
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits, Plan, beta_of, plan_batch, plan_chat, plan_completion
 from steerlab.server.schemas import BatchRequest, ChatRequest, CompletionRequest, Sampled
@@ -30,7 +30,7 @@ class ServerState:
 
     models: ServedModels
     store: VectorStore
-    batcher: Batcher
+    batcher: Scheduler
     limits: Limits
     name: str
 
@@ -172,7 +172,7 @@ async def _finish(job: Job, events: asyncio.Queue[Event], request: Request) -> l
             if isinstance(event, Done):
                 return event.completions
             if isinstance(event, Failed):
-                raise event.error
+                raise api_error(event.error, job)
     finally:
         job.cancelled = not job.finished
 
@@ -196,7 +196,7 @@ async def _sse(job: Job, events: asyncio.Queue[Event], head: list[dict[str, Any]
                 yield _DONE
                 return
             else:
-                yield _data(event.error.body())
+                yield _data(api_error(event.error, job).body())
                 return
     finally:
         job.cancelled = not job.finished

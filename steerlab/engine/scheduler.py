@@ -1,6 +1,8 @@
-"""Dynamic batching: one engine thread owns the model and decodes concurrent requests together.
+"""The scheduler: one engine thread decodes concurrent callers' requests together.
 
-Requests that arrive within ``window_s`` of the first waiting one (up to ``max_rows`` rows)
+Every caller that shares a model through it gets the same scheduling: the server's HTTP
+clients, a notebook cell and the panel's timer alike (``Scheduler.run`` blocks for one
+caller in-process). Requests that arrive within ``window_s`` of the first waiting one (up to ``max_rows`` rows)
 decode as one mixed batch through ``lm.engine.stream``: each row carries its own steers and
 sampling, and its random stream depends only on its own request, so a row's tokens equal
 its solo run. Rows that finish leave the batch; a job whose rows are all done is answered
@@ -11,8 +13,8 @@ that arrive meanwhile join the running batch between steps instead of waiting fo
 A failure inside a batch (NaN logits from one request's steer, say) fails that request
 alone: the unanswered jobs of the batch are retried, and streamed text already
 sent is not sent again (a rerun decodes the same tokens). Failing batches are split in
-halves until the failing request is alone. Rows with different
-amplification betas decode in separate batches, one per beta.
+halves until the failing request is alone. Jobs with different keys (the server's
+amplification betas) decode in separate batches, one per key, each on ``engine_for(key)``.
 """
 
 from __future__ import annotations
@@ -22,18 +24,16 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from steerlab.core.request import Completion, Request
 from steerlab.engine.guard import CallInFlightError
+from steerlab.engine.protocol import Engine
 from steerlab.engine.state import RowStates
-from steerlab.model import SteerableModel
-from steerlab.server.errors import ApiError
-from steerlab.server.models import ServedModels
 
-log = logging.getLogger("steerlab.server")
+log = logging.getLogger("steerlab.scheduler")
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Done:
 
 @dataclass
 class Failed:
-    error: ApiError
+    error: Exception
 
 
 Event = Delta | Done | Failed
@@ -64,10 +64,13 @@ Event = Delta | Done | Failed
 
 @dataclass(eq=False)
 class Job:
-    """One HTTP request's rows, and where its events go (``post`` must be thread-safe)."""
+    """One caller's rows, and where its events go (``post`` must be thread-safe).
+
+    ``key`` picks the engine (jobs with different keys never share a batch).
+    """
 
     requests: list[Request]
-    beta: float | None
+    key: Hashable
     post: Callable[[Event], None]
     stream: bool = False
     cancelled: bool = False
@@ -86,16 +89,23 @@ class Job:
         self.post(event)
 
 
-class Batcher:
-    """The engine thread and its queue. ``submit`` is safe from any thread.
+class Scheduler:
+    """The engine thread and its queue. ``submit`` and ``run`` are safe from any thread.
 
-    >>> batcher = Batcher(ServedModels(lm), window_s=0.005, max_rows=64)  # doctest: +SKIP
-    >>> batcher.start(); batcher.submit(job)  # doctest: +SKIP
+    Args:
+        engine_for: the engine that decodes jobs with a given key (``lambda _: lm.engine``
+            for one model).
+        window_s: how long the first waiting job waits for others to share its batch.
+        max_rows: the most rows one batch decodes.
+        lock_wait: how long a batch queues behind another call on the same model.
+
+    >>> scheduler = Scheduler(lambda _: lm.engine, window_s=0.005).start()  # doctest: +SKIP
+    >>> scheduler.run(requests)  # from any thread; blocks until done  # doctest: +SKIP
     """
 
-    def __init__(self, models: ServedModels, *, window_s: float = 0.005, max_rows: int = 64,
-                 lock_wait: float = 60.0) -> None:  # fmt: skip
-        self.models, self.window_s, self.max_rows = models, window_s, max_rows
+    def __init__(self, engine_for: Callable[[Any], Engine], *, window_s: float = 0.005,
+                 max_rows: int = 64, lock_wait: float = 60.0) -> None:  # fmt: skip
+        self.engine_for, self.window_s, self.max_rows = engine_for, window_s, max_rows
         self.lock_wait = lock_wait  # queue this long behind another call on the same model
         self.join_running = True  # admit jobs into a running call where the engine can
         self._stopping = False  # stop() was called: admit nothing more
@@ -105,8 +115,9 @@ class Batcher:
         self.batches = 0  # batches decoded so far, for /health and tests
         self.cancelled = 0  # jobs whose rows were ended early because their client went away
 
-    def start(self) -> None:
+    def start(self) -> Scheduler:
         self._thread.start()
+        return self
 
     def stop(self, timeout: float = 10.0) -> None:
         self._queue.put(None)
@@ -118,20 +129,50 @@ class Batcher:
     def pending(self) -> int:
         return self._queue.qsize() + len(self._held)
 
+    def run(self, requests: Sequence[Request], key: Hashable = None,
+            timeout: float | None = None) -> list[Completion]:  # fmt: skip
+        """Decode ``requests`` as one caller among the others; blocks until they are done.
+
+        Raises:
+            Exception: the error the job failed with (a bad request, NaN logits, ...).
+            TimeoutError: nothing came back within ``timeout`` seconds (the job is dropped).
+        """
+        done = threading.Event()
+        answer: list[Event] = []
+
+        def post(event: Event) -> None:
+            if not isinstance(event, Delta):
+                answer.append(event)
+                done.set()
+
+        job = Job(list(requests), key, post)
+        self.submit(job)
+        if not done.wait(timeout):
+            job.cancelled = True
+            raise TimeoutError(f"The scheduler did not answer within {timeout} s.")
+        (event,) = answer
+        if isinstance(event, Failed):
+            raise event.error
+        assert isinstance(event, Done)
+        return event.completions
+
     def _loop(self) -> None:
         while True:
             jobs = self._collect()
             if jobs is None:
                 return
-            for beta in dict.fromkeys(j.beta for j in jobs):
-                group = [j for j in jobs if j.beta == beta]
+            for key in dict.fromkeys(j.key for j in jobs):
+                group = [j for j in jobs if j.key == key]
+                engine = None
                 try:
-                    self._run(self.models.model_for(beta), group)
+                    engine = self.engine_for(key)
+                    self._run(engine, group)
                 except Exception as error:  # never let the engine thread die
                     for job in group:
                         if not job.finished:
-                            job.answer(Failed(_api_error(error, job)))
-                self._check_hooks()
+                            job.answer(Failed(error))
+                if engine is not None:
+                    self._check_hooks(engine)
             for job in jobs:  # cancelled before their batch started
                 if not job.finished:
                     self._drop(job)
@@ -159,7 +200,7 @@ class Batcher:
             rows += len(job.requests)
         return jobs
 
-    def _run(self, lm: SteerableModel, jobs: list[Job]) -> None:
+    def _run(self, engine: Engine, jobs: list[Job]) -> None:
         """Decode ``jobs`` as one batch; on failure, split the unanswered jobs in halves and
         retry each half, so one failing request costs about log2(jobs) extra batches."""
         for job in jobs:
@@ -169,25 +210,25 @@ class Batcher:
         if not jobs:
             return
         try:
-            self._decode(lm, jobs)
+            self._decode(engine, jobs)
         except Exception as error:
             if len(jobs) == 1:
-                jobs[0].answer(Failed(_api_error(error, jobs[0])))
+                jobs[0].answer(Failed(error))
                 return
             log.info("a batch of %d jobs failed (%s); retrying in halves", len(jobs), error)
             left = [j for j in jobs if not j.finished]
-            self._run(lm, left[: len(left) // 2])
-            self._run(lm, left[len(left) // 2 :])
+            self._run(engine, left[: len(left) // 2])
+            self._run(engine, left[len(left) // 2 :])
 
-    def _decode(self, lm: SteerableModel, jobs: list[Job]) -> None:
+    def _decode(self, engine: Engine, jobs: list[Job]) -> None:
         requests = [r for job in jobs for r in job.requests]
         spans, start = [], 0
         for job in jobs:
             spans.append((job, range(start, start + len(job.requests))))
             start += len(job.requests)
         self.batches += 1
-        steps = lm.engine.stream(requests, wait=self.lock_wait,
-                                 description=f"server batch of {len(requests)} rows")  # fmt: skip
+        steps = engine.stream(requests, wait=self.lock_wait,
+                              description=f"scheduled batch of {len(requests)} rows")  # fmt: skip
         last: tuple[Job, Done] | None = None  # answered once the model is free again
         try:
             for progress in steps:
@@ -221,7 +262,7 @@ class Batcher:
                states: RowStates) -> None:  # fmt: skip
         """Join waiting jobs to a running call on an engine that takes them (vLLM's
         continuous batch), up to ``max_rows`` live rows. A job the engine refuses fails
-        alone; a job with another beta waits for its own batch."""
+        alone; a job with another key waits for its own batch."""
         live = sum(not d for d in states.done)
         while not self._stopping and (self._held or not self._queue.empty()):
             job = self._held.popleft() if self._held else self._queue.get_nowait()
@@ -229,7 +270,7 @@ class Batcher:
                 self._stopping = True
                 self._queue.put(None)  # stop once this batch is done
                 return
-            if job.beta != jobs[0].beta or live + len(job.requests) > self.max_rows:
+            if job.key != jobs[0].key or live + len(job.requests) > self.max_rows:
                 self._held.appendleft(job)
                 return
             if job.cancelled:
@@ -238,7 +279,7 @@ class Batcher:
             try:
                 rows = steps.add(job.requests)
             except Exception as error:
-                job.answer(Failed(_api_error(error, job)))
+                job.answer(Failed(error))
                 continue
             jobs.append(job)
             spans.append((job, rows))
@@ -249,14 +290,14 @@ class Batcher:
         job.finished = True
         self.cancelled += 1
 
-    def _check_hooks(self) -> None:
+    def _check_hooks(self, engine: Engine) -> None:
         """A second line behind the engine's own ``finally``: hooks left after a batch go.
         Hooks of a call another thread is running on the same model are that call's own."""
         try:
-            left = self.models.hook_count()
+            left = engine.hook_count()
             if left:
                 log.warning("%d steerlab hooks left after a batch; removing them", left)
-                self.models.remove_hooks()
+                engine.remove_hooks()
         except CallInFlightError:
             pass
         except Exception:  # never let the engine thread die
@@ -300,17 +341,3 @@ def _settled(text: str, stops: tuple[str, ...]) -> str:
                 cut = min(cut, len(text) - k)
                 break
     return text[:cut]
-
-
-def _api_error(error: Exception, job: Job) -> ApiError:
-    if isinstance(error, ApiError):
-        return error
-    if isinstance(error, FloatingPointError):
-        param = "steering" if any(r.steers for r in job.requests) else "amplify"
-        return ApiError(422, str(error), param)
-    if isinstance(error, CallInFlightError):
-        return ApiError(503, f"The model is busy: {error}", None, "server_busy")
-    if isinstance(error, ValueError):
-        return ApiError(400, str(error))
-    log.exception("request failed", exc_info=error)
-    return ApiError(500, f"{type(error).__name__}: {error}", None, "server_error")
