@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from steerlab.core import Steer
-from steerlab.core.prompts import Batch, Prompt
+from steerlab.core.prompts import Prompt
+from steerlab.core.request import Request
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -63,24 +64,19 @@ def completion_logprobs(
     >>> completion_logprobs(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
     [[-0.4, -1.2, ...], ...]
     """
-    backend = lm.backend
-    if backend is None:
+    if not lm.engine.capabilities.forward:
         raise ValueError(
-            f"Scoring reads logits in this process; the {lm.engine.kind} engine keeps them in "
-            "its workers. Score with the same model on backend='hf'."
+            f"Scoring reads full logits; the {lm.engine.kind} engine does not return them. "
+            "Score with the same model on backend='hf'."
         )
     out: list[list[float]] = []
     for start in range(0, len(completions), batch_size):
         chunk = completions[start : start + batch_size]
         rows = [list(p) + list(c) for p, c in zip(prompt_tokens[start : start + batch_size], chunk)]
-        batch = Batch.left_pad(rows, lm.pad_id)
-        device = backend.input_device
-        with torch.inference_mode():
-            logits = backend.forward(
-                batch.input_ids.to(device), batch.attention_mask.to(device), None
-            )  # [batch, pos, vocab]
+        # through the engine, so the call holds the model's lock like any other
+        logits, _, ids, _ = lm.engine.forward([Request(tuple(row)) for row in rows])
         logprobs = logits[:, :-1].float().log_softmax(-1).cpu()
-        targets = batch.input_ids[:, 1:]
+        targets = ids[:, 1:]
         picked = logprobs.gather(-1, targets[..., None])[..., 0]  # [batch, pos - 1]
         out += [
             picked[i, picked.shape[1] - len(c) :].tolist() if c else [] for i, c in enumerate(chunk)
