@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from steerlab.core.ops import op_to_data
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import SteerArg, as_steers
@@ -142,7 +141,7 @@ class RemoteModel:
             "model": self.name, "max_tokens": args["max_new_tokens"],
             "temperature": args["temperature"], "top_k": args["top_k"], "top_p": args["top_p"],
             "seed": seed, "ignore_eos": not args["stop_at_eos"], "stop": args["stop"],
-            "chat": args["chat"], "steering": [_steer_data(s) for s in as_steers(steer)],
+            "chat": args["chat"], "steering": [s.to_data() for s in as_steers(steer)],
             "prompts": [p if isinstance(p, str) else {"prompt": p} for p in listed],
         }  # fmt: skip
         if args["amplify"] is not None:
@@ -189,14 +188,6 @@ def connect(url: str, *, api_key: str | None = None, timeout: float = 600.0) -> 
     >>> lm = connect("http://127.0.0.1:8000")  # doctest: +SKIP
     """
     return RemoteModel(url, api_key=api_key, timeout=timeout)
-
-
-def _steer_data(steer: Any) -> dict[str, Any]:
-    data = {"site": steer.site, "vector": steer.vector.float().tolist(),
-            "alpha": list(steer.alpha), "positions": steer.positions}  # fmt: skip
-    op = op_to_data(steer.op)
-    data["op"] = op if len(op) > 1 else op["name"]
-    return data
 
 
 def _generation(reply: dict[str, Any], body: dict[str, Any]) -> Generation:

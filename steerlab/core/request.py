@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from steerlab.core.ops import Operation, SteerError, op_to_data
-from steerlab.core.steer import Positions, Steer, vector_fingerprint
+from steerlab.core.ops import Operation, SteerError
+from steerlab.core.steer import Positions, Steer, steer_data, vector_fingerprint
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,9 +35,8 @@ class RowSteer:
 
     def to_data(self, *, vector_key: str | None = None) -> dict[str, Any]:
         """Plain data; the vector inline, or by ``vector_key`` where vectors travel once."""
-        vector: Any = vector_key if vector_key is not None else self.vector.tolist()
-        return {"site": self.site, "vector": vector, "alpha": self.alpha,
-                "positions": self.positions, "op": op_to_data(self.op)}  # fmt: skip
+        return steer_data(self.site, self.vector, self.alpha, self.positions, self.op,
+                          vector_key=vector_key)  # fmt: skip
 
     def fingerprint(self) -> str:
         """The steer minus its alpha: site, vector content, positions and op."""

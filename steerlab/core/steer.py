@@ -203,6 +203,11 @@ class Steer:
     def steers(self) -> list[Steer]:
         return [self]
 
+    def to_data(self, *, vector_key: str | None = None) -> dict[str, Any]:
+        """This steer in the wire format (``steer_data``), every alpha included."""
+        return steer_data(self.site, self.vector, list(self.alpha), self.positions, self.op,
+                          vector_key=vector_key)  # fmt: skip
+
     def fingerprint(self) -> str:
         """What this steer does, minus its alphas, as a short hash (site, vector, op, positions).
 
@@ -256,3 +261,19 @@ def position_mask(
     tensor([[False, False, False,  True,  True]])
     """
     return touched(*position_form(positions), pos, generated)
+
+
+def steer_data(site: str, vector: torch.Tensor, alpha: float | list[float], positions: Positions,
+               op: Operation, *, vector_key: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """THE wire format of a steer, for the server's clients and vLLM's workers alike.
+
+    ``{"site", "vector", "alpha", "positions", "op"}``: the vector as floats, or as
+    ``vector_key`` where vectors travel once by key; the op as ``op_to_data`` gives it
+    (a custom callable is refused, with why).
+
+    >>> steer_data("blocks.0.hook_resid_pre", torch.ones(2), 4.0, "all", Add())["op"]
+    {'name': 'add'}
+    """
+    values: Any = vector_key if vector_key is not None else vector.float().tolist()
+    return {"site": site, "vector": values, "alpha": alpha, "positions": positions,
+            "op": op_to_data(op)}  # fmt: skip

@@ -101,7 +101,7 @@ def _alphas(alpha: float | Sequence[float], param: str) -> list[float]:
 
 def _op(op: str | dict, param: str) -> Operation:
     try:
-        return op_from_data({"name": op} if isinstance(op, str) else op)
+        return op_from_data(op)
     except SteerError as error:
         raise ApiError(400, str(error), param) from None
 

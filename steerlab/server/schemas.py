@@ -27,7 +27,7 @@ class Steering(BaseModel):
     vector: str | list[float]
     alpha: float | list[float] | None = None
     positions: Positions = "all"
-    op: Literal["add", "ablate", "clamp"] | dict[str, Any] = "add"
+    op: str | dict[str, Any] = "add"  # a name, or core's data form; checked by op_from_data
 
 
 class Amplify(BaseModel):
