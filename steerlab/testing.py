@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
+from steerlab.core.tagging import tag
 
 _SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
 
@@ -70,3 +74,98 @@ def save_tiny(directory: str | Path, family: str = "gpt2", **config: Any) -> Pat
     tiny_model(family, **config).save_pretrained(directory)
     char_tokenizer().save_pretrained(directory)
     return directory
+
+
+# --- a fake backend for the loop, chat, scheduler and server tests -----------------------
+
+_VOCAB = 98  # char_tokenizer: 3 specials + printable ASCII
+
+
+class FakeCache:
+    """Token ids and positions fed so far, per row."""
+
+    def __init__(self, batch: int) -> None:
+        self.ids = torch.zeros(batch, 0, dtype=torch.long)
+
+
+class FakeCacheOps:
+    def fork(self, data: Any) -> Any:
+        return copy.deepcopy(data)
+
+    def repeat(self, data: Any, n: int) -> Any:
+        data.ids = data.ids.repeat_interleave(n, 0)
+        return data
+
+    def crop(self, data: Any, length: int) -> Any:
+        data.ids = data.ids[:, :length]
+        return data
+
+    def select(self, data: Any, rows: torch.Tensor) -> Any:
+        data.ids = data.ids[rows]
+        return data
+
+
+class FakeModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.resid = nn.Identity()  # the one hookable site
+
+
+class FakeBackend:
+    """A backend for testing the loop, chat, the scheduler and the server in milliseconds.
+
+    Logits favour token ``(token + position) % 98`` (the ``char_tokenizer`` vocabulary),
+    plus whatever a steer added at its one site, so a wrong position, a stale cache or a
+    row mixed up with another changes the tokens. It records every forward's shape
+    (``forwards``), the positions it was given (``positions``) and the sites steered
+    (``attached``).
+
+    >>> lm = sl.SteerableModel(FakeBackend(), char_tokenizer())  # doctest: +SKIP
+    """
+
+    kind = "fake"
+    site = "blocks.0.hook_resid_pre"
+    n_layers, d_model, n_ctx = 1, _VOCAB, 512
+    cache_ops = FakeCacheOps()
+
+    def __init__(self) -> None:
+        self.model = FakeModel()
+        self.forwards: list[tuple[int, ...]] = []  # (batch, new positions) per forward
+        self.positions: list[torch.Tensor] = []
+        self.attached: list[str] = []
+
+    @property
+    def input_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def sites(self) -> list[str]:
+        return [self.site]
+
+    def attach(self, site: Any, fn: Any) -> list[Any]:
+        self.attached.append(str(site))
+
+        def hook(_module: nn.Module, _args: Any, output: torch.Tensor) -> Any:
+            return fn(output)
+
+        return [self.model.resid.register_forward_hook(tag(hook))]
+
+    def new_cache(self, batch: int) -> FakeCache:
+        return FakeCache(batch)
+
+    def modules(self) -> list[nn.Module]:
+        return [self.model]
+
+    def generation_eos(self) -> set[int]:
+        return set()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any, *,
+                positions: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:  # fmt: skip
+        assert positions is not None, "the loop always hands positions over"
+        self.forwards.append(tuple(input_ids.shape))
+        self.positions.append(positions.clone())
+        if cache is not None:
+            cache.ids = torch.cat([cache.ids, input_ids], 1)
+        target = (input_ids + positions) % _VOCAB  # [batch, new]
+        resid = self.model.resid(torch.nn.functional.one_hot(target, _VOCAB).float() * 5)
+        logits = resid + 0.01 * torch.arange(_VOCAB)  # ties break the same way everywhere
+        return logits[:, -1:] if last_only else logits

@@ -7,96 +7,15 @@ It runs in milliseconds.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from torch import nn
 
 import steerlab as sl
-from steerlab.core.sites import all_sites
-from steerlab.core.tagging import tag
 from steerlab.engine import Request, RowSteer, Sampling
-from steerlab.testing import char_tokenizer
+from steerlab.testing import FakeBackend, char_tokenizer
 
-VOCAB = 98  # char_tokenizer: 3 specials + printable ASCII
-SITE = "blocks.0.hook_resid_pre"
-
-
-class FakeCache:
-    """Token ids and positions fed so far, per row."""
-
-    def __init__(self, batch: int) -> None:
-        self.ids = torch.zeros(batch, 0, dtype=torch.long)
-
-
-class FakeCacheOps:
-    def fork(self, data):
-        return copy.deepcopy(data)
-
-    def repeat(self, data, n):
-        data.ids = data.ids.repeat_interleave(n, 0)
-        return data
-
-    def crop(self, data, length):
-        data.ids = data.ids[:, :length]
-        return data
-
-    def select(self, data, rows):
-        data.ids = data.ids[rows]
-        return data
-
-
-class FakeModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.resid = nn.Identity()  # the one hookable site
-
-
-class FakeBackend:
-    """Logits favour token ``(token + position) % VOCAB``, plus what steering added."""
-
-    kind = "fake"
-    n_layers, d_model, n_ctx = 1, VOCAB, 512
-    cache_ops = FakeCacheOps()
-
-    def __init__(self) -> None:
-        self.model = FakeModel()
-        self.forwards: list[tuple[int, int]] = []  # (batch, new positions) per forward
-        self.positions: list[torch.Tensor] = []
-
-    @property
-    def input_device(self) -> torch.device:
-        return torch.device("cpu")
-
-    def sites(self) -> list[str]:
-        return [s for s in all_sites(1) if s == SITE]
-
-    def attach(self, site, fn):
-        def hook(_module, _args, output):
-            return fn(output)
-
-        return [self.model.resid.register_forward_hook(tag(hook))]
-
-    def new_cache(self, batch: int) -> FakeCache:
-        return FakeCache(batch)
-
-    def modules(self) -> list[nn.Module]:
-        return [self.model]
-
-    def generation_eos(self) -> set[int]:
-        return set()
-
-    def forward(self, input_ids, attention_mask, cache, *, positions=None, last_only=False):
-        assert positions is not None, "the loop always hands positions over"
-        self.forwards.append(tuple(input_ids.shape))
-        self.positions.append(positions.clone())
-        if cache is not None:
-            cache.ids = torch.cat([cache.ids, input_ids], 1)
-        target = (input_ids + positions) % VOCAB  # [batch, new]
-        resid = self.model.resid(torch.nn.functional.one_hot(target, VOCAB).float() * 5)
-        logits = resid + 0.01 * torch.arange(VOCAB)  # ties break the same way everywhere
-        return logits[:, -1:] if last_only else logits
+VOCAB = FakeBackend.d_model
+SITE = FakeBackend.site
 
 
 @pytest.fixture

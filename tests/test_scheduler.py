@@ -1,0 +1,95 @@
+"""The engine's scheduler on the fake backend: in-process callers share batches, each row
+equals its run alone, a failing request fails alone, and the server answers through it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from server_helpers import post, served
+
+import steerlab as sl
+from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine.scheduler import Scheduler
+from steerlab.testing import FakeBackend, char_tokenizer
+
+SITE = FakeBackend.site
+
+
+@pytest.fixture
+def lm():
+    return sl.SteerableModel(FakeBackend(), char_tokenizer())
+
+
+def _request(lm, text: str, alpha: float = 0.0, op=None, n: int = 6) -> Request:
+    ids = tuple(lm.tokenizer(text)["input_ids"])
+    vector = torch.zeros(lm.d_model)
+    vector[7] = 1.0
+    steers = (RowSteer(SITE, vector, alpha, "all", op or sl.Add()),) if alpha else ()
+    return Request(ids, steers, Sampling(max_new_tokens=n, stop_at_eos=False), stream=text)
+
+
+def test_concurrent_callers_share_batches_and_each_equals_its_run_alone(lm):
+    jobs = [[_request(lm, "hello", 0.0)], [_request(lm, "abc", 30.0)], [_request(lm, "xy", 0.0)]]
+    alone = [lm.engine.run(requests) for requests in jobs]
+    scheduler = Scheduler(lambda _: lm.engine, window_s=0.3).start()
+    results: list = [None] * len(jobs)
+
+    def caller(i: int) -> None:
+        results[i] = scheduler.run(jobs[i], timeout=30)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(jobs))]
+    forwards = len(lm.backend.forwards)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    scheduler.stop()
+    assert [[c.tokens for c in r] for r in results] == [[c.tokens for c in r] for r in alone]
+    assert scheduler.batches < len(jobs)  # the window put at least two callers in one batch
+    assert len(lm.backend.forwards) - forwards < 3 * 6  # fewer forwards than three runs
+    assert lm.hook_count() == 0
+
+
+def test_a_failing_request_fails_alone_and_the_others_are_answered(lm):
+    def poison(act, direction, alpha):
+        return act * float("nan")
+
+    good, bad = [_request(lm, "hello", 30.0)], [_request(lm, "abc", 1.0, op=poison)]
+    want = lm.engine.run(good)
+    scheduler = Scheduler(lambda _: lm.engine, window_s=0.3).start()
+    outcome: dict[str, object] = {}
+
+    def run(name: str, requests: list[Request]) -> None:
+        try:
+            outcome[name] = scheduler.run(requests, timeout=30)
+        except Exception as error:  # the job's own error comes back to its caller
+            outcome[name] = error
+
+    threads = [threading.Thread(target=run, args=a) for a in (("good", good), ("bad", bad))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    scheduler.stop()
+    assert isinstance(outcome["bad"], FloatingPointError)
+    assert [c.tokens for c in outcome["good"]] == [c.tokens for c in want]  # type: ignore[union-attr]
+    assert lm.hook_count() == 0
+
+
+def test_jobs_with_different_keys_decode_on_their_own_engines(lm):
+    other = sl.SteerableModel(FakeBackend(), char_tokenizer())
+    scheduler = Scheduler(lambda key: (lm if key == "a" else other).engine).start()
+    scheduler.run([_request(lm, "hello")], key="a")
+    scheduler.run([_request(lm, "abc")], key="b")
+    scheduler.stop()
+    assert lm.backend.forwards and other.backend.forwards
+
+
+def test_the_server_answers_through_the_scheduler_on_the_fake_backend(lm):
+    with served(lm) as url:
+        body = {"model": "model", "prompts": ["hello", "abc"], "max_tokens": 5, "ignore_eos": True}
+        reply = post(url, "/v1/batch", body).json()
+    want = lm.generate(["hello", "abc"], max_new_tokens=5, stop_at_eos=False)
+    assert [r["rows"][0]["token_ids"] for r in reply["results"]] == want.tokens
