@@ -8,9 +8,14 @@ kept small (1 GiB) for CI machines.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The independent reference and the shared engine parity suite live beside the main tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 for name, value in {
     "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -13,6 +13,7 @@ from steerlab.backends.cache import KVCache
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import Site, resolve
 from steerlab.core.tagging import count_hooks, remove_hooks
+from steerlab.core.window import check_window
 from steerlab.engine.guard import Call, calling
 from steerlab.engine.local import prefix
 from steerlab.engine.local.capture import Recorder
@@ -83,10 +84,14 @@ class LocalEngine:
     def remove_hooks(self) -> int:
         return sum(remove_hooks(m) for m in self.models())
 
-    def check(self, requests: Sequence[Request], capture: Sequence[str] = ()) -> list[Site]:
+    def check(self, requests: Sequence[Request], capture: Sequence[str] = (), cached: int = 0,
+              generating: bool = True) -> list[Site]:  # fmt: skip
         """Everything about ``requests`` that can fail, before any compute."""
         if not requests:
             raise ValueError("No requests: give at least one.")
+        for r in requests:  # a forward (prefill, logits) feeds its prompt and samples nothing
+            new = r.sampling.max_new_tokens if generating else 0
+            check_window(self.n_ctx, len(r.prompt) + cached, new)
         check_row_steers(self.backend, [r.steers for r in requests])
         return [resolve(name, self.sites()) for name in capture]
 
@@ -109,7 +114,7 @@ class LocalEngine:
         the batch once half of it has (``compact``), unless the cache is kept or
         activations are captured.
         """
-        sites = self.check(requests, capture)
+        sites = self.check(requests, capture, cache.length if cache is not None else 0)
         if cache is not None and cache.batch_size != len(requests):
             raise ValueError(
                 f"The cache has {cache.batch_size} rows; got {len(requests)} requests."
@@ -183,7 +188,7 @@ class LocalEngine:
                 wait: float = 0.0) -> KVCache:  # fmt: skip
         """Feed the requests' prompts (after ``cache``, if given) and return the cache; no
         token is sampled. The cache ends at the prompts' last token."""
-        self.check(requests)
+        self.check(requests, cached=cache.length if cache is not None else 0, generating=False)
         if cache is not None and cache.batch_size != len(requests):
             raise ValueError(
                 f"The cache has {cache.batch_size} rows; got {len(requests)} requests."
@@ -217,7 +222,7 @@ class LocalEngine:
         wait: float = 0.0,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """One forward pass over left-padded prompts: ``(logits, activations, ids, mask)``."""
-        sites = self.check(requests, capture)
+        sites = self.check(requests, capture, generating=False)
         recorder = Recorder(sites) if sites else None
         with calling(self.models(), "forward", wait=wait) as call:
             self._attach(list(requests), recorder, call)

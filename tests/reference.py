@@ -19,8 +19,10 @@ class RefSteer:
     vector: torch.Tensor
     alpha: float
     positions: Any = "all"  # "all" | "prompt" | "generated" | int
-    op: str = "add"  # "add" | "ablate" | "clamp"
+    op: str = "add"  # "add" | "ablate" | "clamp" | "cap"
     value: float = 0.0  # the clamp target
+    low: float = -float("inf")  # the cap's range
+    high: float = float("inf")
 
 
 def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
@@ -37,6 +39,13 @@ def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
     v = steer.vector.to(act.dtype)
     if steer.op == "add":
         new = act + steer.alpha * v
+    elif steer.op == "cap":  # clip the projection on the unit direction into [low, high]
+        unit = v.double() / v.double().norm()
+        proj = act.double() @ unit
+        clipped = torch.minimum(
+            torch.maximum(proj, torch.tensor(steer.low)), torch.tensor(steer.high)
+        )
+        new = (act.double() + steer.alpha * (clipped - proj)[..., None] * unit).to(act.dtype)
     else:
         unit = v / v.norm()
         proj = act @ unit  # [1, seq]

@@ -1,0 +1,127 @@
+"""One parity suite that every engine runs (eager, compiled here; vLLM in tests_vllm).
+
+Each case steers steerlab-tiny through the engine under test and through ``reference.greedy``
+(plain transformers with torch hooks, written without steerlab): every position rule, every
+operation of ``core/ops.py`` (Cap included), rows with different steers in one batch, and
+the context window at its edge. A disagreement between engines fails here, on each of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from reference import RefSteer, greedy
+
+import steerlab as sl
+from steerlab.core.errors import ContextError
+from steerlab.engine import Request, RowSteer, Sampling
+
+PROMPTS = ["Once upon a time", "The happy fox"]
+NEW = 8
+
+
+def direction(seed: int, d_model: int = 128) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(d_model, generator=generator)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One steer, as steerlab builds it and as the reference applies it."""
+
+    site: str
+    op: str
+    alpha: float
+    positions: Any = "all"
+    value: float = 0.0
+    low: float | None = None
+    high: float | None = None
+    seed: int = 0
+
+    def steerlab_op(self) -> Any:
+        if self.op == "cap":
+            return sl.Cap(self.low, self.high)
+        if self.op == "clamp":
+            return sl.Clamp(self.value)
+        return {"add": sl.Add(), "ablate": sl.Ablate()}[self.op]
+
+    def row_steer(self) -> RowSteer:
+        return RowSteer(self.site, direction(self.seed), self.alpha, self.positions,
+                        self.steerlab_op())  # fmt: skip
+
+    def ref(self) -> RefSteer:
+        low = -float("inf") if self.low is None else self.low
+        high = float("inf") if self.high is None else self.high
+        return RefSteer(self.site, direction(self.seed), self.alpha, self.positions, self.op,
+                        self.value, low, high)  # fmt: skip
+
+
+CASES = {
+    "add-all": Case("blocks.1.hook_resid_pre", "add", 6.0, "all"),
+    "add-prompt": Case("blocks.2.hook_resid_post", "add", 6.0, "prompt", seed=1),
+    "add-generated": Case("blocks.1.hook_resid_mid", "add", 8.0, "generated", seed=2),
+    "add-from-k": Case("blocks.0.hook_attn_out", "add", 8.0, 3, seed=3),
+    "ablate-generated": Case("blocks.2.hook_mlp_out", "ablate", 1.0, "generated", seed=4),
+    "clamp-all": Case("blocks.1.hook_resid_post", "clamp", 1.0, "all", value=6.0, seed=5),
+    "cap-high": Case("blocks.2.hook_resid_pre", "cap", 1.0, "all", high=-2.0, seed=6),
+    "cap-range-half": Case("blocks.1.hook_resid_pre", "cap", 0.5, 4, low=1.0, high=1.5, seed=7),
+    "cap-embed": Case("hook_embed", "cap", 1.0, "generated", low=0.5, seed=8),
+}
+
+
+def prompt_ids(lm: sl.SteerableModel, text: str) -> tuple[int, ...]:
+    return tuple(lm.tokenizer(text)["input_ids"])
+
+
+def sampling(new: int = NEW) -> Sampling:
+    return Sampling(max_new_tokens=new, stop_at_eos=False)
+
+
+def check_case(lm: sl.SteerableModel, hf: Any, name: str) -> None:
+    """Both prompts with the case's steer, in one batch, each equal to the reference."""
+    case = CASES[name]
+    requests = [Request(prompt_ids(lm, p), (case.row_steer(),), sampling(), stream=p)
+                for p in PROMPTS]  # fmt: skip
+    got = [c.tokens for c in lm.engine.run(requests)]
+    want = [greedy(hf, list(r.prompt), [case.ref()], NEW, set()) for r in requests]
+    assert got == want, name
+    assert lm.hook_count() == 0
+
+
+def check_mixed_rows(lm: sl.SteerableModel, hf: Any) -> None:
+    """Rows with different steers, ops and positions in one batch, each equal to the
+    reference with its own steers (two steers at two sites on one row too)."""
+    rows = [
+        ("Once upon a time", ["add-all"]),
+        ("The happy fox", ["cap-high", "add-generated"]),
+        ("Once upon a time", []),
+        ("A dark forest", ["clamp-all"]),
+        ("The happy fox", ["ablate-generated", "add-from-k"]),
+    ]
+    requests = [Request(prompt_ids(lm, p), tuple(CASES[n].row_steer() for n in names),
+                        sampling(), stream=f"{i}")  # fmt: skip
+                for i, (p, names) in enumerate(rows)]  # fmt: skip
+    got = [c.tokens for c in lm.engine.run(requests)]
+    want = [greedy(hf, prompt_ids(lm, p), [CASES[n].ref() for n in names], NEW, set())
+            for p, names in rows]  # fmt: skip
+    assert got == want
+    assert lm.hook_count() == 0
+
+
+def check_context_edge(lm: sl.SteerableModel, hf: Any) -> None:
+    """A call that ends exactly at the context window runs; one token more is refused
+    before any compute, with the core's ContextError."""
+    n_ctx = lm.n_ctx
+    assert n_ctx is not None
+    ids = prompt_ids(lm, "Once upon a time")
+    fill = n_ctx - len(ids)  # prompt + new tokens = the window exactly
+    request = Request(ids, (CASES["add-all"].row_steer(),), sampling(fill), stream="edge")
+    (got,) = lm.engine.run([request])
+    assert got.tokens == greedy(hf, list(ids), [CASES["add-all"].ref()], fill, set())
+    too_long = Request(ids, (), sampling(n_ctx - len(ids) + 1), stream="over")
+    with pytest.raises(ContextError, match="context window"):
+        lm.engine.run([too_long])
+    assert lm.hook_count() == 0

@@ -1,0 +1,20 @@
+"""The shared engine parity suite (``tests/engine_parity.py``) on vLLM: the same cases the
+local engine runs, eager and compiled, each against plain transformers with torch hooks."""
+
+from __future__ import annotations
+
+import pytest
+from engine_parity import CASES, check_case, check_context_edge, check_mixed_rows
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_position_rule_and_operation_equals_plain_hooks(lm, hf, name):
+    check_case(lm, hf, name)
+
+
+def test_rows_with_different_steers_in_one_batch_equal_plain_hooks(lm, hf):
+    check_mixed_rows(lm, hf)
+
+
+def test_the_context_window_at_its_edge(lm, hf):
+    check_context_edge(lm, hf)
