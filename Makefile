@@ -32,11 +32,13 @@ lab: setup
 
 test: setup
 	$(PYTEST) -q -rs -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
+	$(PYTEST) -q -p no:cacheprovider --doctest-modules steerlab
 
 test-fast: $(STAMP)
 	$(PYTEST) -q -rs -m "not browser and not slow" tests
 
 lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check steerlab tests tests_vllm benchmarks
 	$(VENV)/bin/ruff format --check steerlab tests tests_vllm benchmarks
 	$(VENV)/bin/mypy
