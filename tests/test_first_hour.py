@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import steerlab as sl
-from steerlab import progress
+from steerlab.core import bars as progress
 
 README = Path(__file__).parents[1] / "README.md"
 
