@@ -69,8 +69,7 @@ class FeatureActivations:
 
         >>> FeatureActivations.from_residual(sae, x, mask, ids, words, k=8)  # doctest: +SKIP
         """
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= sae.d_sae:
-            raise SAEError(f"k must be an int in [1, d_sae={sae.d_sae}]; got {k!r}.")
+        check_k(k, sae)
         batch, pos, _ = residual.shape
         real = attention_mask.to(residual.device).bool().reshape(-1)  # [batch * pos]
         values = torch.zeros(batch * pos, k, dtype=sae.dtype, device=sae.device)
@@ -209,6 +208,12 @@ class FeatureActivations:
             f"<tr><th>token (prompt 0)</th><th>top features (value)</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>"
         )
+
+
+def check_k(k: object, sae: SAE) -> None:
+    """Refuse a number of features per token that is not an int in ``[1, d_sae]``."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= sae.d_sae:
+        raise SAEError(f"k must be an int in [1, d_sae={sae.d_sae}]; got {k!r}.")
 
 
 def _encode_chunks(sae: SAE, x: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
-from steerlab.features.activations import FeatureActivations
+from steerlab.features.activations import FeatureActivations, check_k
 from steerlab.features.errors import SAEError
 from steerlab.features.sae import SAE
 from steerlab.sites import resolve
@@ -46,6 +46,7 @@ def features(
     >>> acts = features(lm, ["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
     """
     check_model(lm, sae)
+    check_k(k, sae)
     acts = lm.run_with_cache(prompts, sites=[sae.site], steer=steer, chat=chat)
     return FeatureActivations.from_residual(
         sae, acts[sae.site], acts.attention_mask, acts.tokens, acts.str_tokens, k=k, dense=dense
