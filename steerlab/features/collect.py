@@ -59,6 +59,8 @@ def check_model(lm: SteerableModel, sae: SAE) -> None:
     Raises:
         SiteError: the model has no site ``sae.site``.
         SAEError: ``lm.d_model != sae.d_in``.
+
+    >>> check_model(sl.load("steerlab-tiny"), sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
     """
     resolve(sae.site, lm.sites())
     if lm.d_model != sae.d_in:

@@ -250,7 +250,11 @@ def _read_tensors(path: Path, config: Config, device: str | torch.device) -> dic
 
 
 def config_dict(sae: SAE) -> dict[str, Any]:
-    """SAELens's ``cfg.json`` for ``sae``: ``SAEConfig.to_dict()`` plus ``architecture``."""
+    """SAELens's ``cfg.json`` for ``sae``: ``SAEConfig.to_dict()`` plus ``architecture``.
+
+    >>> config_dict(sae)["metadata"]["hook_name"]  # doctest: +SKIP
+    'blocks.2.hook_resid_pre'
+    """
     metadata = {**sae.metadata, "hook_name": sae.site, "model_name": sae.model_name}
     metadata.setdefault("sae_lens_version", SAE_LENS_VERSION)
     cfg: dict[str, Any] = {

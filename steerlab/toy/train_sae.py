@@ -59,7 +59,11 @@ class Recipe:
 def residuals(
     model: GPT2LMHeadModel, tokenizer, texts: list[str], layer: int
 ) -> list[torch.Tensor]:
-    """Each text's residual entering block ``layer``: ``[pos, d_model]``, BOS included."""
+    """Each text's residual entering block ``layer``: ``[pos, d_model]``, BOS included.
+
+    >>> residuals(model, tokenizer, ["Once upon a time."], 2)[0].shape  # doctest: +SKIP
+    torch.Size([6, 128])
+    """
     out: list[torch.Tensor] = []
     captured: list[torch.Tensor] = []
 
@@ -92,6 +96,8 @@ def train(
     """Plain SGD on ``x [tokens, d_in]``: squared error + l1 * sum(f_i * |W_dec[i]|).
 
     Returns the weights and ``(step, mse, l0)`` every 250 steps.
+
+    >>> weights, history = train(torch.randn(4096, 128), Recipe(steps=10))  # doctest: +SKIP
     """
     generator = torch.Generator().manual_seed(recipe.seed)
     d_in = x.shape[1]
@@ -127,7 +133,10 @@ def train(
 
 @torch.no_grad()
 def reconstruction(sae: SAE, x: torch.Tensor) -> dict[str, float]:
-    """Fraction of variance explained, mean L0 and dead features over ``x [tokens, d_in]``."""
+    """Fraction of variance explained, mean L0 and dead features over ``x [tokens, d_in]``.
+
+    >>> reconstruction(sl.load_sae("steerlab-tiny-sae"), x)["l0"]  # doctest: +SKIP
+    """
     f = sae.encode(x)
     x_hat = sae.decode(f)
     fve = 1 - float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
@@ -147,6 +156,8 @@ def concept_features(
 
     Each story's activation is the mean over its tokens after BOS. Returns the ``top``
     features towards each pole, with d and the mean activation on either side.
+
+    >>> concept_features(sae, held_out, [s.positive for s in stories])[0]["feature"]  # doctest: +SKIP
     """
     means = torch.stack([sae.encode(r[1:]).mean(0) for r in story_residuals])  # [stories, d_sae]
     pole = torch.tensor(labels)
@@ -167,6 +178,8 @@ def steering_rows(model, tokenizer, vectors: dict[str, torch.Tensor], layer: int
 
     As ``steerlab.toy.evidence``: a plain pre-hook adds the vector at every position of block
     ``layer``'s input; 48 new tokens, temperature 1, seed 0; perplexity under the unsteered model.
+
+    >>> steering_rows(model, tok, {"feature 499 x 16": 16 * sae.W_dec[499]}, 2)  # doctest: +SKIP
     """
     rows = []
     for name, vector in vectors.items():
@@ -184,7 +197,10 @@ def steering_rows(model, tokenizer, vectors: dict[str, torch.Tensor], layer: int
 
 
 def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
-    """Train, measure, and write the SAE folder with its record and card."""
+    """Train, measure, and write the SAE folder with its record and card.
+
+    >>> main(Recipe(), Path("/tmp/my-toy-sae"))["held_out"]["l0"]  # doctest: +SKIP
+    """
     random.seed(recipe.seed)
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)
@@ -262,7 +278,10 @@ def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
 
 
 def card(record: dict) -> str:
-    """The model card, every figure taken from ``record``."""
+    """The model card, every figure taken from ``record``.
+
+    >>> card(json.loads((TOY_SAES[NAME] / "training.json").read_text()))  # doctest: +SKIP
+    """
     recipe, held = record["recipe"], record["held_out"]
     seconds = record["seconds"]
     lines = [
