@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.steerlab-installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup lab test test-fast lint bench browser toy clean test-vllm bench-vllm
+.PHONY: setup lab test test-fast lint bench browser toy toy-sae clean test-vllm bench-vllm
 
 setup: $(STAMP) browser
 
@@ -70,6 +70,10 @@ bench-vllm: $(VLLM_STAMP)
 
 toy: $(STAMP)
 	$(PY) -m steerlab.toy.train
+
+# The toy SAE on steerlab-tiny's blocks.2.hook_resid_pre: one thread, about two minutes.
+toy-sae: $(STAMP)
+	$(PY) -m steerlab.toy.train_sae
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

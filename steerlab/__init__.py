@@ -43,6 +43,9 @@ _LAZY = {
     "SteeringPanel": ("steerlab.widgets", "SteeringPanel"),
     "connect": ("steerlab.client", "connect"),
     "ChatPanel": ("steerlab.widgets.chat_panel", "ChatPanel"),
+    "load_sae": ("steerlab.features", "load_sae"),
+    "SAE": ("steerlab.features", "SAE"),
+    "FeatureActivations": ("steerlab.features", "FeatureActivations"),
 }
 
 

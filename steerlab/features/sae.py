@@ -1,0 +1,306 @@
+"""``SAE``: a sparse autoencoder over one site's activations, as an immutable value.
+
+Encoding and decoding follow SAELens 6.x (``sae_lens/saes/*_sae.py``) line for line, so
+``sae.encode(x)`` gives the values SAELens's ``SAE.encode`` gives:
+
+- the input is cast to the SAE's dtype, and ``b_dec`` is subtracted from it when
+  ``apply_b_dec_to_input`` is on;
+- ``hidden_pre = sae_in @ W_enc + b_enc``;
+- ``standard``: ``relu(hidden_pre)``; ``jumprelu``: ``relu(hidden_pre)`` where
+  ``hidden_pre > threshold``, else 0; ``topk``: the ``k`` largest entries of ``hidden_pre``
+  (scaled by the decoder row norms first when ``rescale_acts_by_decoder_norm``), relu'd,
+  the rest 0;
+- ``decode(f) = f @ W_dec + b_dec`` (``topk`` with rescaling divides ``f`` by the row norms).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from steerlab.core.sites import Site, SiteError
+from steerlab.features.errors import SAEError
+from steerlab.vectors.io import plain_text
+from steerlab.vectors.vector import Provenance, SteeringVector
+
+
+def _standard(sae: SAE, hidden_pre: torch.Tensor) -> torch.Tensor:
+    return torch.relu(hidden_pre)
+
+
+def _jumprelu(sae: SAE, hidden_pre: torch.Tensor) -> torch.Tensor:
+    assert sae.threshold is not None  # checked on construction
+    base = torch.relu(hidden_pre)
+    return base * (hidden_pre > sae.threshold).to(base.dtype)
+
+
+def _topk(sae: SAE, hidden_pre: torch.Tensor) -> torch.Tensor:
+    assert sae.k is not None  # checked on construction
+    if sae.rescale_acts_by_decoder_norm:
+        hidden_pre = hidden_pre * sae.W_dec.norm(dim=-1)
+    values, indices = torch.topk(hidden_pre, k=sae.k, dim=-1, sorted=False)  # [..., k]
+    out = torch.zeros_like(hidden_pre)
+    out.scatter_(-1, indices, values.relu())
+    return out
+
+
+# architecture -> activation of hidden_pre, as SAELens's class for that architecture computes it.
+ARCHITECTURES: Mapping[str, Callable[[SAE, torch.Tensor], torch.Tensor]] = MappingProxyType(
+    {"standard": _standard, "jumprelu": _jumprelu, "topk": _topk}
+)
+
+
+@dataclass(frozen=True, eq=False)
+class SAE:
+    """A SAELens-format sparse autoencoder at one canonical site.
+
+    Read one with ``load_sae``; ``save`` writes the same folder format back. Tensors are
+    SAELens's: ``W_enc [d_in, d_sae]``, ``W_dec [d_sae, d_in]``, ``b_enc [d_sae]``,
+    ``b_dec [d_in]``, and ``threshold [d_sae]`` for ``jumprelu``.
+
+    Attributes:
+        site: the steerlab site it reads (SAELens's ``metadata.hook_name``).
+        architecture: ``"standard"``, ``"jumprelu"`` or ``"topk"``.
+        k: the number of active features of a ``topk`` SAE.
+        model_name: SAELens's ``metadata.model_name``, kept for provenance.
+        source: the folder or name it was loaded from.
+        metadata: the rest of SAELens's ``metadata``, written back by ``save``.
+
+    >>> sae = SAE(torch.eye(4), torch.eye(4), torch.zeros(4), torch.zeros(4), "blocks.0.hook_resid_pre")
+    >>> sae.encode(torch.tensor([1.0, -2.0, 0.0, 3.0])).tolist()
+    [1.0, 0.0, 0.0, 3.0]
+    """
+
+    W_enc: torch.Tensor  # [d_in, d_sae]
+    W_dec: torch.Tensor  # [d_sae, d_in]
+    b_enc: torch.Tensor  # [d_sae]
+    b_dec: torch.Tensor  # [d_in]
+    site: str
+    architecture: str = "standard"
+    threshold: torch.Tensor | None = None  # [d_sae], jumprelu only
+    k: int | None = None  # topk only
+    rescale_acts_by_decoder_norm: bool = False  # topk only
+    apply_b_dec_to_input: bool = True
+    model_name: str = ""
+    source: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise SAEError(
+                f"SAE architecture {self.architecture!r} is not supported; steerlab reads "
+                f"{', '.join(repr(a) for a in ARCHITECTURES)}."
+            )
+        try:
+            Site.parse(self.site)
+        except SiteError:
+            raise SAEError(
+                f"SAE site {self.site!r} is not a steerlab site (TransformerLens names such as "
+                "'blocks.2.hook_resid_pre')."
+            ) from None
+        d_in, d_sae = _shape(self.W_enc, "W_enc", 2)
+        shapes = {"W_dec": (d_sae, d_in), "b_enc": (d_sae,), "b_dec": (d_in,)}
+        if self.architecture == "jumprelu":
+            if self.threshold is None:
+                raise SAEError("A jumprelu SAE needs a threshold tensor [d_sae].")
+            shapes["threshold"] = (d_sae,)
+        elif self.threshold is not None:
+            raise SAEError(f"A {self.architecture} SAE has no threshold; only jumprelu does.")
+        for name, shape in shapes.items():
+            tensor = getattr(self, name)
+            if tuple(tensor.shape) != shape:
+                raise SAEError(f"SAE {name} has shape {tuple(tensor.shape)}; expected {shape}.")
+            if tensor.dtype != self.W_enc.dtype or tensor.device != self.W_enc.device:
+                raise SAEError(
+                    f"SAE {name} is {tensor.dtype} on {tensor.device}; W_enc is "
+                    f"{self.W_enc.dtype} on {self.W_enc.device}: one dtype and device for all."
+                )
+        if self.architecture == "topk":
+            if type(self.k) is not int or not 1 <= self.k <= d_sae:
+                raise SAEError(f"A topk SAE needs an int k in [1, {d_sae}]; got {self.k!r}.")
+        elif self.k is not None or self.rescale_acts_by_decoder_norm:
+            raise SAEError(
+                f"k and rescale_acts_by_decoder_norm are topk settings, not {self.architecture}."
+            )
+        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+    __hash__ = None  # type: ignore[assignment]  # a value holding tensors, as SteeringVector
+
+    # --- reading ------------------------------------------------------------------------
+
+    @property
+    def d_in(self) -> int:
+        return self.W_enc.shape[0]
+
+    @property
+    def d_sae(self) -> int:
+        return self.W_enc.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.W_enc.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_enc.device
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The weights by SAELens's names, as ``sae_weights.safetensors`` holds them."""
+        out = {"W_enc": self.W_enc, "W_dec": self.W_dec, "b_enc": self.b_enc, "b_dec": self.b_dec}
+        if self.threshold is not None:
+            out["threshold"] = self.threshold
+        return out
+
+    @cached_property
+    def content_hash(self) -> str:
+        """sha256 of what decides the SAE's outputs: its settings and every weight's bytes.
+
+        The same after ``save`` and ``load_sae``; file paths and metadata do not enter it.
+        """
+        digest = hashlib.sha256()
+        settings = {
+            "architecture": self.architecture, "site": self.site, "k": self.k,
+            "rescale_acts_by_decoder_norm": self.rescale_acts_by_decoder_norm,
+            "apply_b_dec_to_input": self.apply_b_dec_to_input,
+        }  # fmt: skip
+        digest.update(json.dumps(settings, sort_keys=True).encode())
+        for name, tensor in sorted(self.tensors().items()):
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    # --- computing ----------------------------------------------------------------------
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature activations ``[..., d_in] -> [..., d_sae]``, as SAELens's ``SAE.encode``.
+
+        The input is cast to the SAE's dtype and device; the output is in the SAE's dtype.
+
+        Raises:
+            SAEError: ``x``'s last dimension is not ``d_in``.
+
+        >>> f = sae.encode(lm.run_with_cache("Hi", sites=[sae.site])[sae.site])  # doctest: +SKIP
+        """
+        sae_in = self._input(x, self.d_in, "encode").to(device=self.device, dtype=self.dtype)
+        sae_in = sae_in - self.b_dec * self.apply_b_dec_to_input
+        hidden_pre = sae_in @ self.W_enc + self.b_enc  # [..., d_sae]
+        return ARCHITECTURES[self.architecture](self, hidden_pre)
+
+    def decode(self, feature_acts: torch.Tensor) -> torch.Tensor:
+        """Reconstruction ``[..., d_sae] -> [..., d_in]``, as SAELens's ``SAE.decode``.
+
+        >>> x_hat = sae.decode(sae.encode(x))  # doctest: +SKIP
+        """
+        f = self._input(feature_acts, self.d_sae, "decode").to(device=self.device, dtype=self.dtype)
+        if self.rescale_acts_by_decoder_norm:
+            f = f * (1 / self.W_dec.norm(dim=-1))
+        return f @ self.W_dec + self.b_dec
+
+    def _input(self, x: torch.Tensor, width: int, verb: str) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.ndim == 0 or x.shape[-1] != width:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise SAEError(f"SAE.{verb} takes a tensor [..., {width}]; got {shape}.")
+        return x
+
+    # --- steering -----------------------------------------------------------------------
+
+    def feature(self, i: int) -> SteeringVector:
+        """Feature ``i``'s decoder row ``W_dec[i]`` as a ``SteeringVector`` at ``self.site``.
+
+        The direction is ``W_dec[i]`` exactly (not renormalised), so alpha is in units of the
+        feature's own activation. The provenance names the SAE (source, content hash) and ``i``.
+
+        Raises:
+            SAEError: ``i`` is not an int in ``[0, d_sae)``.
+
+        >>> lm.generate("Once", steer=sl.Steer(sae.site, sae.feature(3), alpha=8.0))  # doctest: +SKIP
+        """
+        index = self._index(i)
+        provenance = Provenance(
+            model=plain_text(self.model_name),
+            method=plain_text(f"sae feature {index} of {self.source or 'an SAE'}"),
+            data_sha256=self.content_hash,
+        )
+        return SteeringVector({self.site: self.W_dec[index]}, 1.0, provenance)
+
+    def _index(self, i: object) -> int:
+        if isinstance(i, bool) or not isinstance(i, int):
+            if isinstance(i, torch.Tensor) and i.ndim == 0 and not i.is_floating_point():
+                i = int(i)
+            else:
+                raise SAEError(f"A feature index is an int in [0, {self.d_sae}); got {i!r}.")
+        assert isinstance(i, int)
+        if not 0 <= i < self.d_sae:
+            raise SAEError(
+                f"Feature {i} is out of range: this SAE's features are [0, {self.d_sae})."
+            )
+        return i
+
+    # --- files and devices --------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``cfg.json`` and ``sae_weights.safetensors`` to the folder ``path``.
+
+        SAELens's ``SAE.load_from_disk(path)`` reads it back.
+
+        >>> sae.save("out/my-sae")  # doctest: +SKIP
+        """
+        from steerlab.features.format import write_folder
+
+        return write_folder(self, path)
+
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> SAE:
+        """A copy with every weight on ``device`` and/or in ``dtype``.
+
+        >>> sae.to("cuda")  # doctest: +SKIP
+        """
+        moved: dict[str, Any] = {
+            n: t.to(device=device, dtype=dtype) for n, t in self.tensors().items()
+        }
+        return replace(self, **moved)
+
+    # --- display ------------------------------------------------------------------------
+
+    def _facts(self) -> list[tuple[str, str]]:
+        facts = [("site", self.site), ("architecture", self.architecture)]
+        if self.k is not None:
+            facts.append(("k", str(self.k)))
+        facts += [
+            ("d_in x d_sae", f"{self.d_in} x {self.d_sae}"),
+            ("dtype", str(self.dtype).removeprefix("torch.")),
+            ("model", self.model_name or "?"),
+            ("source", self.source or "?"),
+        ]
+        return facts
+
+    def __repr__(self) -> str:
+        k = f", k={self.k}" if self.k is not None else ""
+        return (
+            f"SAE({self.architecture}{k}, site={self.site!r}, d_in={self.d_in}, "
+            f"d_sae={self.d_sae}, model={self.model_name or '?'!r}, source={self.source or '?'!r})"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(name)}</td><td><code>{html.escape(value)}</code></td></tr>"
+            for name, value in self._facts()
+        )
+        return f"<b>SAE</b><table><tbody>{rows}</tbody></table>"
+
+
+def _shape(tensor: object, name: str, ndim: int) -> tuple[int, ...]:
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != ndim:
+        raise SAEError(f"SAE {name} must be a {ndim}-D tensor.")
+    if not tensor.is_floating_point():
+        raise SAEError(f"SAE {name} must be floating point; got {tensor.dtype}.")
+    return tuple(tensor.shape)

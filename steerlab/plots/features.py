@@ -1,0 +1,116 @@
+"""SAE features over a prompt's tokens: the top features as a heatmap, one feature as a trace."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from steerlab.plots._data import display_token, token_ticks
+from steerlab.plots.theme import PALETTE
+
+if TYPE_CHECKING:
+    from steerlab.features import FeatureActivations
+
+BASELINE_COLOUR = "#999999"
+
+
+def features(
+    acts: FeatureActivations, *, row: int = 0, n: int = 10, title: str | None = None
+) -> go.Figure:
+    """Heatmap of prompt ``row``'s ``n`` top features: tokens down, features across.
+
+    Features are ranked by their largest activation anywhere in the prompt (largest first);
+    each cell is the feature's exact activation at that token. Pads are left out.
+
+    Args:
+        acts: from ``features(lm, prompts, sae)``.
+        row: which prompt.
+        n: how many features (at most the ``k`` kept per token).
+        title: figure title; the site and prompt when ``None``.
+
+    Returns:
+        A one-trace heatmap figure; hover shows token, feature and value.
+
+    >>> sl.plots.features(acts, n=8)  # doctest: +SKIP
+    """
+    top = acts.prompt_top(row, n)
+    positions = acts.real_positions(row)
+    labels = [display_token(acts.str_tokens[row][p]) for p in positions]
+    z = acts.columns(top)[row, positions].float().cpu()  # [pos, n]
+    names = [str(i) for i in top]  # categories, so the ranked order is kept
+    heat = go.Heatmap(
+        z=z.tolist(),
+        x=names,
+        y=list(range(len(positions))),
+        colorscale="Viridis",
+        zmin=0,
+        colorbar={"title": {"text": "activation"}},
+        customdata=[[label] * len(names) for label in labels],
+        hovertemplate="token %{customdata}, feature %{x}<br>%{z:.3f}<extra></extra>",
+    )
+    fig = go.Figure(heat)
+    default = f"SAE features at {acts.sae.site}" + (
+        f" (prompt {row})" if acts.attention_mask.shape[0] > 1 else ""
+    )
+    fig.update_layout(title_text=default if title is None else title)
+    fig.update_xaxes(title_text=f"feature (top {len(top)} by peak activation)", type="category")
+    ticks = {**token_ticks(labels, max_ticks=32, max_chars=10), "tickangle": 0}
+    fig.update_yaxes(title_text="token", autorange="reversed", **ticks)  # read top to bottom
+    return fig
+
+
+def feature_trace(
+    acts: FeatureActivations,
+    i: int,
+    baseline: FeatureActivations | None = None,
+    *,
+    row: int = 0,
+    title: str | None = None,
+) -> go.Figure:
+    """Feature ``i``'s activation at each token of prompt ``row``; with ``baseline``, both.
+
+    With a baseline (say the same text unsteered, ``acts`` steered) the two traces sit one
+    above the other, baseline on top, on one activation scale, each under its own tokens.
+
+    Args:
+        acts: the activations to show (the steered ones, when comparing).
+        i: the feature.
+        baseline: activations to compare with, e.g. ``features(lm, text, sae)`` unsteered.
+        row: which prompt, in both.
+        title: figure title; the feature and site when ``None``.
+
+    Returns:
+        A bar figure: one panel, or two (baseline, steered) sharing the y range.
+
+    >>> sl.plots.feature_trace(steered, 12, baseline=plain)  # doctest: +SKIP
+    """
+    panels = [("activation", acts, PALETTE[0])]
+    if baseline is not None:
+        panels = [("baseline", baseline, BASELINE_COLOUR), ("steered", acts, PALETTE[0])]
+    traces = []
+    for name, source, colour in panels:
+        positions = source.real_positions(row)
+        labels = [display_token(source.str_tokens[row][p]) for p in positions]
+        values = source.feature(i)[row, positions].float().cpu().tolist()
+        traces.append((name, labels, values, colour))
+    top = max((max(v, default=0.0) for _, _, v, _ in traces), default=0.0) or 1.0
+    fig = make_subplots(
+        rows=len(traces), cols=1, subplot_titles=[t[0] for t in traces] if baseline else None,
+        vertical_spacing=0.25 if baseline else 0.1,
+    )  # fmt: skip
+    for n, (name, labels, values, colour) in enumerate(traces, start=1):
+        fig.add_trace(
+            go.Bar(
+                x=list(range(len(values))), y=values, name=name, marker_color=colour,
+                customdata=labels, hovertemplate=f"{name}: token %{{customdata}}<br>%{{y:.3f}}<extra></extra>",
+            ),
+            row=n, col=1,
+        )  # fmt: skip
+        fig.update_xaxes(**token_ticks(labels, max_ticks=32, max_chars=8), row=n, col=1)
+        fig.update_yaxes(title_text="activation", range=[0, 1.05 * top], row=n, col=1)
+    default = f"feature {i} at {acts.sae.site}"
+    fig.update_layout(title_text=default if title is None else title, showlegend=False)
+    fig.update_xaxes(title_text="token", row=len(traces), col=1)
+    return fig
