@@ -117,7 +117,7 @@ class SteeringPanel:
         alpha_range: tuple[float, float] = (-20.0, 20.0),
         alpha_step: float = 0.5,
         max_new_tokens: int = 30,
-        debounce: float = 0.15,
+        debounce: float = 0.05,
         export_stem: str = "steerlab_panel",
     ) -> None:
         if not vectors:
@@ -414,7 +414,7 @@ class SteeringPanel:
         )
         self.figure_view = widgets.Output(layout=widgets.Layout(width="100%"))
         self.figure_view.add_class("steerlab-figure")
-        column = widgets.Layout(flex="1 1 320px", min_width="260px", margin="0 8px 0 0")
+        column = widgets.Layout(flex="1 1 250px", min_width="230px", margin="0 8px 0 0")
         panes = widgets.HBox(
             [
                 widgets.VBox([self.baseline_title, self.baseline_pane], layout=column),
