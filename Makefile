@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.steerlab-installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup lab test test-fast lint bench browser toy toy-sae clean test-vllm bench-vllm
+.PHONY: setup lab lab-copy test test-fast lint bench browser toy toy-sae clean test-vllm bench-vllm
 
 setup: $(STAMP) browser
 
@@ -22,12 +22,21 @@ browser:
 	@bash scripts/install_browser.sh || echo "warning: no Chromium; static figure export (PNG/SVG/PDF) and browser tests need one (see README)"
 
 # The venv's bin goes first on PATH so notebook kernels run the venv's Python; root (a
-# container) needs --allow-root. Lab serves the repository, so that tutorials/ and notebooks/
-# are both reachable, and opens on tutorials/; test plumbing is hidden from the file browser.
-LAB_HIDDEN := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "conftest.py", "sanitize.cfg"]
-lab: setup
+# container) needs --allow-root. Lab opens a git-ignored working copy of tutorials/ and
+# notebooks/ (made by lab-copy), so that running a notebook never changes the tracked ones,
+# whose stored outputs nbval compares against. lab-copy adds notebooks that are missing from
+# the copy and never overwrites one you have run or edited; delete $(LAB_DIR) to start afresh.
+LAB_DIR    ?= lab
+LAB_HIDDEN := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~"]
+lab-copy:
+	@for nb in tutorials/*.ipynb notebooks/*.ipynb; do \
+		mkdir -p "$(LAB_DIR)/$$(dirname $$nb)"; \
+		[ -e "$(LAB_DIR)/$$nb" ] || cp "$$nb" "$(LAB_DIR)/$$nb"; \
+	done
+
+lab: setup lab-copy
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab \
-		--ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/tutorials \
+		--ServerApp.root_dir="$(CURDIR)/$(LAB_DIR)" --LabApp.default_url=/lab/tree/tutorials \
 		'--ContentsManager.hide_globs=$(LAB_HIDDEN)' $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup

@@ -5,7 +5,7 @@
 Starts JupyterLab the way ``make lab`` does (repository root, opening on tutorials/, test
 plumbing hidden), runs tutorial 04 in headless Debian chromium through Playwright, moves the
 alpha slider to 4 with the keyboard, and saves the page with the file browser open at 1024
-and 1600 px wide. Reuses the browser-test fixtures' helpers (tests/browser/conftest.py).
+and 1440 px wide, 768 px tall (a laptop screen). Reuses the browser-test fixtures' helpers (tests/browser/conftest.py).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def shoot(page, lab: LabServer, out: Path) -> None:
         timeout=60_000,
     )
     page.wait_for_timeout(1500)  # plotly's relayout after the update
-    for width in (1024, 1600):
-        page.set_viewport_size({"width": width, "height": 1500})
+    for width in (1024, 1440):
+        page.set_viewport_size({"width": width, "height": 768})
         page.wait_for_timeout(1500)
         panel = page.locator(".steerlab-panel")
         panel.scroll_into_view_if_needed()

@@ -46,8 +46,21 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
-def _locate(name: str | Path) -> str:
-    """A local folder for the embedded models and existing paths, else ``name`` (a hub id)."""
+class ModelNotAvailableError(OSError):
+    """A hub id that is not in the local cache while the hub is off or out of reach."""
+
+
+HUB_PROBE_TIMEOUT_S = 1.5  # one HEAD to the hub's front page; no retries
+
+
+def _locate(name: str | Path, revision: str | None = None) -> str:
+    """A local folder for the embedded models, existing paths and cached hub ids that
+    cannot be refreshed, else ``name`` (a hub id to download).
+
+    Raises:
+        ModelNotAvailableError: ``name`` is a hub id, not cached, and the hub is switched
+            off or unreachable; decided in about a second, before transformers' retry loop.
+    """
     text = str(name)
     if text in EMBEDDED:
         return str(embedded_path(text))
@@ -64,21 +77,47 @@ def _locate(name: str | Path) -> str:
     close = difflib.get_close_matches(text, EMBEDDED, n=1, cutoff=0.75)
     if close:
         raise ValueError(f"Unknown model {text!r}. Did you mean {close[0]!r}?")
-    return text
+    return _resolve_hub_id(text, revision)
 
 
-def _offline_message(name: str) -> str:
-    from huggingface_hub import constants
+def _resolve_hub_id(name: str, revision: str | None) -> str:
+    """``name`` when the hub can be asked; the cached snapshot folder when it cannot.
 
+    Without this, transformers retries an unreachable hub with backoff for about 47 s per
+    file and then raises a long chained traceback.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    offline = bool(constants.HF_HUB_OFFLINE)
+    if not offline and _hub_reachable():
+        return name
+    cached = try_to_load_from_cache(name, "config.json", revision=revision)
+    if isinstance(cached, str):
+        return str(Path(cached).parent)  # the snapshot folder: read locally, no hub calls
+    raise ModelNotAvailableError(_offline_message(name, offline))
+
+
+def _hub_reachable() -> bool:
+    """One HEAD request to the hub with a short timeout (proxies and HF_ENDPOINT honoured)."""
+    from huggingface_hub import constants, get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception:  # any failure to get a response means: not reachable now
+        return False
+    return True
+
+
+def _offline_message(name: str, offline: bool) -> str:
     why = (
         "the hub is switched off (HF_HUB_OFFLINE is set)"
-        if constants.HF_HUB_OFFLINE
-        else "the hub could not be reached (offline? set HF_HUB_OFFLINE=1 to fail fast)"
+        if offline
+        else "the hub cannot be reached (no network?)"
     )
     return (
-        f"Cannot load {name!r}: it is not a local folder, it is not in the HuggingFace cache, "
-        f"and {why}. Download it once while online, pass a local folder, or try "
-        "sl.load('steerlab-tiny'), which is shipped with steerlab and needs no network."
+        f"Cannot load {name!r}: it is not in the HuggingFace cache and {why}. Download it "
+        f"once while online (hf download {name}), pass a local folder, or use "
+        "sl.load('steerlab-tiny'), which ships with steerlab and works offline."
     )
 
 
@@ -103,7 +142,9 @@ def _tokenizer(path: str, trust_remote_code: bool, revision: str | None) -> Any:
     except OSError as error:
         if Path(path).is_dir() or not _is_unreachable(error):
             raise
-        raise OSError(_offline_message(path)) from error
+        from huggingface_hub import constants
+
+        raise ModelNotAvailableError(_offline_message(path, constants.HF_HUB_OFFLINE)) from None
 
 
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype:
@@ -189,7 +230,7 @@ def load(
         raise ValueError(f"{', '.join(given)} only apply to backend='vllm'.")
     if device is not None and (device_map is not None or (n_devices or 1) > 1):
         raise ValueError("Give device, or n_devices / device_map, not both.")
-    path = _locate(name)
+    path = _locate(name, revision)
     _require_safetensors(path, trust_remote_code)
     torch_dtype = _dtype(dtype)
     tokenizer = _tokenizer(path, trust_remote_code, revision)
@@ -242,7 +283,7 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
         )
     if dtype is not None and not isinstance(dtype, str):
         dtype = str(dtype).removeprefix("torch.")
-    path = _locate(name)
+    path = _locate(name, revision)
     _require_safetensors(path, trust_remote_code)
     import importlib.util
 

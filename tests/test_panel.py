@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -168,19 +169,158 @@ def test_steering_vector_and_sampling_controls(lm, vec):
 
 def test_export_completions_and_display(lm, vec, tmp_path):
     panel = make_panel(lm, {"v": vec}, export_stem=str(tmp_path / "run"))
+    panel.controls.alpha.value = 5.0000000000000036  # float noise, as a slider can leave it
     record = panel.record()
     assert record["steered"] == panel.steered_text and record["site"] == "blocks.1.hook_resid_pre"
     fmt, button, status = panel.widget.children[-2].children[1].children
-    for suffix in ("json", "txt"):
+    for suffix in ("json", "json", "txt"):
         fmt.value = suffix
         button.click()
         assert status.value.startswith("saved")
-    assert json.loads((tmp_path / "run_completions.json").read_text()) == record
-    assert panel.steered_text in (tmp_path / "run_completions.txt").read_text()
+    stem = "run_completions_blocks.1.hook_resid_pre_a5"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{stem}_001.json",
+        f"{stem}_002.json",  # a second export never overwrites the first
+        f"{stem}_003.txt",
+    ]
+    exported = json.loads((tmp_path / f"{stem}_001.json").read_text())
+    assert exported == record and exported["alpha"] == 5.0000000000000036  # exact in the file
+    text = (tmp_path / f"{stem}_003.txt").read_text()
+    assert "alpha: 5 (exact 5.0000000000000036)\n" in text and panel.steered_text in text
+    assert "α = 5 " not in panel.steered_title.value and panel.steered_title.value.endswith("α = 5")
+    assert panel.figure.layout.meta["steerlab_panel"]["alpha"] == 5.0000000000000036
     bundle = panel._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert bundle["text/plain"] == repr(panel) and "renders=1" in repr(panel)
+    assert bundle["text/plain"] == repr(panel) and "renders=2" in repr(panel)
+    assert "alpha=5," in repr(panel)
     assert sl.SteeringPanel is SteeringPanel
+
+
+def test_figure_exports_get_a_fresh_name_each_time(lm, vec, tmp_path):
+    panel = make_panel(lm, {"v": vec}, export_stem=str(tmp_path / "run"))
+    fmt, button, status = panel.widget.children[-2].children[0].children
+    fmt.value = "html"
+    button.click()
+    button.click()
+    stem = "run_norms_blocks.1.hook_resid_pre_a4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}_001.html", f"{stem}_002.html"]
+    assert '"alpha":4.0' in (tmp_path / f"{stem}_002.html").read_text()
+
+
+class CountingModel:
+    """The model, with the alphas of each stream's steer logged."""
+
+    def __init__(self, lm: sl.SteerableModel) -> None:
+        self._lm = lm
+        self.alphas: list[tuple[float, ...]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._lm, name)
+
+    def stream(self, prompts, steer, **kwargs):
+        self.alphas.append(steer.alpha)
+        return self._lm.stream(prompts, steer, **kwargs)
+
+
+def test_the_baseline_holds_still_across_alpha_layer_and_vector_changes(lm, vec):
+    counting = CountingModel(lm)
+    panel = make_panel(counting, {"v": vec, "w": -vec}, alpha=2.0)
+    assert counting.alphas == [(0.0, 2.0)] and panel.baseline_runs == 1
+    pane_before, text_before = panel.baseline_pane.value, panel.baseline_text
+
+    panel.controls.alpha.value = 6.0
+    panel.controls.layer.value = 2
+    panel.controls.vector.value = "w"
+    panel.controls.positions.value = "generated"
+    assert counting.alphas[1:] == [(6.0,), (6.0,), (6.0,), (6.0,)]  # the steered row alone
+    assert panel.baseline_pane.value == pane_before and panel.baseline_text == text_before
+    assert panel.baseline_runs == 1
+    site = "blocks.2.hook_resid_pre"
+    expected = lm.generate(
+        PROMPT, sl.Steer(site, -vec, alpha=[0.0, 6.0], positions="generated"), max_new_tokens=8
+    )
+    assert [panel.baseline_text, panel.steered_text] == expected.text
+    # The figure pairs the kept baseline with the new steered row, as one batch would.
+    resid = [s for s in lm.sites() if ".hook_resid_" in s]
+    _, base = mean_norms(lm.run_with_cache(PROMPT, resid), "resid_post")
+    traces = {t.name: t for t in panel.figure.data}
+    assert list(traces["resid_post"].y) == pytest.approx(base)
+
+    for control, value in [
+        (panel.controls.seed, 3),
+        (panel.controls.max_new_tokens, 9),
+        (panel.controls.temperature, 0.5),
+        (panel.controls.prompt, "A cat"),
+    ]:
+        runs = panel.baseline_runs
+        control.value = value  # feeds the baseline: it reruns beside the steered row
+        assert panel.baseline_runs == runs + 1 and counting.alphas[-1] == (0.0, 6.0)
+    expected = lm.generate(
+        "A cat",
+        sl.Steer(site, -vec, alpha=[0.0, 6.0], positions="generated"),
+        max_new_tokens=9,
+        temperature=0.5,
+        seed=3,
+    )
+    assert [panel.baseline_text, panel.steered_text] == expected.text
+
+
+def test_max_tokens_stops_at_the_context_window_minus_the_prompt(lm, vec):
+    from steerlab.core.prompts import encode
+
+    panel = make_panel(lm, {"v": vec})
+    slider = panel.controls.max_new_tokens
+    n_prompt = len(encode(lm.tokenizer, PROMPT, chat=False))
+    assert slider.max == lm.n_ctx - n_prompt
+    slider.value = slider.max  # the longest completion that fits runs without an error
+    assert panel.error is None and panel.rendered.max_new_tokens == lm.n_ctx - n_prompt
+    renders = panel.render_count
+    longer = PROMPT + " jumps over the lazy dog" * 3
+    panel.controls.prompt.value = longer
+    n_longer = len(encode(lm.tokenizer, longer, chat=False))
+    assert slider.max == slider.value == lm.n_ctx - n_longer < lm.n_ctx - n_prompt
+    assert panel.error is None and panel.render_count == renders + 1  # one run, not two
+
+
+def test_a_failed_run_marks_the_panes_as_not_current(lm, vec):
+    panel = make_panel(lm, {"v": vec, "short": torch.randn(7)})
+    panel.controls.vector.value = "short"
+    for pane in (panel.baseline_pane, panel.steered_pane):
+        assert "steerlab-stale" in pane._dom_classes
+    for title in (panel.baseline_title, panel.steered_title):
+        assert "not current" in title.value
+    panel.controls.vector.value = "v"
+    for pane in (panel.baseline_pane, panel.steered_pane):
+        assert "steerlab-stale" not in pane._dom_classes
+    assert "not current" not in panel.baseline_title.value + panel.steered_title.value
+
+
+def test_the_title_says_what_steers_and_a_lent_vector_warns_once(lm, vec):
+    sv = 3 * sl.SteeringVector({"blocks.2.hook_resid_pre": vec})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        panel = make_panel(lm, {"happy": sv}, layer=2)
+        assert panel.steered_title.value == (
+            "<b>steered</b> · blocks.2.hook_resid_pre · positions all · vector happy · add · α = 4"
+        )
+        assert not [w for w in caught if "extracted at" in str(w.message)]
+        panel.controls.layer.value = 1
+        panel.controls.alpha.value = 5.0
+        panel.controls.layer.value = 0
+        panel.controls.layer.value = 1
+    messages = [str(w.message) for w in caught if "extracted at" in str(w.message)]
+    assert messages == [
+        "Vector 'happy' was extracted at blocks.2.hook_resid_pre; the panel applies its "
+        f"direction at blocks.{layer}.hook_resid_pre, where it was never measured."
+        for layer in (1, 0)
+    ]
+    assert "(extracted at blocks.2.hook_resid_pre)" in panel.steered_title.value
+    assert "blocks.1.hook_resid_pre · positions all" in panel.steered_title.value
+    # The scale goes into alpha; the direction is the vector's own, unscaled.
+    site = "blocks.1.hook_resid_pre"
+    expected = lm.generate(PROMPT, sl.Steer(site, vec, alpha=[0.0, 15.0]), max_new_tokens=8)
+    assert [panel.baseline_text, panel.steered_text] == expected.text
+    assert panel.generation.alphas[-1] == (15.0,)
 
 
 def test_debouncer_calls_once_after_a_burst():

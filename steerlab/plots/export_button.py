@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ipywidgets as widgets
@@ -12,7 +13,10 @@ from steerlab.exporting import FORMATS, export
 
 
 def export_button(
-    fig: go.Figure, path_stem: str | Path, *, default_format: str = "pdf"
+    fig: go.Figure,
+    path_stem: str | Path | Callable[[], str | Path],
+    *,
+    default_format: str = "pdf",
 ) -> widgets.HBox:
     """A row with a format dropdown, an Export button and a status label for one figure.
 
@@ -21,7 +25,8 @@ def export_button(
 
     Args:
         fig: The figure to export; a ``FigureWidget`` exports its current state.
-        path_stem: Path without suffix, e.g. ``"figures/norms"``.
+        path_stem: Path without suffix, e.g. ``"figures/norms"``, or a function called at
+            each click that returns one (the live panel names each export afresh).
         default_format: Format selected at first, one of pdf, svg, png, html.
 
     Returns:
@@ -36,11 +41,13 @@ def export_button(
     dropdown = widgets.Dropdown(
         options=list(FORMATS), value=default_format, layout=widgets.Layout(width="6em")
     )
-    button = widgets.Button(description="Export", icon="download", tooltip=f"{path_stem}.*")
+    tooltip = "a new file per export" if callable(path_stem) else f"{path_stem}.*"
+    button = widgets.Button(description="Export", icon="download", tooltip=tooltip)
     status = widgets.Label(value="")
 
     def on_click(_: widgets.Button) -> None:
-        path = Path(f"{path_stem}.{dropdown.value}")
+        stem = path_stem() if callable(path_stem) else path_stem
+        path = Path(f"{stem}.{dropdown.value}")
         status.value = f"writing {path} …"
         start = time.perf_counter()
         try:

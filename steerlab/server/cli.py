@@ -72,12 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     import steerlab as sl
+    from steerlab.loading import ModelNotAvailableError
     from steerlab.server import Limits, ServedModels, create_app
 
-    lm = sl.load(args.model, **options)
-    before = None
-    if args.amplify_before:
-        before = sl.load(args.amplify_before, **options)
+    try:
+        lm = sl.load(args.model, **options)
+        before = sl.load(args.amplify_before, **options) if args.amplify_before else None
+    except ModelNotAvailableError as error:  # one line, not a traceback through uvicorn's setup
+        raise SystemExit(f"steerlab serve: {error}") from None
     beta = args.beta if args.beta is not None else (1.0 if before is not None else None)
     limits = Limits(max_n=args.max_n, max_rows=args.max_rows, max_tokens=args.max_tokens,
                     max_body_bytes=int(args.max_body_mb * (1 << 20)))  # fmt: skip

@@ -17,7 +17,7 @@ def completions_text(record: dict[str, Any]) -> str:
 
     >>> print(completions_text({"prompt": "Hi", "alpha": 2.0, "baseline": "a", "steered": "b"}))
     prompt: Hi
-    alpha: 2.0
+    alpha: 2
     <BLANKLINE>
     --- baseline ---
     Hi|a
@@ -25,7 +25,9 @@ def completions_text(record: dict[str, Any]) -> str:
     --- steered ---
     Hi|b
     """
-    settings = [f"{k}: {v}" for k, v in record.items() if k not in ("baseline", "steered")]
+    settings = [
+        f"{k}: {_display(v)}" for k, v in record.items() if k not in ("baseline", "steered")
+    ]
     prompt = record.get("prompt", "")
     return "\n".join(
         [
@@ -38,6 +40,18 @@ def completions_text(record: dict[str, Any]) -> str:
             f"{prompt}|{record['steered']}",
         ]
     )
+
+
+def _display(value: object) -> object:
+    """Floats rounded to 4 decimals for reading, the exact value after them when it differs.
+
+    >>> _display(5.0000000000000036), _display(0.5)
+    ('5 (exact 5.0000000000000036)', '0.5')
+    """
+    if not isinstance(value, float):
+        return value
+    shown = f"{round(value, 4) + 0.0:g}"
+    return shown if float(shown) == value else f"{shown} (exact {value!r})"
 
 
 def write_completions(record: dict[str, Any], path: str | Path) -> Path:
@@ -53,9 +67,13 @@ def write_completions(record: dict[str, Any], path: str | Path) -> Path:
 
 
 def completions_button(
-    record: Callable[[], dict[str, Any] | None], path_stem: str | Path
+    record: Callable[[], dict[str, Any] | None],
+    path_stem: str | Path | Callable[[], str | Path],
 ) -> widgets.HBox:
-    """A (format, button, status) row writing ``{path_stem}.{format}`` from ``record()``."""
+    """A (format, button, status) row writing ``{path_stem}.{format}`` from ``record()``.
+
+    ``path_stem`` may be a function, called at each click for a fresh name.
+    """
     fmt = widgets.Dropdown(
         options=list(COMPLETION_FORMATS), value="json", layout=widgets.Layout(width="6em")
     )
@@ -68,7 +86,8 @@ def completions_button(
             status.value = "nothing generated yet"
             return
         try:
-            status.value = f"saved {write_completions(current, f'{path_stem}.{fmt.value}')}"
+            stem = path_stem() if callable(path_stem) else path_stem
+            status.value = f"saved {write_completions(current, f'{stem}.{fmt.value}')}"
         except (OSError, ValueError) as error:
             status.value = f"failed: {error}"
 

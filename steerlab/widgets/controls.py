@@ -11,11 +11,11 @@ from steerlab.core.sites import Site
 from steerlab.widgets.runner import PanelRequest
 
 _WIDE = widgets.Layout(width="100%")
-_STYLE = {"description_width": "7em"}
+_STYLE = {"description_width": "6.5em"}
 # Each control fills its column and the columns wrap under each other on a narrow screen,
 # so nothing is clipped beside JupyterLab's file browser.
 _FILL = {"width": "100%", "max_width": "40em"}
-_COLUMN = {"flex": "1 1 320px", "min_width": "260px", "margin": "0 8px 0 0"}
+_COLUMN = {"flex": "1 1 250px", "min_width": "230px", "margin": "0 8px 0 0"}
 
 
 @dataclass

@@ -6,12 +6,17 @@ import html
 import json
 import threading
 import time
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
+import torch
 
+from steerlab.core.prompts import encode
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
 from steerlab.model import SteerableModel
@@ -23,25 +28,66 @@ from steerlab.widgets.debounce import Debouncer
 from steerlab.widgets.figure import pair_norms_figure
 from steerlab.widgets.runner import (
     PanelRequest,
+    PanelSteer,
     VectorLike,
+    baseline_key,
     check_vector,
-    pair_steer,
-    stream_pair,
+    panel_steer,
+    stream_rows,
 )
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PANE_BORDER, STALE_BORDER = "1px solid #ddd", "1px dashed #b00020"
+STALE_NOTE = "⚠ not current: the last run failed; this is the previous result"
 HINT = (
     "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
     "regenerates beside the baseline.</i>"
 )
 
 
+@dataclass(frozen=True)
+class BaselineRun:
+    """The unsteered row of a finished run, kept while nothing that feeds it changes."""
+
+    key: tuple[object, ...]
+    text: str
+    tokens: list[int]
+    activations: dict[str, torch.Tensor]  # site -> [1, pos, d_model]
+
+
+def format_alpha(alpha: float) -> str:
+    """Alpha for display: at most 4 decimals, no float noise (the exact value stays in records).
+
+    >>> format_alpha(5.0000000000000036), format_alpha(-0.25), format_alpha(1 / 3)
+    ('5', '-0.25', '0.3333')
+    """
+    return f"{round(alpha, 4) + 0.0:g}"  # + 0.0 turns -0.0 into 0.0
+
+
+def next_free_stem(stem: str) -> str:
+    """``{stem}_{n:03d}`` for the smallest n with no file of any suffix, so exports never
+    overwrite one another.
+
+    >>> next_free_stem("/nonexistent/panel_norms")
+    '/nonexistent/panel_norms_001'
+    """
+    folder, name = Path(stem).parent, Path(stem).name
+    n = 1
+    while any(folder.glob(f"{name}_{n:03d}.*")):
+        n += 1
+    return f"{stem}_{n:03d}"
+
+
 class SteeringPanel:
     """A live panel: move a control and the baseline and steered completions regenerate.
 
-    Both completions come from one batch (``alpha=[0, alpha]``) with the same seed, so they
-    differ only by the steer. Changes are debounced; a run made stale by a newer change stops
-    at its next token, and only the latest request is rendered. Errors show in the panel.
+    Both completions use the same seed, so they differ only by the steer. The baseline holds
+    still: it reruns (in one batch with the steered row, ``alpha=[0, alpha]``) only when what
+    feeds it changes (prompt, sampling, seed, max tokens); a change of vector, layer, site,
+    positions or alpha reruns the steered row alone. Changes are debounced; a run made stale
+    by a newer change stops at its next token, and only the latest request is rendered.
+    Errors show in the panel, and panes from an earlier run are marked as not current.
+    The max-tokens slider stops at the context window minus the prompt's tokens.
 
     Args:
         lm: the model to steer.
@@ -71,7 +117,7 @@ class SteeringPanel:
         alpha_range: tuple[float, float] = (-20.0, 20.0),
         alpha_step: float = 0.5,
         max_new_tokens: int = 30,
-        debounce: float = 0.15,
+        debounce: float = 0.05,
         export_stem: str = "steerlab_panel",
     ) -> None:
         if not vectors:
@@ -92,12 +138,17 @@ class SteeringPanel:
             max_new_tokens=max_new_tokens,
         )
         self.controls.alpha.step = alpha_step
+        self._fit_max_tokens()
         self.baseline_text = ""
         self.steered_text = ""
         self.render_count = 0
         self.rendered: PanelRequest | None = None
         self.generation: Generation | None = None
         self.error: str | None = None
+        self.baseline: BaselineRun | None = None
+        self.baseline_runs = 0  # runs that (re)computed the baseline row
+        self.lent_warned: set[tuple[str, str, str]] = set()  # (vector, from site, to site)
+        self._export_stem = export_stem
         self.history: list[tuple[int, str]] = []  # (request id, rendered|cancelled|error|skipped)
         self._latest = 0
         self._muted = False  # True while add_vector swaps the dropdown's options
@@ -184,10 +235,25 @@ class SteeringPanel:
         self._latest += 1
         return self.controls.request(self._latest)
 
-    def _on_change(self, _change: dict[str, Any]) -> None:
+    def _on_change(self, change: dict[str, Any]) -> None:
         if self._muted or self._closed:
             return
+        if change.get("owner") is self.controls.prompt:
+            self._fit_max_tokens()
         self._debouncer.trigger(self._next_request())
+
+    def _fit_max_tokens(self) -> None:
+        """Cap max tokens at the context window minus the prompt (at least 1, so that a
+        prompt too long for the window reaches the run and shows its error)."""
+        n_ctx = self.lm.n_ctx
+        if n_ctx is None:
+            return
+        n_prompt = len(encode(self.lm.tokenizer, self.controls.prompt.value, chat=False))
+        slider, self._muted = self.controls.max_new_tokens, True
+        try:  # a clamped value is part of this change, not a run of its own
+            slider.max = max(1, n_ctx - n_prompt)
+        finally:
+            self._muted = False
 
     def _is_current(self, request: PanelRequest) -> bool:
         return request.request_id == self._latest
@@ -217,45 +283,119 @@ class SteeringPanel:
                     self._status(f"request {request.request_id} {outcome} after {seconds:.2f} s")
 
     def _generate(self, request: PanelRequest) -> str:
-        steer = pair_steer(request, self.vectors)
-        generation = None
+        key = baseline_key(request)
+        cached = self.baseline if self.baseline is not None and self.baseline.key == key else None
+        alphas = [request.alpha] if cached else [0.0, request.alpha]
+        plan = panel_steer(request, self.vectors, alphas)
+        self._warn_if_lent(request, plan)
         resid = [s for s in self.lm.sites() if ".hook_resid_" in s]
-        for step, (texts, final) in enumerate(
-            stream_pair(self.lm, request, steer, lambda: self._is_current(request), resid)
-        ):
+        if cached is None:
+            self._show_texts(request.prompt, ["", ""])
+        else:
+            self._show_texts(request.prompt, [cached.text, ""])
+        generation = None
+        stream = stream_rows(self.lm, request, plan.steer, lambda: self._is_current(request), resid)
+        for step, (texts, final) in enumerate(stream):
             if step == 0:
                 self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
-            self._show_texts(request.prompt, texts)
+            if cached is None:
+                self._show_texts(request.prompt, texts)
+            else:
+                self._show_texts(request.prompt, texts, panes=(self.steered_pane,))
             generation = final
-        if generation is None:
+        if generation is None or not self._is_current(request):
             return "cancelled"
-        if not self._is_current(request):
-            return "cancelled"
-        self._update_figure(self._figure(generation, request))
-        self.baseline_text, self.steered_text = generation.text
+        if cached is None:
+            cached = self._keep_baseline(key, generation)
+        steered_text = generation.text[-1]
+        figure = self._figure(cached, generation, request)
+        figure.layout.meta = {"steerlab_panel": request.as_dict()}  # exact alpha, for exports
+        self._update_figure(figure)
+        self.baseline_text, self.steered_text = cached.text, steered_text
         self.generation, self.rendered, self.error = generation, request, None
         self.error_box.value = ""
-        self.steered_title.value = f"<b>steered</b> · {request.site} · α = {request.alpha:g}"
+        self._mark_stale(False)
+        self.steered_title.value = self._title(request, plan)
         self.render_count += 1
         return "rendered"
 
-    def _figure(self, generation: Generation, request: PanelRequest) -> go.Figure:
+    def _keep_baseline(self, key: tuple[object, ...], pair: Generation) -> BaselineRun:
+        if pair.activations is None:
+            raise RuntimeError("the generation kept no activations for the panel's figure")
+        self.baseline = BaselineRun(
+            key,
+            pair.text[0],
+            pair.tokens[0],
+            {site: acts[0:1] for site, acts in pair.activations.items()},
+        )
+        self.baseline_runs += 1
+        return self.baseline
+
+    def _warn_if_lent(self, request: PanelRequest, plan: PanelSteer) -> None:
+        if plan.lent_from is None or plan.lent_from == request.site:
+            return
+        pair = (request.vector, plan.lent_from, request.site)
+        if pair in self.lent_warned:
+            return
+        self.lent_warned.add(pair)
+        warnings.warn(
+            f"Vector {request.vector!r} was extracted at {plan.lent_from}; the panel applies "
+            f"its direction at {request.site}, where it was never measured.",
+            stacklevel=2,
+        )
+
+    def _title(self, request: PanelRequest, plan: PanelSteer) -> str:
+        """Site, positions, vector (and where it came from), op and alpha."""
+        vector = html.escape(request.vector)
+        if plan.lent_from is not None:
+            vector += (
+                f" <span class='steerlab-lent' style='color:#b35900'>"
+                f"(extracted at {plan.lent_from})</span>"
+            )
+        op = type(plan.steer.op).__name__.lower()
+        return (
+            f"<b>steered</b> · {request.site} · positions {request.positions} · "
+            f"vector {vector} · {op} · α = {format_alpha(request.alpha)}"
+        )
+
+    def _figure(
+        self, baseline: BaselineRun, generation: Generation, request: PanelRequest
+    ) -> go.Figure:
         if generation.activations is None:
             raise RuntimeError("the generation kept no activations for the panel's figure")
+        steered = {s: a[-1:] for s, a in generation.activations.items()}
+        length = min(
+            next(iter(baseline.activations.values())).shape[1],
+            next(iter(steered.values())).shape[1],
+        )
+        pair = {
+            s: torch.cat([baseline.activations[s][:, :length], steered[s][:, :length]])
+            for s in steered
+        }
         return pair_norms_figure(
-            generation.activations,
-            generation.prompt_tokens[1],
-            generation.tokens,
+            pair,
+            generation.prompt_tokens[-1],
+            [baseline.tokens, generation.tokens[-1]],
             self.lm.tokenizer.decode,
             request.alpha,
         )
+
+    def export_stem(self, kind: str) -> str:
+        """A fresh path stem for an export of the rendered run: site, alpha and a counter.
+
+        >>> panel.export_stem("norms")  # doctest: +SKIP
+        'steerlab_panel_norms_blocks.2.hook_resid_pre_a5_001'
+        """
+        r = self.rendered
+        where = "" if r is None else f"_{r.site}_a{format_alpha(r.alpha)}"
+        return next_free_stem(f"{self._export_stem}_{kind}{where}")
 
     # --- view ---------------------------------------------------------------------------
 
     def _build_view(self, export_stem: str) -> None:
         self.baseline_pane = _pane("steerlab-baseline")
         self.steered_pane = _pane("steerlab-steered")
-        self.baseline_title = widgets.HTML("<b>baseline</b> · α = 0")
+        self.baseline_title = widgets.HTML("<b>baseline</b> · no steering")
         self.steered_title = widgets.HTML("<b>steered</b>")
         self.steered_title.add_class("steerlab-steered-title")
         self.hint = widgets.HTML(HINT)
@@ -274,7 +414,7 @@ class SteeringPanel:
         )
         self.figure_view = widgets.Output(layout=widgets.Layout(width="100%"))
         self.figure_view.add_class("steerlab-figure")
-        column = widgets.Layout(flex="1 1 320px", min_width="260px", margin="0 8px 0 0")
+        column = widgets.Layout(flex="1 1 250px", min_width="230px", margin="0 8px 0 0")
         panes = widgets.HBox(
             [
                 widgets.VBox([self.baseline_title, self.baseline_pane], layout=column),
@@ -285,8 +425,8 @@ class SteeringPanel:
         wrap = widgets.Layout(flex_flow="row wrap")
         exports = widgets.HBox(
             [
-                export_button(self.figure, f"{export_stem}_norms"),
-                completions_button(self.record, f"{export_stem}_completions"),
+                export_button(self.figure, lambda: self.export_stem("norms")),
+                completions_button(self.record, lambda: self.export_stem("completions")),
             ],
             layout=wrap,
         )
@@ -305,8 +445,13 @@ class SteeringPanel:
         )
         self.widget.add_class("steerlab-panel")
 
-    def _show_texts(self, prompt: str, texts: list[str]) -> None:
-        for pane, text in zip((self.baseline_pane, self.steered_pane), texts):
+    def _show_texts(
+        self, prompt: str, texts: list[str], panes: tuple[widgets.HTML, ...] | None = None
+    ) -> None:
+        """Write ``texts`` into ``panes`` (both by default; one steered text for one pane)."""
+        panes = (self.baseline_pane, self.steered_pane) if panes is None else panes
+        texts = texts[-len(panes) :]
+        for pane, text in zip(panes, texts, strict=True):
             pane.value = (
                 f"<div style='white-space:pre-wrap;font-family:monospace'>"
                 f"<span style='color:#888'>{html.escape(prompt)}</span>{html.escape(text)}</div>"
@@ -320,6 +465,24 @@ class SteeringPanel:
         self._status("error")
         if self.rendered is not None:  # panes may hold a cancelled run's partial text
             self._show_texts(self.rendered.prompt, [self.baseline_text, self.steered_text])
+        self._mark_stale(True)
+
+    def _mark_stale(self, stale: bool) -> None:
+        """Say on each pane whether it shows the current controls' result."""
+        for title in (self.baseline_title, self.steered_title):
+            text = title.value.split(" <span class='steerlab-stale-note'")[0]
+            if stale:
+                text += (
+                    f" <span class='steerlab-stale-note' style='color:#b00020'>{STALE_NOTE}</span>"
+                )
+            title.value = text
+        for pane in (self.baseline_pane, self.steered_pane):
+            if stale:
+                pane.add_class("steerlab-stale")
+                pane.layout.border = STALE_BORDER
+            else:
+                pane.remove_class("steerlab-stale")
+                pane.layout.border = PANE_BORDER
 
     def _status(self, text: str) -> None:
         self.status_label.value = text
@@ -368,7 +531,7 @@ class SteeringPanel:
 
     def __repr__(self) -> str:
         r = self.rendered
-        where = f"{r.site}, alpha={r.alpha:g}" if r else "nothing rendered"
+        where = f"{r.site}, alpha={format_alpha(r.alpha)}" if r else "nothing rendered"
         return (
             f"SteeringPanel({self.lm.name or type(self.lm.model).__name__}, "
             f"vectors={list(self.vectors)}, {where}, renders={self.render_count})"
@@ -376,7 +539,7 @@ class SteeringPanel:
 
 
 def _pane(css_class: str) -> widgets.HTML:
-    pane = widgets.HTML("", layout=widgets.Layout(border="1px solid #ddd", padding="4px"))
+    pane = widgets.HTML("", layout=widgets.Layout(border=PANE_BORDER, padding="4px"))
     pane.add_class("steerlab-pane")
     pane.add_class(css_class)
     return pane

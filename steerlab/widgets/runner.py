@@ -45,7 +45,7 @@ def check_vector(name: str, vector: object) -> None:
 
     Its size is checked when it is used, so that a wrong one shows inside the panel.
 
-    >>> check_vector("v", [1.0, 2.0])
+    >>> check_vector("v", [1.0, 2.0])  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
     ...
     steerlab.core.errors.SteerError: Vector 'v' must be a SteeringVector or a 1-D torch.Tensor, not list.
@@ -62,47 +62,78 @@ def check_vector(name: str, vector: object) -> None:
         )
 
 
-def direction_at(vector: VectorLike, site: str) -> torch.Tensor:
-    """The ``[d_model]`` tensor to add at ``site``.
+def baseline_key(request: PanelRequest) -> tuple[object, ...]:
+    """Everything the unsteered row depends on: equal keys give the same baseline text.
 
-    A tensor is used at whatever site is chosen. A ``SteeringVector`` gives its direction at
-    ``site`` (scale included); one with a single site lends that direction to any site.
-
-    >>> direction_at(torch.ones(3), "blocks.0.hook_resid_pre").tolist()
-    [1.0, 1.0, 1.0]
+    >>> r = PanelRequest(1, "Hi", "v", 1, "hook_resid_pre", 4.0, "all", 0.0, 0, 1.0, 0, 8)
+    >>> from dataclasses import replace
+    >>> baseline_key(r) == baseline_key(replace(r, request_id=2, alpha=-3.0, layer=0))
+    True
     """
-    if isinstance(vector, torch.Tensor):
-        return vector
-    if isinstance(vector, SteeringVector):
-        if site in vector.directions:
-            return vector[site]
-        if len(vector.sites) == 1:
-            return vector[vector.sites[0]]
-        raise SteerError(f"This vector has no direction at {site}; it has {vector.sites}.")
-    raise SteerError(
-        f"A panel vector must be a SteeringVector or a torch.Tensor, not {type(vector).__name__}."
+    return (
+        request.prompt,
+        request.temperature,
+        request.top_k,
+        request.top_p,
+        request.seed,
+        request.max_new_tokens,
     )
 
 
-def pair_steer(request: PanelRequest, vectors: Mapping[str, VectorLike]) -> Steer:
-    """One steer with alphas ``[0, alpha]``: rows ``[baseline, steered]`` in one batch."""
+@dataclass(frozen=True)
+class PanelSteer:
+    """The steer one run applies, and where its direction came from.
+
+    ``lent_from`` is the site a single-site ``SteeringVector`` was extracted at, when the
+    panel applies it at another site (``None`` otherwise).
+    """
+
+    steer: Steer
+    lent_from: str | None = None
+
+
+def panel_steer(
+    request: PanelRequest, vectors: Mapping[str, VectorLike], alphas: Sequence[float]
+) -> PanelSteer:
+    """The steer for ``request`` with one row per alpha (``[0, alpha]``: baseline and steered).
+
+    A ``SteeringVector`` goes to ``Steer`` itself, so its scale joins alpha and its direction
+    stays unscaled. One with a single site lends that direction to any other site, as a
+    one-site vector with the same scale. A tensor is used as it is, at any site.
+
+    >>> v = SteeringVector({"blocks.0.hook_resid_pre": torch.ones(3)}, scale=2.0)
+    >>> r = PanelRequest(1, "Hi", "v", 1, "hook_resid_pre", 4.0, "all", 0.0, 0, 1.0, 0, 8)
+    >>> ps = panel_steer(r, {"v": v}, [4.0]); ps.steer.alpha, ps.lent_from
+    ((8.0,), 'blocks.0.hook_resid_pre')
+    """
     if request.vector not in vectors:
         raise SteerError(f"No vector named {request.vector!r}; the panel has {sorted(vectors)}.")
-    direction = direction_at(vectors[request.vector], request.site)
-    return Steer(request.site, direction, alpha=[0.0, request.alpha], positions=request.positions)
+    vector, site = vectors[request.vector], request.site
+    lent_from = None
+    if isinstance(vector, SteeringVector) and site not in vector.directions:
+        if len(vector.sites) != 1:
+            raise SteerError(f"This vector has no direction at {site}; it has {vector.sites}.")
+        lent_from = vector.sites[0]
+        vector = SteeringVector(
+            {site: vector.direction_at(lent_from)},
+            scale=vector.scale,
+            provenance=vector.provenance,
+        )
+    steer = Steer(site, vector, alpha=list(alphas), positions=request.positions)
+    return PanelSteer(steer, lent_from)
 
 
 QUEUE_S = 60.0  # a panel run queues this long behind another call on the model, then fails
 
 
-def stream_pair(
+def stream_rows(
     lm: SteerableModel,
     request: PanelRequest,
     steer: Steer,
     is_current: Callable[[], bool],
     capture: Sequence[str] = (),
 ) -> Iterator[tuple[list[str], Generation | None]]:
-    """Yield ``([baseline, steered] texts so far, None)`` per token, then the final generation.
+    """Yield ``(texts so far, None)`` per token (one per row of ``steer``), then the result.
 
     Stops as soon as ``is_current()`` is false; the stream is closed on the way out, which
     takes its hooks off the model. Yields nothing more after a stop. ``capture`` names sites
