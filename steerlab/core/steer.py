@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from steerlab.core.ops import Add, Operation, SteerError, op_to_data
+from steerlab.core.ops import Add, Op, Operation, SteerError, op_to_data, tensor_fingerprint
 from steerlab.core.sites import resolve
 
 Positions = Literal["all", "prompt", "generated"] | int
@@ -84,12 +84,9 @@ def _as_vector(vector: torch.Tensor) -> torch.Tensor:
     return vector.detach()
 
 
-def vector_fingerprint(vector: torch.Tensor) -> str:
-    """A short content hash of a vector: equal values and dtype give equal fingerprints."""
-    data = vector.detach().to("cpu").contiguous()
-    digest = hashlib.sha256(str(data.dtype).encode())
-    digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return digest.hexdigest()[:16]
+# A vector's content key is the tensor rule of ``core.ops``: one hash for every tensor that
+# travels (vectors and an operation's own tensors alike).
+vector_fingerprint = tensor_fingerprint
 
 
 class DirectionSource(Protocol):
@@ -171,6 +168,8 @@ class Steer:
             raise SteerError(f"op must be an operation such as sl.Add(); got {op!r}.")
         if not isinstance(op, Add) and float(vector.float().abs().amax()) == 0.0:
             raise SteerError(f"{type(op).__name__} needs a non-zero direction.")
+        if isinstance(op, Op):
+            op.check_width(vector.shape[0])
         object.__setattr__(self, "site", site)
         object.__setattr__(self, "vector", vector)
         object.__setattr__(self, "alpha", alphas)
@@ -215,7 +214,7 @@ class Steer:
         Custom operations have no data form; they fingerprint by identity.
         """
         try:
-            op = repr(sorted(op_to_data(self.op).items()))
+            op = repr(sorted(op_to_data(self.op, tensor_fingerprint).items()))
         except SteerError:
             op = f"custom:{id(self.op)}"
         text = f"{self.site}|{vector_fingerprint(self.vector)}|{self.positions}|{op}"
@@ -270,11 +269,13 @@ def steer_data(site: str, vector: torch.Tensor, alpha: float | list[float], posi
 
     ``{"site", "vector", "alpha", "positions", "op"}``: the vector as floats, or as
     ``vector_key`` where vectors travel once by key; the op as ``op_to_data`` gives it
-    (a custom callable is refused, with why).
+    (a custom callable is refused, with why), its tensors (a ``FeatureClamp``'s encoder)
+    as floats or, with ``vector_key``, by ``tensor_fingerprint`` too.
 
     >>> steer_data("blocks.0.hook_resid_pre", torch.ones(2), 4.0, "all", Add())["op"]
     {'name': 'add'}
     """
     values: Any = vector_key if vector_key is not None else vector.float().tolist()
+    by_key = tensor_fingerprint if vector_key is not None else None  # op tensors travel alike
     return {"site": site, "vector": values, "alpha": alpha, "positions": positions,
-            "op": op_to_data(op)}  # fmt: skip
+            "op": op_to_data(op, by_key)}  # fmt: skip
