@@ -96,14 +96,30 @@ CASES = {
     "cap-embed": Case("hook_embed", "cap", 1.0, "generated", low=0.5, seed=8),
     # SAE features (the toy SAE reads blocks.2.hook_resid_pre; 499 tracks positive sentiment)
     "feature-add": Case("blocks.2.hook_resid_pre", "add", 8.0, "all", seed=499, sae="standard"),
-    "feature-clamp-standard": Case("blocks.2.hook_resid_pre", "feature_clamp", 1.0, "all",
-                                   value=10.0, seed=499, sae="standard"),  # fmt: skip
-    "feature-clamp-standard-low": Case("blocks.2.hook_resid_pre", "feature_clamp", 1.0, "prompt",
-                                       value=-4.0, seed=499, sae="standard"),  # fmt: skip
-    "feature-clamp-jumprelu": Case("blocks.2.hook_resid_pre", "feature_clamp", 1.0, "generated",
-                                   value=8.0, seed=499, sae="jumprelu"),  # fmt: skip
-    "feature-clamp-topk": Case("blocks.2.hook_resid_pre", "feature_clamp", 0.5, 2, value=12.0,
-                               seed=499, sae="topk"),  # fmt: skip
+    "feature-clamp-standard": Case(
+        "blocks.2.hook_resid_pre", "feature_clamp", 1.0, "all", value=10.0, seed=499, sae="standard"
+    ),  # fmt: skip
+    "feature-clamp-standard-low": Case(
+        "blocks.2.hook_resid_pre",
+        "feature_clamp",
+        1.0,
+        "prompt",
+        value=-4.0,
+        seed=499,
+        sae="standard",
+    ),  # fmt: skip
+    "feature-clamp-jumprelu": Case(
+        "blocks.2.hook_resid_pre",
+        "feature_clamp",
+        1.0,
+        "generated",
+        value=8.0,
+        seed=499,
+        sae="jumprelu",
+    ),  # fmt: skip
+    "feature-clamp-topk": Case(
+        "blocks.2.hook_resid_pre", "feature_clamp", 0.5, 2, value=12.0, seed=499, sae="topk"
+    ),  # fmt: skip
 }
 
 

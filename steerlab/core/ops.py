@@ -303,7 +303,10 @@ class FeatureClamp(Op):
             )
 
     def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
-        return {**super().to_data(tensor_key), "dtype": str(self.encoder.dtype).removeprefix("torch.")}
+        return {
+            **super().to_data(tensor_key),
+            "dtype": str(self.encoder.dtype).removeprefix("torch."),
+        }
 
     def feature(self, act: torch.Tensor) -> torch.Tensor:
         """The feature's activation at each row of ``act [n, d_in]``: ``[n]``."""

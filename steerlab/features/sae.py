@@ -28,7 +28,6 @@ from steerlab.features.errors import SAEError
 from steerlab.vectors.io import plain_text
 from steerlab.vectors.vector import Provenance, SteeringVector
 
-
 # The architectures steerlab reads; the encoding itself is ``core.sae.encode``.
 ARCHITECTURES = ARCHITECTURE_NAMES
 
