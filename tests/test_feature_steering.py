@@ -6,6 +6,9 @@ clamp's bad inputs. The hf backend, eager and compiled, runs the same cases in
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import replace
+
 import pytest
 import torch
 from engine_parity import CASES, NEW, PROMPTS, check_case, prompt_ids, toy_sae
@@ -14,6 +17,7 @@ from reference import greedy
 from server_helpers import KEY, served
 
 import steerlab as sl
+from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.ops import (
     FeatureClamp,
     SteerError,
@@ -194,3 +198,15 @@ def test_a_feature_on_a_model_of_another_width_is_refused_before_compute(tiny_di
         with pytest.raises(SteerError, match="d_model=64"):
             other.generate("Hi", steer=steer, max_new_tokens=2)
     assert other.hook_count() == 0
+
+
+def test_steering_with_a_feature_made_on_another_model_warns(tiny):
+    sae = toy_sae("standard")
+    other = replace(sae, model_name="gpt2-small")
+    with pytest.warns(ModelMismatchWarning, match="made on 'gpt2-small'"):
+        tiny.generate("Hi", steer=other.clamp(1, 1.0), max_new_tokens=2)
+    with pytest.warns(ModelMismatchWarning, match="made on 'gpt2-small'"):
+        tiny.generate("Hi", steer=sl.Steer(other.site, other.feature(1)), max_new_tokens=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the toy SAE on its own model: no word
+        tiny.generate("Hi", steer=sae.clamp(1, 1.0), max_new_tokens=2)

@@ -9,12 +9,15 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, Literal, Protocol
 
 import torch
 
+from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.ops import Add, Op, Operation, SteerError, op_to_data, tensor_fingerprint
 from steerlab.core.sites import resolve
 
@@ -115,6 +118,37 @@ def direction_of(vector: torch.Tensor | DirectionSource, site: str) -> tuple[tor
     )
 
 
+def made_for(vector: object) -> str:
+    """The model a vector or feature was made on, from its provenance ("" when unknown)."""
+    return str(getattr(getattr(vector, "provenance", None), "model", "") or "")
+
+
+def same_model(a: str, b: str, *, aliases: Sequence[str] = ("-small", "-base")) -> bool:
+    """Loose match of model names: one path's last part contains the other's (either empty: True).
+
+    >>> same_model("gpt2-small", "gpt2"), same_model("steerlab-tiny", "/x/steerlab-tiny")
+    (True, True)
+    """
+    x, y = (PurePath(name).name.lower() for name in (a, b))
+    if not x or not y:
+        return True
+    for alias in aliases:
+        x, y = x.removesuffix(alias), y.removesuffix(alias)
+    return x in y or y in x
+
+
+def warn_other_model(steer: Steer, model: str) -> None:
+    """Warn when ``steer``'s direction was made on another model than ``model``: same width
+    perhaps, but a direction in one model's residual stream means nothing in another's."""
+    if not same_model(steer.made_for, model):
+        warnings.warn(
+            f"The steer at {steer.site} was made on {steer.made_for!r}; this model is "
+            f"{model!r}. A direction from one model's residual stream means nothing in another's.",
+            ModelMismatchWarning,
+            stacklevel=4,
+        )
+
+
 def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int) -> None:
     """The one check of a steer against a model: a site it has, a vector of its width.
 
@@ -146,6 +180,7 @@ class Steer:
     alpha: tuple[float, ...] = field(default=(1.0,))
     positions: Positions = "all"
     op: Operation = field(default_factory=Add)
+    made_for: str = ""  # the model the direction was made on, when its source says
 
     def __init__(
         self,
@@ -157,6 +192,7 @@ class Steer:
     ) -> None:
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
+        source = made_for(vector)
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:
@@ -175,6 +211,7 @@ class Steer:
         object.__setattr__(self, "alpha", alphas)
         object.__setattr__(self, "positions", positions)
         object.__setattr__(self, "op", op)
+        object.__setattr__(self, "made_for", source)
 
     def _key(self) -> tuple[Any, ...]:
         return (self.site, vector_fingerprint(self.vector), self.alpha, self.positions, self.op)
