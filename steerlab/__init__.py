@@ -18,6 +18,7 @@ from steerlab.core import Ablate, Add, Cap, Clamp, Steer, SteerError
 from steerlab.core.activations import Activations
 from steerlab.core.results import Generation, Step
 from steerlab.core.sites import SiteError
+from steerlab.features import SAE, FeatureActivations, load_sae
 from steerlab.loading import load, wrap
 from steerlab.model import SteerableModel
 from steerlab.vectors import (
@@ -43,9 +44,6 @@ _LAZY = {
     "SteeringPanel": ("steerlab.widgets", "SteeringPanel"),
     "connect": ("steerlab.client", "connect"),
     "ChatPanel": ("steerlab.widgets.chat_panel", "ChatPanel"),
-    "load_sae": ("steerlab.features", "load_sae"),
-    "SAE": ("steerlab.features", "SAE"),
-    "FeatureActivations": ("steerlab.features", "FeatureActivations"),
 }
 
 
@@ -63,12 +61,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "SAE",
     "Ablate",
     "Activations",
     "Add",
     "Cap",
     "ChatSession",
     "Clamp",
+    "FeatureActivations",
     "Generation",
     "ParityError",
     "ParityWarning",
@@ -82,6 +82,7 @@ __all__ = [
     "VectorFileError",
     "amplify",
     "extract",
+    "load_sae",
     "load",
     "mean_diff",
     "pca_diff",

@@ -24,6 +24,7 @@ from steerlab.engine.steps import OnToken, steps
 
 if TYPE_CHECKING:
     from steerlab.chat import ChatSession
+    from steerlab.features import SAE, FeatureActivations
 
 
 # Capabilities above the facade that add a method to it provide the implementation here
@@ -297,6 +298,20 @@ class SteerableModel:
         >>> chat.say("Hello!", max_new_tokens=20).text[0]  # doctest: +SKIP
         """
         return _provided("chat")(self, system, steer, overflow=overflow)
+
+    def features(self, prompts: Prompt | Sequence[Prompt], sae: SAE, *, k: int = 16,
+                 dense: bool = False, steer: SteerArg = None,
+                 chat: bool = False) -> FeatureActivations:  # fmt: skip
+        """What ``sae`` reads at ``sae.site`` over ``prompts``: ``steerlab.features.features``.
+
+        Keeps the top ``k`` features per token; ``dense=True`` also keeps ``acts.values``
+        ``[batch, pos, d_sae]`` (4 bytes a value in float32: for a 16k-feature SAE, 64 KiB a
+        token). ``steer`` reads a steered model's features.
+
+        >>> acts = lm.features("The food was great", sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
+        >>> acts.top(k=5)  # doctest: +SKIP
+        """
+        return _provided("features")(self, prompts, sae, k=k, dense=dense, steer=steer, chat=chat)
 
     def logits(
         self,

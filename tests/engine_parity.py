@@ -8,12 +8,13 @@ the context window at its edge. A disagreement between engines fails here, on ea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 import torch
-from reference import RefSteer, greedy
+from reference import RefSAE, RefSteer, greedy
 
 import steerlab as sl
 from steerlab.core.errors import ContextError
@@ -28,6 +29,23 @@ def direction(seed: int, d_model: int = 128) -> torch.Tensor:
     return torch.randn(d_model, generator=generator)
 
 
+@functools.cache
+def toy_sae(architecture: str) -> sl.SAE:
+    """The toy SAE (standard), or its weights read as a jumprelu or topk SAE."""
+    sae = sl.load_sae("steerlab-tiny-sae")
+    if architecture == "jumprelu":
+        threshold = torch.full((sae.d_sae,), 0.4, dtype=sae.dtype)
+        return replace(sae, architecture="jumprelu", threshold=threshold)
+    if architecture == "topk":
+        return replace(sae, architecture="topk", k=12)
+    return sae
+
+
+def ref_sae(sae: sl.SAE) -> RefSAE:
+    return RefSAE(sae.W_enc, sae.b_enc, sae.b_dec, sae.W_dec, sae.architecture, sae.threshold,
+                  sae.k or 0)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Case:
     """One steer, as steerlab builds it and as the reference applies it."""
@@ -40,8 +58,14 @@ class Case:
     low: float | None = None
     high: float | None = None
     seed: int = 0
+    sae: str = ""  # a feature of the toy SAE read as this architecture; ``seed`` is its index
+
+    def vector(self) -> torch.Tensor:
+        return toy_sae(self.sae).W_dec[self.seed] if self.sae else direction(self.seed)
 
     def steerlab_op(self) -> Any:
+        if self.op == "feature_clamp":
+            return toy_sae(self.sae).clamp(self.seed, self.value).op
         if self.op == "cap":
             return sl.Cap(self.low, self.high)
         if self.op == "clamp":
@@ -49,14 +73,15 @@ class Case:
         return {"add": sl.Add(), "ablate": sl.Ablate()}[self.op]
 
     def row_steer(self) -> RowSteer:
-        return RowSteer(self.site, direction(self.seed), self.alpha, self.positions,
+        return RowSteer(self.site, self.vector(), self.alpha, self.positions,
                         self.steerlab_op())  # fmt: skip
 
     def ref(self) -> RefSteer:
         low = -float("inf") if self.low is None else self.low
         high = float("inf") if self.high is None else self.high
-        return RefSteer(self.site, direction(self.seed), self.alpha, self.positions, self.op,
-                        self.value, low, high)  # fmt: skip
+        sae = ref_sae(toy_sae(self.sae)) if self.op == "feature_clamp" else None
+        return RefSteer(self.site, self.vector(), self.alpha, self.positions, self.op,
+                        self.value, low, high, sae, self.seed)  # fmt: skip
 
 
 CASES = {
@@ -69,6 +94,32 @@ CASES = {
     "cap-high": Case("blocks.2.hook_resid_pre", "cap", 1.0, "all", high=-2.0, seed=6),
     "cap-range-half": Case("blocks.1.hook_resid_pre", "cap", 0.5, 4, low=1.0, high=1.5, seed=7),
     "cap-embed": Case("hook_embed", "cap", 1.0, "generated", low=0.5, seed=8),
+    # SAE features (the toy SAE reads blocks.2.hook_resid_pre; 499 tracks positive sentiment)
+    "feature-add": Case("blocks.2.hook_resid_pre", "add", 8.0, "all", seed=499, sae="standard"),
+    "feature-clamp-standard": Case(
+        "blocks.2.hook_resid_pre", "feature_clamp", 1.0, "all", value=10.0, seed=499, sae="standard"
+    ),  # fmt: skip
+    "feature-clamp-standard-low": Case(
+        "blocks.2.hook_resid_pre",
+        "feature_clamp",
+        1.0,
+        "prompt",
+        value=-4.0,
+        seed=499,
+        sae="standard",
+    ),  # fmt: skip
+    "feature-clamp-jumprelu": Case(
+        "blocks.2.hook_resid_pre",
+        "feature_clamp",
+        1.0,
+        "generated",
+        value=8.0,
+        seed=499,
+        sae="jumprelu",
+    ),  # fmt: skip
+    "feature-clamp-topk": Case(
+        "blocks.2.hook_resid_pre", "feature_clamp", 0.5, 2, value=12.0, seed=499, sae="topk"
+    ),  # fmt: skip
 }
 
 
@@ -100,6 +151,27 @@ def check_mixed_rows(lm: sl.SteerableModel, hf: Any) -> None:
         ("Once upon a time", []),
         ("A dark forest", ["clamp-all"]),
         ("The happy fox", ["ablate-generated", "add-from-k"]),
+    ]
+    requests = [Request(prompt_ids(lm, p), tuple(CASES[n].row_steer() for n in names),
+                        sampling(), stream=f"{i}")  # fmt: skip
+                for i, (p, names) in enumerate(rows)]  # fmt: skip
+    got = [c.tokens for c in lm.engine.run(requests)]
+    want = [greedy(hf, prompt_ids(lm, p), [CASES[n].ref() for n in names], NEW, set())
+            for p, names in rows]  # fmt: skip
+    assert got == want
+    assert lm.hook_count() == 0
+
+
+def check_feature_rows(lm: sl.SteerableModel, hf: Any) -> None:
+    """Feature clamps of three architectures beside vector steers and an unsteered row, in
+    one batch, each equal to the reference (the same feature clamped on two rows with two
+    values too)."""
+    rows = [
+        ("Once upon a time", ["feature-clamp-standard"]),
+        ("The happy fox", ["feature-clamp-topk", "add-all"]),
+        ("A dark forest", []),
+        ("The happy fox", ["feature-clamp-jumprelu"]),
+        ("A dark forest", ["feature-clamp-standard-low"]),
     ]
     requests = [Request(prompt_ids(lm, p), tuple(CASES[n].row_steer() for n in names),
                         sampling(), stream=f"{i}")  # fmt: skip

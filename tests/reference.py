@@ -19,10 +19,36 @@ class RefSteer:
     vector: torch.Tensor
     alpha: float
     positions: Any = "all"  # "all" | "prompt" | "generated" | int
-    op: str = "add"  # "add" | "ablate" | "clamp" | "cap"
+    op: str = "add"  # "add" | "ablate" | "clamp" | "cap" | "feature_clamp"
     value: float = 0.0  # the clamp target
     low: float = -float("inf")  # the cap's range
     high: float = float("inf")
+    sae: RefSAE | None = None  # feature_clamp: the SAE, and ``index`` the feature
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class RefSAE:
+    """An SAE's tensors, as SAELens names them, for the feature clamp below."""
+
+    W_enc: torch.Tensor  # [d_in, d_sae]
+    b_enc: torch.Tensor  # [d_sae]
+    b_dec: torch.Tensor  # [d_in]
+    W_dec: torch.Tensor  # [d_sae, d_in]
+    architecture: str = "standard"  # "standard" | "jumprelu" | "topk"
+    threshold: torch.Tensor | None = None
+    k: int = 0
+
+
+def _features(sae: RefSAE, x: torch.Tensor) -> torch.Tensor:
+    """Every feature's activation, computed the SAELens way in full (b_dec applied)."""
+    pre = (x.float() - sae.b_dec) @ sae.W_enc + sae.b_enc
+    if sae.architecture == "standard":
+        return torch.relu(pre)
+    if sae.architecture == "jumprelu":
+        return torch.where(pre > sae.threshold, torch.relu(pre), torch.zeros_like(pre))
+    top = pre.topk(sae.k, dim=-1)
+    return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
 
 
 def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
@@ -37,6 +63,12 @@ def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
     else:
         mask = pos >= steer.positions
     v = steer.vector.to(act.dtype)
+    if steer.op == "feature_clamp":  # set the feature, keep the reconstruction error
+        assert steer.sae is not None
+        f = _features(steer.sae, act)[..., steer.index]  # [1, seq]
+        w = steer.sae.W_dec[steer.index].to(act.dtype)
+        new = act + steer.alpha * (steer.value - f).to(act.dtype)[..., None] * w
+        return torch.where(mask[None, :, None], new, act)
     if steer.op == "add":
         new = act + steer.alpha * v
     elif steer.op == "cap":  # clip the projection on the unit direction into [low, high]

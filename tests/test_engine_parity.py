@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_parity import CASES, check_case, check_context_edge, check_mixed_rows
+from engine_parity import (
+    CASES,
+    check_case,
+    check_context_edge,
+    check_feature_rows,
+    check_mixed_rows,
+)
 
 import steerlab as sl
 from steerlab.toy import asset_path
@@ -32,11 +38,19 @@ def test_each_position_rule_and_operation_equals_plain_hooks(lm, hf, name):
     check_case(lm, hf, name)
     if lm.engine.compiled is not None:  # the suite must exercise the compiled path itself
         requests = _requests(lm, name)
-        assert lm.explain(requests).startswith("compiled"), lm.explain(requests)
+        if CASES[name].op == "feature_clamp":  # no table form: it runs eagerly, and says so
+            assert lm.explain(requests).startswith("eager: operation FeatureClamp(")
+            assert "has no table form" in lm.explain(requests)
+        else:
+            assert lm.explain(requests).startswith("compiled"), lm.explain(requests)
 
 
 def test_rows_with_different_steers_in_one_batch_equal_plain_hooks(lm, hf):
     check_mixed_rows(lm, hf)
+
+
+def test_feature_clamps_beside_other_rows_equal_plain_hooks(lm, hf):
+    check_feature_rows(lm, hf)
 
 
 def test_the_context_window_at_its_edge(lm, hf):

@@ -4,7 +4,13 @@ local engine runs, eager and compiled, each against plain transformers with torc
 from __future__ import annotations
 
 import pytest
-from engine_parity import CASES, check_case, check_context_edge, check_mixed_rows
+from engine_parity import (
+    CASES,
+    check_case,
+    check_context_edge,
+    check_feature_rows,
+    check_mixed_rows,
+)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -14,6 +20,10 @@ def test_each_position_rule_and_operation_equals_plain_hooks(lm, hf, name):
 
 def test_rows_with_different_steers_in_one_batch_equal_plain_hooks(lm, hf):
     check_mixed_rows(lm, hf)
+
+
+def test_feature_clamps_beside_other_rows_equal_plain_hooks(lm, hf):
+    check_feature_rows(lm, hf)
 
 
 def test_the_context_window_at_its_edge(lm, hf):

@@ -17,3 +17,7 @@ class PromptError(ValueError):
 
 class ContextError(PromptError):
     """A call that would run past the model's context window."""
+
+
+class ModelMismatchWarning(UserWarning):
+    """A direction made on one model (a vector, an SAE feature) used on another."""

@@ -12,15 +12,36 @@ fused layouts) read, so a new operation runs on every engine without engine code
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 
 from steerlab.core.errors import SteerError
+from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 
-__all__ = ["OPS", "Ablate", "Add", "Cap", "Clamp", "Form", "Op", "Operation", "SteerError"]
+__all__ = [
+    "OPS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
+    "SteerError", "tensor_fingerprint",
+]  # fmt: skip
+
+TensorKey = Callable[[torch.Tensor], str]
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> str:
+    """A short content hash of a tensor: equal values, shape and dtype give equal ones.
+
+    Vectors and an operation's tensors travel once, under this key, where an engine keeps
+    them (vLLM's workers).
+    """
+    data = tensor.detach().to("cpu").contiguous()
+    digest = hashlib.sha256(f"{data.dtype}:{tuple(data.shape)}".encode())
+    digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()[:16]
 
 
 class Operation(Protocol):
@@ -76,23 +97,43 @@ class Op:
     """Base of steerlab's operations: subclassing registers the name for ``op_from_data``."""
 
     name: ClassVar[str] = ""
+    tabled: ClassVar[bool] = True  # ``form()`` gives a table form (False: it runs eagerly)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         OPS[cls.name] = cls
 
-    def form(self) -> Form:
+    def form(self) -> Form | None:
+        """The operation as table data, or None when it is not of that shape (it then runs
+        eagerly, as a custom callable does)."""
         raise NotImplementedError
 
     def __call__(self, act: torch.Tensor, direction: torch.Tensor,
                  alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        add, low, high = self.form()
-        if add:
+        form = self.form()
+        assert form is not None, f"{type(self).__name__} without a form defines __call__"
+        if form.add:
             return act + alpha * direction
-        return project(act, direction, alpha, low, high)
+        return project(act, direction, alpha, form.low, form.high)
 
-    def to_data(self) -> dict[str, Any]:
-        return {"name": self.name, **asdict(self)}
+    def check_width(self, d_model: int) -> None:
+        """Refuse a steer whose vector width does not fit the operation's own data."""
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        """Parameters by name; tensors as nested lists, or as ``tensor_key(t)`` where
+        tensors travel once by key."""
+        data: dict[str, Any] = {"name": self.name}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                value = tensor_key(value) if tensor_key is not None else value.tolist()
+            data[f.name] = value
+        return data
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The operation's tensor parameters, by name (none for the projection ops)."""
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name),
+                                                               torch.Tensor)}  # fmt: skip
 
 
 def _number(value: Any, what: str, *, finite: bool = True) -> float:
@@ -167,8 +208,187 @@ class Cap(Op):
         return Form(False, low, high)
 
 
-def op_to_data(op: Operation) -> dict[str, Any]:
+@dataclass(frozen=True, eq=False)
+class FeatureClamp(Op):
+    """Set SAE feature ``index`` to ``value`` and keep the SAE's reconstruction error.
+
+    At each steered token ``x <- x + alpha * (value - f(x)) * v``, with ``v`` the steer's
+    vector (the feature's decoder row ``W_dec[index]``) and ``f(x)`` the feature's
+    activation as the SAE itself encodes ``x`` (``core.sae.encode``). Alpha 1 moves the
+    decoder's output exactly as setting the feature to ``value`` would; alpha 0 leaves ``x``
+    untouched. A topk SAE that rescales by the decoder norms (``decoder_norms``) divides the
+    shift by ``|W_dec[index]|``, as its decode divides the activations.
+
+    A ``standard`` or ``jumprelu`` feature needs only its encoder column, bias and threshold:
+    ``encoder`` is ``W_enc[:, index]`` ``[d_in]`` and ``bias`` ``b_enc[index]``. A ``topk``
+    feature depends on every feature, so ``encoder`` is the whole ``W_enc [d_in, d_sae]``
+    and ``bias`` the whole ``b_enc``. ``b_dec_in`` is what the SAE subtracts from its input
+    (``b_dec``, or zeros). Build one with ``sae.clamp(i, value)``; ``sae`` is the SAE's
+    content hash, for provenance. Tensors travel by content key where an engine keeps them
+    (vLLM's workers), and as lists of floats in a request body.
+    """
+
+    name: ClassVar[str] = "feature_clamp"
+    tabled: ClassVar[bool] = False
+    value: float
+    index: int
+    encoder: torch.Tensor
+    bias: torch.Tensor
+    b_dec_in: torch.Tensor
+    architecture: str = "standard"
+    threshold: float = 0.0
+    k: int | None = None
+    decoder_norms: torch.Tensor | None = None
+    sae: str = ""
+
+    def __init__(self, value: float, index: int, encoder: Any, bias: Any, b_dec_in: Any,
+                 architecture: str = "standard", threshold: float = 0.0, k: int | None = None,
+                 decoder_norms: Any = None, sae: str = "",
+                 dtype: str | None = None) -> None:  # fmt: skip
+        if architecture not in ARCHITECTURE_NAMES:
+            raise SteerError(
+                f"feature_clamp architecture must be one of {list(ARCHITECTURE_NAMES)}; "
+                f"got {architecture!r}."
+            )
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise SteerError(f"feature_clamp index must be an int >= 0; got {index!r}.")
+        encoder = _tensor(encoder, "encoder", None if dtype is None else _dtype(dtype))
+        kind = encoder.dtype
+        bias, b_dec_in = _tensor(bias, "bias", kind), _tensor(b_dec_in, "b_dec_in", kind)
+        whole = architecture == "topk"
+        want = {"encoder": 2 if whole else 1, "bias": 1 if whole else 0, "b_dec_in": 1}
+        for label, t in (("encoder", encoder), ("bias", bias), ("b_dec_in", b_dec_in)):
+            if t.ndim != want[label]:
+                raise SteerError(
+                    f"feature_clamp {label} must be {want[label]}-D for a {architecture} SAE; "
+                    f"got shape {tuple(t.shape)}."
+                )
+        if b_dec_in.shape[0] != encoder.shape[0]:
+            raise SteerError(
+                f"feature_clamp b_dec_in has {b_dec_in.shape[0]} entries; the encoder reads "
+                f"{encoder.shape[0]}."
+            )
+        if whole:
+            d_sae = encoder.shape[1]
+            if bias.shape[0] != d_sae or not 0 <= index < d_sae:
+                raise SteerError(
+                    f"feature_clamp: encoder has {d_sae} features, bias {bias.shape[0]}, "
+                    f"index {index}."
+                )
+            if type(k) is not int or not 1 <= k <= d_sae:
+                raise SteerError(f"feature_clamp of a topk SAE needs k in [1, {d_sae}]; got {k!r}.")
+            if decoder_norms is not None:
+                decoder_norms = _tensor(decoder_norms, "decoder_norms", kind)
+                if tuple(decoder_norms.shape) != (d_sae,) or not (decoder_norms > 0).all():
+                    raise SteerError(f"feature_clamp decoder_norms must be [{d_sae}], positive.")
+        elif k is not None or decoder_norms is not None:
+            raise SteerError(f"k and decoder_norms are topk settings, not {architecture}.")
+        values = {
+            "value": _number(value, "feature_clamp value"), "index": index,
+            "encoder": encoder, "bias": bias, "b_dec_in": b_dec_in, "architecture": architecture,
+            "threshold": _number(threshold, "feature_clamp threshold"), "k": k,
+            "decoder_norms": decoder_norms, "sae": str(sae),
+        }  # fmt: skip
+        for name, v in values.items():
+            object.__setattr__(self, name, v)
+
+    def form(self) -> None:
+        return None  # it reads a feature through the encoder: not a table form
+
+    def check_width(self, d_model: int) -> None:
+        if self.encoder.shape[0] != d_model:
+            raise SteerError(
+                f"feature_clamp's encoder reads {self.encoder.shape[0]} dimensions, but the "
+                f"steer's vector has {d_model}: the SAE and the vector do not match."
+            )
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        return {
+            **super().to_data(tensor_key),
+            "dtype": str(self.encoder.dtype).removeprefix("torch."),
+        }
+
+    def feature(self, act: torch.Tensor) -> torch.Tensor:
+        """The feature's activation at each row of ``act [n, d_in]``: ``[n]``."""
+        encoder, bias, b_dec_in, norms = self._on(act.device)
+        if self.architecture == "topk":
+            f = encode(act, encoder, bias, b_dec_in, "topk", k=self.k, decoder_norms=norms)
+            return f[:, self.index]
+        threshold = torch.tensor(self.threshold, dtype=encoder.dtype, device=act.device)
+        return encode(act, encoder[:, None], bias[None], b_dec_in, self.architecture,
+                      threshold=threshold)[:, 0]  # fmt: skip
+
+    def __call__(self, act: torch.Tensor, direction: torch.Tensor,
+                 alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        shift = self.value - self.feature(act)  # [n], in the SAE's dtype
+        norms = self._on(act.device)[3]
+        if norms is not None:  # a rescaling topk SAE decodes f / |W_dec[i]|
+            shift = shift / norms[self.index]
+        shift = shift.to(act.dtype)
+        return act + alpha * shift[:, None] * direction
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The encoder's tensors on ``device``, moved once per device."""
+        moved = self._moved
+        if device not in moved:
+            moved[device] = tuple(
+                t.to(device) if t is not None else None
+                for t in (self.encoder, self.bias, self.b_dec_in, self.decoder_norms)
+            )
+        return moved[device]
+
+    @cached_property
+    def _moved(self) -> dict[torch.device, tuple[Any, ...]]:
+        return {}
+
+    @cached_property
+    def _identity(self) -> tuple[Any, ...]:
+        return tuple(sorted(self.to_data(tensor_fingerprint).items(), key=lambda kv: kv[0]))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FeatureClamp):
+            return NotImplemented
+        return self._identity == other._identity
+
+    def __hash__(self) -> int:
+        return hash(self._identity)
+
+    def __repr__(self) -> str:
+        sae = f", sae={self.sae[:12]}" if self.sae else ""
+        return f"FeatureClamp({self.architecture} feature {self.index} -> {self.value:g}{sae})"
+
+
+def _dtype(name: str) -> torch.dtype:
+    kind = getattr(torch, str(name), None)
+    if not isinstance(kind, torch.dtype) or not kind.is_floating_point:
+        raise SteerError(f"dtype must name a torch floating dtype such as 'float32'; got {name!r}.")
+    return kind
+
+
+def _tensor(value: Any, what: str, dtype: torch.dtype | None) -> torch.Tensor:
+    """A tensor parameter, in ``dtype`` (float32 for lists, a tensor's own dtype when None),
+    from a tensor or nested lists of numbers; finite, dense and real."""
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.device.type == "meta":
+            raise SteerError(f"feature_clamp {what} must be a dense tensor with values.")
+        if not value.is_floating_point():
+            raise SteerError(f"feature_clamp {what} must be floating point; got {value.dtype}.")
+        tensor = value.detach() if dtype is None else value.detach().to(dtype)
+    else:
+        try:
+            tensor = torch.tensor(value, dtype=dtype or torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            raise SteerError(f"feature_clamp {what} must be numbers; got {value!r:.80}.") from None
+    if not torch.isfinite(tensor).all():
+        raise SteerError(f"feature_clamp {what} has NaN or inf values.")
+    return tensor
+
+
+def op_to_data(op: Operation, tensor_key: TensorKey | None = None) -> dict[str, Any]:
     """An operation as plain data; an operation steerlab does not know cannot be sent.
+
+    Tensor parameters become lists of floats, or ``tensor_key(tensor)`` when given (where
+    an engine keeps tensors by key: see ``op_tensors``).
 
     >>> op_to_data(Clamp(2.0))
     {'name': 'clamp', 'value': 2.0}
@@ -178,12 +398,22 @@ def op_to_data(op: Operation) -> dict[str, Any]:
             f"The operation {op!r} is a custom callable: it runs in-process, but an engine that "
             f"takes steers as data (a server, vLLM, the compiled step) only knows {sorted(OPS)}."
         )
-    return op.to_data()
+    return op.to_data(tensor_key)
 
 
-def op_from_data(data: dict[str, Any] | str) -> Op:
+def op_tensors(op: Operation) -> dict[str, torch.Tensor]:
+    """An operation's tensors by ``tensor_fingerprint``: what to send ahead of a
+    ``to_data(tensor_fingerprint)``."""
+    if not isinstance(op, Op):
+        return {}
+    return {tensor_fingerprint(t): t for t in op.tensors().values()}
+
+
+def op_from_data(data: dict[str, Any] | str,
+                 tensors: Mapping[str, torch.Tensor] | None = None) -> Op:  # fmt: skip
     """The operation ``data`` names (a name alone for one without parameters); unknown
-    names and parameters are refused.
+    names and parameters are refused. A string where a tensor goes is looked up in
+    ``tensors`` (the keys ``op_tensors`` gives).
 
     >>> op_from_data({"name": "cap", "high": 1.5})
     Cap(low=None, high=1.5)
@@ -193,6 +423,9 @@ def op_from_data(data: dict[str, Any] | str) -> Op:
     if not isinstance(data, dict) or data.get("name") not in OPS:
         raise SteerError(f"op must name one of {sorted(OPS)}; got {data!r}.")
     params = {k: v for k, v in data.items() if k != "name"}
+    if tensors is not None:
+        params = {k: tensors[v] if isinstance(v, str) and v in tensors else v
+                  for k, v in params.items()}  # fmt: skip
     try:
         return OPS[data["name"]](**params)
     except TypeError as err:
@@ -200,5 +433,6 @@ def op_from_data(data: dict[str, Any] | str) -> Op:
 
 
 def form_of(op: Operation) -> Form | None:
-    """An operation's table form, or None for a custom callable (it runs eagerly)."""
+    """An operation's table form, or None for a custom callable or an operation that is not
+    of that shape (it runs eagerly)."""
     return op.form() if isinstance(op, Op) and OPS.get(op.name) is type(op) else None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
 from steerlab.core.request import Request, RowSteer, Sampling
-from steerlab.core.steer import Steer, check_steer
+from steerlab.core.steer import Steer, check_steer, warn_other_model
 from steerlab.core.window import check_window
 
 if TYPE_CHECKING:
@@ -111,6 +111,7 @@ def lay_out(
     steers = as_steers(steer)
     for s in steers:
         check_steer(s.site, s.vector, lm.sites(), lm.d_model)
+        warn_other_model(s, getattr(lm, "name", ""))
     prompt_index, alphas = expand_rows(len(prompts), steers)
     if continuing:
         encoded = [_continuation(lm.tokenizer, p) for p in prompts]

@@ -9,13 +9,16 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, Literal, Protocol
 
 import torch
 
-from steerlab.core.ops import Add, Operation, SteerError, op_to_data
+from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.ops import Add, Op, Operation, SteerError, op_to_data, tensor_fingerprint
 from steerlab.core.sites import resolve
 
 Positions = Literal["all", "prompt", "generated"] | int
@@ -84,12 +87,9 @@ def _as_vector(vector: torch.Tensor) -> torch.Tensor:
     return vector.detach()
 
 
-def vector_fingerprint(vector: torch.Tensor) -> str:
-    """A short content hash of a vector: equal values and dtype give equal fingerprints."""
-    data = vector.detach().to("cpu").contiguous()
-    digest = hashlib.sha256(str(data.dtype).encode())
-    digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return digest.hexdigest()[:16]
+# A vector's content key is the tensor rule of ``core.ops``: one hash for every tensor that
+# travels (vectors and an operation's own tensors alike).
+vector_fingerprint = tensor_fingerprint
 
 
 class DirectionSource(Protocol):
@@ -116,6 +116,37 @@ def direction_of(vector: torch.Tensor | DirectionSource, site: str) -> tuple[tor
         f"vector must be a torch.Tensor or a SteeringVector, got {type(vector).__name__}"
         " (for a numpy array: torch.as_tensor(array, dtype=torch.float32))."
     )
+
+
+def made_for(vector: object) -> str:
+    """The model a vector or feature was made on, from its provenance ("" when unknown)."""
+    return str(getattr(getattr(vector, "provenance", None), "model", "") or "")
+
+
+def same_model(a: str, b: str, *, aliases: Sequence[str] = ("-small", "-base")) -> bool:
+    """Loose match of model names: one path's last part contains the other's (either empty: True).
+
+    >>> same_model("gpt2-small", "gpt2"), same_model("steerlab-tiny", "/x/steerlab-tiny")
+    (True, True)
+    """
+    x, y = (PurePath(name).name.lower() for name in (a, b))
+    if not x or not y:
+        return True
+    for alias in aliases:
+        x, y = x.removesuffix(alias), y.removesuffix(alias)
+    return x in y or y in x
+
+
+def warn_other_model(steer: Steer, model: str) -> None:
+    """Warn when ``steer``'s direction was made on another model than ``model``: same width
+    perhaps, but a direction in one model's residual stream means nothing in another's."""
+    if not same_model(steer.made_for, model):
+        warnings.warn(
+            f"The steer at {steer.site} was made on {steer.made_for!r}; this model is "
+            f"{model!r}. A direction from one model's residual stream means nothing in another's.",
+            ModelMismatchWarning,
+            stacklevel=4,
+        )
 
 
 def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int) -> None:
@@ -149,6 +180,7 @@ class Steer:
     alpha: tuple[float, ...] = field(default=(1.0,))
     positions: Positions = "all"
     op: Operation = field(default_factory=Add)
+    made_for: str = ""  # the model the direction was made on, when its source says
 
     def __init__(
         self,
@@ -160,6 +192,7 @@ class Steer:
     ) -> None:
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
+        source = made_for(vector)
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:
@@ -171,11 +204,14 @@ class Steer:
             raise SteerError(f"op must be an operation such as sl.Add(); got {op!r}.")
         if not isinstance(op, Add) and float(vector.float().abs().amax()) == 0.0:
             raise SteerError(f"{type(op).__name__} needs a non-zero direction.")
+        if isinstance(op, Op):
+            op.check_width(vector.shape[0])
         object.__setattr__(self, "site", site)
         object.__setattr__(self, "vector", vector)
         object.__setattr__(self, "alpha", alphas)
         object.__setattr__(self, "positions", positions)
         object.__setattr__(self, "op", op)
+        object.__setattr__(self, "made_for", source)
 
     def _key(self) -> tuple[Any, ...]:
         return (self.site, vector_fingerprint(self.vector), self.alpha, self.positions, self.op)
@@ -215,7 +251,7 @@ class Steer:
         Custom operations have no data form; they fingerprint by identity.
         """
         try:
-            op = repr(sorted(op_to_data(self.op).items()))
+            op = repr(sorted(op_to_data(self.op, tensor_fingerprint).items()))
         except SteerError:
             op = f"custom:{id(self.op)}"
         text = f"{self.site}|{vector_fingerprint(self.vector)}|{self.positions}|{op}"
@@ -270,11 +306,13 @@ def steer_data(site: str, vector: torch.Tensor, alpha: float | list[float], posi
 
     ``{"site", "vector", "alpha", "positions", "op"}``: the vector as floats, or as
     ``vector_key`` where vectors travel once by key; the op as ``op_to_data`` gives it
-    (a custom callable is refused, with why).
+    (a custom callable is refused, with why), its tensors (a ``FeatureClamp``'s encoder)
+    as floats or, with ``vector_key``, by ``tensor_fingerprint`` too.
 
     >>> steer_data("blocks.0.hook_resid_pre", torch.ones(2), 4.0, "all", Add())["op"]
     {'name': 'add'}
     """
     values: Any = vector_key if vector_key is not None else vector.float().tolist()
+    by_key = tensor_fingerprint if vector_key is not None else None  # op tensors travel alike
     return {"site": site, "vector": values, "alpha": alpha, "positions": positions,
-            "op": op_to_data(op)}  # fmt: skip
+            "op": op_to_data(op, by_key)}  # fmt: skip

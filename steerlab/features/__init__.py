@@ -14,6 +14,9 @@ from steerlab.features.collect import features
 from steerlab.features.errors import SAEError, SAEUnavailableError
 from steerlab.features.load import TOY_SAES, load_sae
 from steerlab.features.sae import ARCHITECTURES, SAE
+from steerlab.model import provide
+
+provide("features", features)  # lm.features(...), without the facade importing this package
 
 __all__ = [
     "ARCHITECTURES",

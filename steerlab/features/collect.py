@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
+from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.sites import resolve
+from steerlab.core.steer import same_model
 from steerlab.features.activations import FeatureActivations, check_k
 from steerlab.features.errors import SAEError
 from steerlab.features.sae import SAE
@@ -71,20 +71,6 @@ def check_model(lm: SteerableModel, sae: SAE) -> None:
     if not same_model(sae.model_name, getattr(lm, "name", "")):
         warnings.warn(
             f"This SAE was trained on {sae.model_name!r}, the model is {lm.name!r}.",
-            UserWarning,
+            ModelMismatchWarning,
             stacklevel=3,
         )
-
-
-def same_model(a: str, b: str, *, aliases: Sequence[str] = ("-small", "-base")) -> bool:
-    """Loose match of model names: one path's last part contains the other's (either empty: True).
-
-    >>> same_model("gpt2-small", "gpt2"), same_model("steerlab-tiny", "/x/steerlab-tiny")
-    (True, True)
-    """
-    x, y = (PurePath(name).name.lower() for name in (a, b))
-    if not x or not y:
-        return True
-    for alias in aliases:
-        x, y = x.removesuffix(alias), y.removesuffix(alias)
-    return x in y or y in x

@@ -1,16 +1,9 @@
 """``SAE``: a sparse autoencoder over one site's activations, as an immutable value.
 
-Encoding and decoding follow SAELens 6.x (``sae_lens/saes/*_sae.py``) line for line, so
-``sae.encode(x)`` gives the values SAELens's ``SAE.encode`` gives:
-
-- the input is cast to the SAE's dtype, and ``b_dec`` is subtracted from it when
-  ``apply_b_dec_to_input`` is on;
-- ``hidden_pre = sae_in @ W_enc + b_enc``;
-- ``standard``: ``relu(hidden_pre)``; ``jumprelu``: ``relu(hidden_pre)`` where
-  ``hidden_pre > threshold``, else 0; ``topk``: the ``k`` largest entries of ``hidden_pre``
-  (scaled by the decoder row norms first when ``rescale_acts_by_decoder_norm``), relu'd,
-  the rest 0;
-- ``decode(f) = f @ W_dec + b_dec`` (``topk`` with rescaling divides ``f`` by the row norms).
+Encoding and decoding follow SAELens 6.x (``sae_lens/saes/*_sae.py``), so ``sae.encode(x)``
+gives the values SAELens's ``SAE.encode`` gives. The encoding is ``core.sae.encode`` (the
+one a ``FeatureClamp`` reads too); ``decode(f) = f @ W_dec + b_dec``, and ``topk`` with
+rescaling divides ``f`` by the decoder row norms first.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -27,36 +20,16 @@ from typing import Any
 
 import torch
 
+from steerlab.core.ops import FeatureClamp
+from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 from steerlab.core.sites import Site, SiteError
+from steerlab.core.steer import Positions, Steer
 from steerlab.features.errors import SAEError
 from steerlab.vectors.io import plain_text
 from steerlab.vectors.vector import Provenance, SteeringVector
 
-
-def _standard(sae: SAE, hidden_pre: torch.Tensor) -> torch.Tensor:
-    return torch.relu(hidden_pre)
-
-
-def _jumprelu(sae: SAE, hidden_pre: torch.Tensor) -> torch.Tensor:
-    assert sae.threshold is not None  # checked on construction
-    base = torch.relu(hidden_pre)
-    return base * (hidden_pre > sae.threshold).to(base.dtype)
-
-
-def _topk(sae: SAE, hidden_pre: torch.Tensor) -> torch.Tensor:
-    assert sae.k is not None  # checked on construction
-    if sae.rescale_acts_by_decoder_norm:
-        hidden_pre = hidden_pre * sae.W_dec.norm(dim=-1)
-    values, indices = torch.topk(hidden_pre, k=sae.k, dim=-1, sorted=False)  # [..., k]
-    out = torch.zeros_like(hidden_pre)
-    out.scatter_(-1, indices, values.relu())
-    return out
-
-
-# architecture -> activation of hidden_pre, as SAELens's class for that architecture computes it.
-ARCHITECTURES: Mapping[str, Callable[[SAE, torch.Tensor], torch.Tensor]] = MappingProxyType(
-    {"standard": _standard, "jumprelu": _jumprelu, "topk": _topk}
-)
+# The architectures steerlab reads; the encoding itself is ``core.sae.encode``.
+ARCHITECTURES = ARCHITECTURE_NAMES
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,10 +164,9 @@ class SAE:
 
         >>> f = sae.encode(lm.run_with_cache("Hi", sites=[sae.site])[sae.site])  # doctest: +SKIP
         """
-        sae_in = self._input(x, self.d_in, "encode").to(device=self.device, dtype=self.dtype)
-        sae_in = sae_in - self.b_dec * self.apply_b_dec_to_input
-        hidden_pre = sae_in @ self.W_enc + self.b_enc  # [..., d_sae]
-        return ARCHITECTURES[self.architecture](self, hidden_pre)
+        x = self._input(x, self.d_in, "encode")
+        return encode(x, self.W_enc, self.b_enc, self._b_dec_in, self.architecture,
+                      threshold=self.threshold, k=self.k, decoder_norms=self._decoder_norms)  # fmt: skip
 
     def decode(self, feature_acts: torch.Tensor) -> torch.Tensor:
         """Reconstruction ``[..., d_sae] -> [..., d_in]``, as SAELens's ``SAE.decode``.
@@ -203,7 +175,7 @@ class SAE:
         """
         f = self._input(feature_acts, self.d_sae, "decode").to(device=self.device, dtype=self.dtype)
         if self.rescale_acts_by_decoder_norm:
-            f = f * (1 / self.W_dec.norm(dim=-1))
+            f = f * (1 / self.W_dec.norm(dim=-1))  # SAELens divides by the row norms
         return f @ self.W_dec + self.b_dec
 
     def _input(self, x: torch.Tensor, width: int, verb: str) -> torch.Tensor:
@@ -232,6 +204,45 @@ class SAE:
             data_sha256=self.content_hash,
         )
         return SteeringVector({self.site: self.W_dec[index]}, 1.0, provenance)
+
+    def clamp(self, i: int, value: float, *, alpha: float | Sequence[float] = 1.0,
+              positions: Positions = "all") -> Steer:  # fmt: skip
+        """A ``Steer`` that sets feature ``i`` to ``value`` and keeps the reconstruction error.
+
+        At each steered token ``x <- x + alpha * (value - f_i(x)) * W_dec[i]``, with
+        ``f_i(x)`` this SAE's own encoding of ``x`` (the whole encoding for ``topk``). Alpha
+        1 sets the feature, alpha 0 is bit-identical to no steer, and a list of alphas runs
+        one row each. It is a ``FeatureClamp`` operation: the encoder column, bias and
+        threshold it needs (the whole encoder for ``topk``) travel with it, so it runs on
+        every engine, a server's included.
+
+        Raises:
+            SAEError: ``i`` is not an int in ``[0, d_sae)``.
+            SteerError: ``value``, ``alpha`` or ``positions`` is not valid.
+
+        >>> lm.generate("Once", steer=sae.clamp(499, value=10.0))  # doctest: +SKIP
+        """
+        index = self._index(i)
+        topk = self.architecture == "topk"
+        threshold = 0.0 if self.threshold is None else float(self.threshold[index])
+        op = FeatureClamp(
+            value, index,
+            encoder=self.W_enc if topk else self.W_enc[:, index],
+            bias=self.b_enc if topk else self.b_enc[index],
+            b_dec_in=self._b_dec_in, architecture=self.architecture, threshold=threshold,
+            k=self.k, decoder_norms=self._decoder_norms, sae=self.content_hash,
+        )  # fmt: skip
+        return Steer(self.site, self.feature(index), alpha=alpha, positions=positions, op=op)
+
+    @cached_property
+    def _b_dec_in(self) -> torch.Tensor:
+        """What the encoder subtracts from its input: ``b_dec``, or zeros."""
+        return self.b_dec if self.apply_b_dec_to_input else torch.zeros_like(self.b_dec)
+
+    @cached_property
+    def _decoder_norms(self) -> torch.Tensor | None:
+        """``|W_dec[i]|`` per feature, for a topk SAE that rescales by them."""
+        return self.W_dec.norm(dim=-1) if self.rescale_acts_by_decoder_norm else None
 
     def _index(self, i: object) -> int:
         if isinstance(i, bool) or not isinstance(i, int):

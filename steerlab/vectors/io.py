@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.sites import Site, SiteError, resolve
+from steerlab.core.steer import same_model
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:
@@ -280,7 +282,7 @@ def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return entries, meta
 
 
-class VectorMismatchWarning(UserWarning):
+class VectorMismatchWarning(ModelMismatchWarning):
     """A vector file made for another model of the same width."""
 
 
@@ -296,7 +298,7 @@ def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> Non
         except SiteError as error:
             raise VectorFileError(f"{path.name} steers a site this model lacks: {error}") from None
     made_for, this = meta["model"], getattr(model, "name", "")
-    if made_for and this and Path(made_for).name != Path(this).name:
+    if not same_model(made_for, this):
         warnings.warn(
             f"{path.name} was extracted on {made_for!r}; this model is {this!r}. Same width, "
             "but a direction found in one model's residual stream means nothing in another's.",

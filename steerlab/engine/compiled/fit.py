@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from steerlab.core.ops import OPS, form_of
+from steerlab.core.ops import OPS, Op, form_of
 from steerlab.core.request import Request
 from steerlab.core.tagging import _TAG
 from steerlab.engine.compiled.families import family_reason
@@ -34,14 +34,17 @@ def foreign_hooks(model: nn.Module) -> bool:
 
 
 def steer_reason(requests: Sequence[Request]) -> str | None:
-    """Steers the compiled step cannot hold: custom operations, two on one site of a row."""
+    """Steers the compiled step cannot hold: custom operations, operations with no table
+    form (a feature clamp reads its SAE's encoder), two on one site of a row."""
     for i, request in enumerate(requests):
         sites = [s.site for s in request.steers]
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled table holds one per site)"
         for steer in request.steers:
             if form_of(steer.op) is None:
-                return f"custom operation {steer.op!r} (compiled: {', '.join(sorted(OPS))})"
+                table = sorted(n for n, op in OPS.items() if op.tabled)
+                kind = "custom operation" if not isinstance(steer.op, Op) else "operation"
+                return f"{kind} {steer.op!r} has no table form (compiled: {', '.join(table)})"
     return None
 
 

@@ -9,7 +9,7 @@ apply each steer exactly as ``steerlab.engine.local.steering`` does in-process.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +101,9 @@ class Composition:
     every_position: bool  # every steer touches all positions: no per-step rule to apply
 
     @classmethod
-    def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None]) -> Composition:
+    def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None],
+           tensors: Mapping[str, torch.Tensor] | None = None) -> Composition:  # fmt: skip
+        """``tensors``: the operation tensors sent so far, by key (``core.ops.op_tensors``)."""
         n = len(req_ids)
         row_ids = [p.row if (p := plans.get(rid)) is not None else None for rid in req_ids]
         chains: dict[str, dict[tuple, list[tuple[int, tuple[float, ...]]]]] = {}
@@ -116,13 +118,14 @@ class Composition:
                 chain = tuple(key for key, _ in steers)
                 chains.setdefault(site, {}).setdefault(chain, []).append(
                     (i, tuple(a for _, a in steers)))  # fmt: skip
-        appliers = [a for site, by_chain in chains.items() for a in _site(site, by_chain, n)]
+        appliers = [a for site, by_chain in chains.items()
+                     for a in _site(site, by_chain, n, tensors)]  # fmt: skip
         every = all(a.where == "all" for a in appliers)
         return cls(tuple(req_ids), appliers, row_ids, every)
 
 
-def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
-          n: int) -> list[_Applier]:  # fmt: skip
+def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]], n: int,
+          tensors: Mapping[str, torch.Tensor] | None) -> list[_Applier]:  # fmt: skip
     """One site's ops: each distinct order of steers for its own requests, and single Add
     steers fused per positions rule. Different orders touch different tokens."""
     out: list[_Applier] = []
@@ -136,7 +139,7 @@ def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
             per_request = np.zeros(n, dtype=np.float32)
             for i, alphas in members:
                 per_request[i] = alphas[k]
-            out.append(_Applier(site, (key[1],), op_from_data(dict(key[3])), key[2],
+            out.append(_Applier(site, (key[1],), op_from_data(dict(key[3]), tensors), key[2],
                                 per_request, None))  # fmt: skip
     for where, group in fusable.items():
         per_request = np.zeros(n, dtype=np.float32)
@@ -200,12 +203,12 @@ class Layouts:
         self._last: tuple[tuple, ForwardBatch] | None = None
 
     def forward(self, req_ids: list[str], starts: list[int], positions: torch.Tensor,
-                plans: dict[str, RowPlan | None],
-                prompt_lens: Callable[[], dict[str, int]]) -> ForwardBatch:  # fmt: skip
+                plans: dict[str, RowPlan | None], prompt_lens: Callable[[], dict[str, int]],
+                tensors: Mapping[str, torch.Tensor] | None = None) -> ForwardBatch:  # fmt: skip
         members = tuple(req_ids)
         comp = self._composition
         if comp is None or comp.req_ids != members:
-            comp = self._composition = Composition.of(req_ids, plans)
+            comp = self._composition = Composition.of(req_ids, plans, tensors)
             self._last = None
         key = (tuple(starts), positions.shape[0])
         if comp.every_position and self._last is not None and self._last[0] == key:

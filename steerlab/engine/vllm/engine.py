@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from steerlab.backends.cache import KVCache
-from steerlab.core.ops import op_to_data
+from steerlab.core.ops import op_tensors, op_to_data
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import all_sites
@@ -167,14 +167,16 @@ class VLLMEngine:
             self._lock.release()
 
     def send_vectors(self, requests: Sequence[Request]) -> None:
-        """Every worker gets each new vector once, as safetensors bytes keyed by its hash."""
+        """Every worker gets each new vector (and operation tensor, such as a feature clamp's
+        encoder) once, as safetensors bytes keyed by its content hash."""
         from safetensors.torch import save
 
         new: dict[str, torch.Tensor] = {}
         for r in requests:
             for s in live_steers(r):
-                if s.vector_key not in self._sent:
-                    new[s.vector_key] = s.vector.detach().cpu().contiguous()
+                for key, tensor in {s.vector_key: s.vector, **op_tensors(s.op)}.items():
+                    if key not in self._sent:
+                        new[key] = tensor.detach().cpu().contiguous()
         if new:
             self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)

@@ -181,6 +181,7 @@ class SteerWorker:
                 kwargs["positions"],
                 state.plans,
                 lambda: {rid: runner.requests[rid].num_prompt_tokens for rid in req_ids},
+                state.vectors,  # a feature clamp's encoder travels as a vector does
             )
         except Exception as err:  # every steered request of this forward fails
             for rid in req_ids:
