@@ -148,10 +148,9 @@ def main() -> list[str]:
 
 def append(lines: list[str], path: Path = Path(__file__).parent / "RESULTS.md") -> None:
     """Replace this benchmark's section of ``RESULTS.md`` (or add it at the end)."""
-    text = path.read_text() if path.exists() else ""
-    if SECTION in text:
-        text = text[: text.index(SECTION)].rstrip("\n") + "\n"
-    path.write_text(text + "\n" + "\n".join(lines) + "\n")
+    from sections import replace_section
+
+    replace_section(lines, path)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import bench_chat  # noqa: E402
 import bench_engine  # noqa: E402
+import bench_features  # noqa: E402
+from sections import replace_section  # noqa: E402
 
 
 def main() -> None:
@@ -40,6 +42,7 @@ def main() -> None:
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
     bench_chat.append(bench_chat.main(), out)
+    replace_section(bench_features.main(), out)
     extra = Path(__file__).parent / "bench_sweep.py"
     if extra.exists():
         import bench_sweep

@@ -1,0 +1,23 @@
+"""Sections of ``RESULTS.md`` that each benchmark owns: rewritten in place, never the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "RESULTS.md"
+
+
+def replace_section(lines: list[str], path: Path = RESULTS) -> None:
+    """Put ``lines`` (starting with their ``## `` heading) in ``path``: in place of the
+    section with that heading, up to the next ``## `` heading, or at the end."""
+    heading = lines[0]
+    text = path.read_text() if path.exists() else ""
+    block = "\n".join(lines).rstrip("\n") + "\n"
+    if heading in text:
+        start = text.index(heading)
+        end = text.find("\n## ", start + len(heading))
+        rest = "" if end < 0 else text[end + 1 :]
+        text = text[:start] + block + ("\n" + rest if rest else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
