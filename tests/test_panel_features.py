@@ -108,3 +108,15 @@ def test_bad_sae_arguments_are_refused(lm, sae, tiny_dirs):
     other = sl.load(tiny_dirs["gpt2"], backend="hf")  # d_model 64
     with pytest.raises(ValueError, match="reads 128 dimensions"):
         SteeringPanel(other, sae=sae)
+
+
+def test_feature_starts_the_panel_on_that_feature(lm, sae):
+    vector = sl.SteeringVector({sae.site: torch.ones(128)})
+    panel = SteeringPanel(lm, {"ones": vector}, sae=sae, feature=499, alpha=8.0,
+                          prompt=PROMPT, max_new_tokens=NEW, debounce=0)  # fmt: skip
+    assert panel.render_count == 1 and panel.rendered is not None
+    assert (panel.rendered.vector, panel.rendered.feature) == (FEATURE, 499)
+    with pytest.raises(sl.features.SAEError, match="out of range"):
+        SteeringPanel(lm, sae=sae, feature=sae.d_sae, debounce=0)
+    with pytest.raises(ValueError, match="give sae= too"):
+        SteeringPanel(lm, {"ones": vector}, feature=3, debounce=0)

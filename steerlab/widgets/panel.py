@@ -110,6 +110,7 @@ class SteeringPanel:
             in the caller's thread).
         export_stem: path stem for the figure and completions exports.
         sae: an ``SAE`` whose features steer and are shown (``sl.load_sae``).
+        feature: start on this SAE feature (selected in the vector dropdown).
 
     >>> panel = SteeringPanel(lm, {"joy": vec}, prompt="Once upon a time")  # doctest: +SKIP
     >>> panel.controls.alpha.value = 6.0; panel.wait(); panel.steered_text  # doctest: +SKIP
@@ -131,6 +132,7 @@ class SteeringPanel:
         debounce: float = 0.05,
         export_stem: str = "steerlab_panel",
         sae: SAE | None = None,
+        feature: int | None = None,
     ) -> None:
         vectors = {} if vectors is None else vectors
         if not vectors and sae is None:
@@ -168,6 +170,12 @@ class SteeringPanel:
             d_sae=1 if sae is None else sae.d_sae,
         )
         self.controls.alpha.step = alpha_step
+        if feature is not None:
+            if sae is None:
+                raise ValueError("feature= picks an SAE feature: give sae= too.")
+            self.controls.vector.value = FEATURE
+            sae.feature(feature)  # SAEError for an index out of range
+            self.controls.feature.value = int(feature)
         self._fit_max_tokens()
         self.baseline_text = ""
         self.steered_text = ""
@@ -420,6 +428,10 @@ class SteeringPanel:
             button.tooltip = f"steer with feature {button.description}" if shown else ""
             button.layout.display = None if shown else "none"
 
+    def _on_top_feature(self, button: widgets.Button) -> None:
+        if button.description:
+            self._pick_feature(int(button.description))
+
     def _pick_feature(self, i: int) -> None:
         """Steer with feature ``i`` (one rerun, whichever controls change)."""
         muted, self._muted = self._muted, True
@@ -527,7 +539,7 @@ class SteeringPanel:
         self.top_buttons = [widgets.Button(layout=widgets.Layout(width="auto")) for _ in range(8)]
         for button in self.top_buttons:
             button.add_class("steerlab-top-feature")
-            button.on_click(lambda b: b.description and self._pick_feature(int(b.description)))
+            button.on_click(self._on_top_feature)
         self.top_feature_box = widgets.HBox(self.top_buttons, layout=wrap)
         self.top_feature_box.add_class("steerlab-top-features")
         self.strip_view = widgets.Output(layout=widgets.Layout(width="100%"))
