@@ -143,6 +143,7 @@ def build_controls(
                 "add alpha x the feature's decoder row",
                 "set the feature to alpha, keeping the SAE's error",
             ],
-            style={"button_width": "8em"},
+            style={"button_width": "7.5em", "description_width": "6.5em"},
+            description="feature op",
         ),  # fmt: skip
     )

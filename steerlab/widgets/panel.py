@@ -415,12 +415,16 @@ class SteeringPanel:
     # --- SAE features -------------------------------------------------------------------
 
     def _show_top_features(self, prompt: str, n: int = 8) -> None:
-        """Buttons for the prompt's ``n`` strongest features (by peak activation); a click
-        picks that feature. Recomputed when the prompt changes."""
+        """Buttons for the prompt's ``n`` strongest features (by peak activation over its
+        tokens, a BOS token left out); a click picks that feature. Recomputed when the
+        prompt changes."""
         if self.sae is None or prompt == self._top_prompt:
             return
         acts = self.lm.features(prompt, self.sae, k=n)
-        self.top_features = acts.prompt_top(0, min(n, len(self.top_buttons)))
+        bos = getattr(self.lm.tokenizer, "bos_token_id", None)
+        first = acts.tokens[0, acts.real_positions(0)[0]].item()
+        skip = int(bos is not None and first == bos and len(acts.real_positions(0)) > 1)
+        self.top_features = acts.prompt_top(0, min(n, len(self.top_buttons)), skip=skip)
         self._top_prompt = prompt
         for k, button in enumerate(self.top_buttons):  # fixed buttons, relabelled
             shown = k < len(self.top_features)
