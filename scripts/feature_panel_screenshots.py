@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/feature_panel_screenshots.py docs/images
 
-Starts JupyterLab as ``make lab`` does (``panel_screenshots.start_lab``), runs tutorial 08 in
+Starts JupyterLab as ``make lab`` does (``panel_screenshots.in_browser``), runs tutorial 08 in
 headless chromium through Playwright, clicks "clamp" in its panel, then the first of
 the prompt's top features, waits for the clamped run, and saves the panel with its feature
 picker, completions and strip at 1024 and 1440 px wide (768 px tall), as
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from panel_screenshots import REPO, start_lab  # noqa: E402
+from panel_screenshots import REPO, in_browser  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests" / "browser"))
-from conftest import CHROMIUM_FLAGS, _stop, find_chromium, run_notebook  # noqa: E402
+from conftest import run_notebook  # noqa: E402
 
 NOTEBOOK = "tutorials/08_sae_features.ipynb"
 TITLE = ".steerlab-panel .steerlab-steered-title"
@@ -63,21 +62,7 @@ def main() -> int:
     parser.add_argument("out", type=Path, nargs="?", default=REPO / "docs" / "images")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from playwright.sync_api import sync_playwright
-
-    with tempfile.TemporaryDirectory() as home:
-        process, lab = start_lab(Path(home))
-        try:
-            with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(
-                    executable_path=find_chromium(), headless=True, args=CHROMIUM_FLAGS
-                )
-                page = browser.new_page(viewport={"width": 1024, "height": 1500})
-                page.set_default_timeout(60_000)
-                shoot(page, lab, args.out)
-                browser.close()
-        finally:
-            _stop(process)
+    in_browser(shoot, args.out)
     return 0
 
 
