@@ -84,11 +84,8 @@ def shoot(page, lab: LabServer, out: Path) -> None:
         print(out / f"panel_{width}.png")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, nargs="?", default=REPO / "docs" / "images")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+def in_browser(shoot_page, out: Path) -> None:
+    """Start JupyterLab and headless chromium, and call ``shoot_page(page, lab, out)``."""
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as home:
@@ -100,15 +97,27 @@ def main() -> int:
                 )
                 page = browser.new_page(viewport={"width": 1024, "height": 1500})
                 page.set_default_timeout(60_000)
-                page.goto(lab.url)  # the default URL: the file browser on tutorials/
-                page.wait_for_selector(".jp-DirListing-item")
-                listing = page.locator(".jp-DirListing-itemText").all_inner_texts()
-                print("tutorials/ lists:", listing)
-                assert "conftest.py" not in listing and "sanitize.cfg" not in listing
-                shoot(page, lab, args.out)
+                shoot_page(page, lab, out)
                 browser.close()
         finally:
             _stop(process)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, nargs="?", default=REPO / "docs" / "images")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def listed_then_shoot(page, lab: LabServer, out: Path) -> None:
+        page.goto(lab.url)  # the default URL: the file browser on tutorials/
+        page.wait_for_selector(".jp-DirListing-item")
+        listing = page.locator(".jp-DirListing-itemText").all_inner_texts()
+        print("tutorials/ lists:", listing)
+        assert "conftest.py" not in listing and "sanitize.cfg" not in listing
+        shoot(page, lab, out)
+
+    in_browser(listed_then_shoot, args.out)
     return 0
 
 

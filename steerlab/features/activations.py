@@ -157,10 +157,12 @@ class FeatureActivations:
             out[rows] = f[:, index.to(f.device)] * real[rows, None]
         return out.reshape(batch, pos, len(index))
 
-    def prompt_top(self, row: int = 0, n: int = 10) -> list[int]:
+    def prompt_top(self, row: int = 0, n: int = 10, *, skip: int = 0) -> list[int]:
         """The ``n`` features with the largest activation anywhere in prompt ``row``, largest first.
 
         Exact for ``n <= k``: a feature's peak token has it among its top k, or k others beat it.
+        ``skip`` leaves out the first real tokens (1: a BOS token, whose features say little
+        about the prompt).
 
         >>> acts.prompt_top(0, n=5)  # doctest: +SKIP
         [12, 3, 40, 7, 9]
@@ -168,6 +170,7 @@ class FeatureActivations:
         if not 1 <= n <= self.k:
             raise SAEError(f"prompt_top(n) takes n in [1, {self.k}], the number kept; got {n!r}.")
         real = self.attention_mask[row].bool().to(self.top_values.device)
+        real[self.real_positions(row)[:skip]] = False
         values = self.top_values[row][real].reshape(-1)
         indices = self.top_indices[row][real].reshape(-1)
         best: dict[int, float] = {}

@@ -33,6 +33,8 @@ class Controls:
     top_p: widgets.FloatSlider
     seed: widgets.IntText
     max_new_tokens: widgets.IntSlider
+    feature: widgets.BoundedIntText  # used when the vector is the SAE's feature
+    feature_op: widgets.ToggleButtons
 
     def all(self) -> list[widgets.ValueWidget]:
         return [getattr(self, f.name) for f in fields(self)]
@@ -41,12 +43,15 @@ class Controls:
         values = {f.name: getattr(self, f.name).value for f in fields(self)}
         return PanelRequest(request_id=request_id, **values)
 
-    def box(self) -> widgets.VBox:
+    def box(self, features: widgets.Widget | None = None) -> widgets.VBox:
+        """The controls in two columns; ``features`` (the SAE feature picker) goes under
+        the steering column."""
         for control in self.all():
-            if control is not self.prompt:
+            if control not in (self.prompt, self.feature, self.feature_op):
                 control.layout = widgets.Layout(**_FILL)
+        extra = [] if features is None else [features]
         steering = widgets.VBox(
-            [self.vector, self.layer, self.hook, self.alpha, self.positions],
+            [self.vector, self.layer, self.hook, self.alpha, self.positions, *extra],
             layout=widgets.Layout(**_COLUMN),
         )
         sampling = widgets.VBox(
@@ -82,6 +87,7 @@ def build_controls(
     alpha: float,
     alpha_range: tuple[float, float],
     max_new_tokens: int,
+    d_sae: int = 1,
 ) -> Controls:
     def slider(cls, description, value, lo, hi, step, **kw):
         return cls(
@@ -122,4 +128,22 @@ def build_controls(
         top_p=slider(widgets.FloatSlider, "top_p", 1.0, 0.05, 1.0, 0.05),
         seed=widgets.IntText(value=0, description="seed", style=_STYLE),
         max_new_tokens=slider(widgets.IntSlider, "max tokens", max_new_tokens, 1, 200, 1),
+        feature=widgets.BoundedIntText(
+            value=0,
+            min=0,
+            max=d_sae - 1,
+            description="feature",
+            style=_STYLE,
+            layout=widgets.Layout(width="14em"),
+        ),  # fmt: skip
+        feature_op=widgets.ToggleButtons(
+            options=[("add W_dec[i]", "add"), ("clamp to alpha", "clamp")],
+            value="add",
+            tooltips=[
+                "add alpha x the feature's decoder row",
+                "set the feature to alpha, keeping the SAE's error",
+            ],
+            style={"button_width": "7.5em", "description_width": "6.5em"},
+            description="feature op",
+        ),  # fmt: skip
     )

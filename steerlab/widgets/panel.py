@@ -19,14 +19,16 @@ import torch
 from steerlab.core.prompts import encode
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
+from steerlab.features import SAE
 from steerlab.model import SteerableModel
 from steerlab.plots import export_button
 from steerlab.vectors import SteeringVector
 from steerlab.widgets.completions import completions_button
 from steerlab.widgets.controls import build_controls, hook_kinds
 from steerlab.widgets.debounce import Debouncer
-from steerlab.widgets.figure import pair_norms_figure
+from steerlab.widgets.figure import feature_strip, pair_norms_figure
 from steerlab.widgets.runner import (
+    FEATURE,
     PanelRequest,
     PanelSteer,
     VectorLike,
@@ -89,9 +91,16 @@ class SteeringPanel:
     Errors show in the panel, and panes from an earlier run are marked as not current.
     The max-tokens slider stops at the context window minus the prompt's tokens.
 
+    With ``sae``, the vector dropdown also offers ``"SAE feature"``: a feature picker (an
+    index box, and the top features of the prompt to click) chooses the feature, which
+    either adds alpha times its decoder row or clamps the feature to alpha (at the SAE's
+    site). A strip under the completions shows the chosen feature's activation at each
+    generated token, baseline against steered.
+
     Args:
         lm: the model to steer.
-        vectors: name -> ``SteeringVector`` or ``[d_model]`` tensor, offered in a dropdown.
+        vectors: name -> ``SteeringVector`` or ``[d_model]`` tensor, offered in a dropdown
+            (may be empty with an ``sae``).
         prompt: the starting prompt.
         layer: starting layer; defaults to the first vector's layer, else the middle one.
         hook: starting site kind, one of those in ``lm.sites()``.
@@ -100,15 +109,18 @@ class SteeringPanel:
         debounce: seconds to wait after the last change before running (0: run at once,
             in the caller's thread).
         export_stem: path stem for the figure and completions exports.
+        sae: an ``SAE`` whose features steer and are shown (``sl.load_sae``).
+        feature: start on this SAE feature (selected in the vector dropdown).
 
     >>> panel = SteeringPanel(lm, {"joy": vec}, prompt="Once upon a time")  # doctest: +SKIP
     >>> panel.controls.alpha.value = 6.0; panel.wait(); panel.steered_text  # doctest: +SKIP
+    >>> SteeringPanel(lm, sae=sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
     """
 
     def __init__(
         self,
         lm: SteerableModel,
-        vectors: Mapping[str, VectorLike],
+        vectors: Mapping[str, VectorLike] | None = None,
         prompt: str = "Once upon a time",
         *,
         layer: int | None = None,
@@ -119,16 +131,35 @@ class SteeringPanel:
         max_new_tokens: int = 30,
         debounce: float = 0.05,
         export_stem: str = "steerlab_panel",
+        sae: SAE | None = None,
+        feature: int | None = None,
     ) -> None:
-        if not vectors:
-            raise ValueError("SteeringPanel needs at least one vector, e.g. {'joy': vec}.")
+        vectors = {} if vectors is None else vectors
+        if not vectors and sae is None:
+            raise ValueError("SteeringPanel needs at least one vector, e.g. {'joy': vec}, or sae=.")
         for name, vector in vectors.items():
             check_vector(name, vector)
+        if sae is not None:
+            if not isinstance(sae, SAE):
+                raise TypeError(f"sae must be an SAE (sl.load_sae); got {type(sae).__name__}.")
+            if FEATURE in vectors:
+                raise ValueError(
+                    f"{FEATURE!r} names the SAE's feature; give the vector another name."
+                )
+            if sae.d_in != lm.d_model:
+                raise ValueError(
+                    f"The SAE reads {sae.d_in} dimensions; this model has d_model={lm.d_model}."
+                )
         self.lm = lm
+        self.sae = sae
         self.vectors = dict(vectors)
+        sae_site = None if sae is None else Site.parse(sae.site)
+        if not vectors and sae_site is not None:  # start on the SAE's own site
+            layer = sae_site.layer if layer is None else layer
+            hook = sae_site.kind
         self.controls = build_controls(
             prompt=prompt,
-            vector_names=list(self.vectors),
+            vector_names=list(self.vectors) + ([FEATURE] if sae is not None else []),
             n_layers=lm.n_layers,
             kinds=hook_kinds(lm.sites()),
             layer=_default_layer(lm, self.vectors, layer),
@@ -136,8 +167,15 @@ class SteeringPanel:
             alpha=alpha,
             alpha_range=alpha_range,
             max_new_tokens=max_new_tokens,
+            d_sae=1 if sae is None else sae.d_sae,
         )
         self.controls.alpha.step = alpha_step
+        if feature is not None:
+            if sae is None:
+                raise ValueError("feature= picks an SAE feature: give sae= too.")
+            self.controls.vector.value = FEATURE
+            sae.feature(feature)  # SAEError for an index out of range
+            self.controls.feature.value = int(feature)
         self._fit_max_tokens()
         self.baseline_text = ""
         self.steered_text = ""
@@ -148,6 +186,9 @@ class SteeringPanel:
         self.baseline: BaselineRun | None = None
         self.baseline_runs = 0  # runs that (re)computed the baseline row
         self.lent_warned: set[tuple[str, str, str]] = set()  # (vector, from site, to site)
+        self.top_features: list[int] = []  # the prompt's strongest SAE features
+        self._top_prompt: str | None = None
+        self.strip: go.Figure | None = None  # the chosen feature per generated token
         self._export_stem = export_stem
         self.history: list[tuple[int, str]] = []  # (request id, rendered|cancelled|error|skipped)
         self._latest = 0
@@ -286,9 +327,13 @@ class SteeringPanel:
         key = baseline_key(request)
         cached = self.baseline if self.baseline is not None and self.baseline.key == key else None
         alphas = [request.alpha] if cached else [0.0, request.alpha]
-        plan = panel_steer(request, self.vectors, alphas)
+        plan = panel_steer(request, self.vectors, alphas, self.sae)
         self._warn_if_lent(request, plan)
         resid = [s for s in self.lm.sites() if ".hook_resid_" in s]
+        if self.sae is not None:
+            self._show_top_features(request.prompt)
+            if self.sae.site not in resid:
+                resid.append(self.sae.site)
         if cached is None:
             self._show_texts(request.prompt, ["", ""])
         else:
@@ -311,6 +356,8 @@ class SteeringPanel:
         figure = self._figure(cached, generation, request)
         figure.layout.meta = {"steerlab_panel": request.as_dict()}  # exact alpha, for exports
         self._update_figure(figure)
+        if self.sae is not None:
+            self._show_strip(cached, generation, request)
         self.baseline_text, self.steered_text = cached.text, steered_text
         self.generation, self.rendered, self.error = generation, request, None
         self.error_box.value = ""
@@ -352,11 +399,73 @@ class SteeringPanel:
                 f" <span class='steerlab-lent' style='color:#b35900'>"
                 f"(extracted at {plan.lent_from})</span>"
             )
-        op = type(plan.steer.op).__name__.lower()
+        if request.vector == FEATURE:
+            vector = html.escape(plan.label) + vector.removeprefix(html.escape(request.vector))
+            if request.feature_op == "clamp":
+                return (
+                    f"<b>steered</b> · {request.site} · positions {request.positions} · "
+                    f"clamp {vector} to {format_alpha(request.alpha)}"
+                )
+        op = getattr(plan.steer.op, "name", "") or type(plan.steer.op).__name__.lower()
         return (
             f"<b>steered</b> · {request.site} · positions {request.positions} · "
             f"vector {vector} · {op} · α = {format_alpha(request.alpha)}"
         )
+
+    # --- SAE features -------------------------------------------------------------------
+
+    def _show_top_features(self, prompt: str, n: int = 8) -> None:
+        """Buttons for the prompt's ``n`` strongest features (by peak activation over its
+        tokens, a BOS token left out); a click picks that feature. Recomputed when the
+        prompt changes."""
+        if self.sae is None or prompt == self._top_prompt:
+            return
+        acts = self.lm.features(prompt, self.sae, k=n)
+        bos = getattr(self.lm.tokenizer, "bos_token_id", None)
+        first = acts.tokens[0, acts.real_positions(0)[0]].item()
+        skip = int(bos is not None and first == bos and len(acts.real_positions(0)) > 1)
+        self.top_features = acts.prompt_top(0, min(n, len(self.top_buttons)), skip=skip)
+        self._top_prompt = prompt
+        for k, button in enumerate(self.top_buttons):  # fixed buttons, relabelled
+            shown = k < len(self.top_features)
+            button.description = str(self.top_features[k]) if shown else ""
+            button.tooltip = f"steer with feature {button.description}" if shown else ""
+            button.layout.display = None if shown else "none"
+
+    def _on_top_feature(self, button: widgets.Button) -> None:
+        if button.description:
+            self._pick_feature(int(button.description))
+
+    def _pick_feature(self, i: int) -> None:
+        """Steer with feature ``i`` (one rerun, whichever controls change)."""
+        muted, self._muted = self._muted, True
+        try:
+            self.controls.feature.value = i
+            self.controls.vector.value = FEATURE
+        finally:
+            self._muted = muted
+        self._debouncer.trigger(self._next_request())
+
+    def _show_strip(self, baseline: BaselineRun, generation: Generation,
+                    request: PanelRequest) -> None:  # fmt: skip
+        """The chosen feature at each generated token that was fed back, both rows."""
+        assert self.sae is not None and generation.activations is not None
+        site, i = self.sae.site, request.feature
+        n_prompt = len(generation.prompt_tokens[-1])
+        rows = [(baseline.activations[site][0], baseline.tokens),
+                (generation.activations[site][-1], generation.tokens[-1])]  # fmt: skip
+        values, tokens = [], []
+        for acts, new in rows:
+            fed = acts[n_prompt : n_prompt + max(len(new) - 1, 0)]  # [fed, d_model]
+            values.append(self.sae.encode(fed)[:, i].float().tolist() if len(fed) else [])
+            tokens.append([self.lm.tokenizer.decode([t]) for t in new[: len(fed)]])
+        self.strip = feature_strip(values, tokens, i, site)
+        spec = json.loads(self.strip.to_json())
+        spec["config"] = {"responsive": True, "displaylogo": False}
+        self.strip_view.outputs = (
+            {"output_type": "display_data",
+             "data": {PLOTLY_MIME: spec, "text/plain": f"feature {i} strip"}, "metadata": {}},
+        )  # fmt: skip
 
     def _figure(
         self, baseline: BaselineRun, generation: Generation, request: PanelRequest
@@ -431,12 +540,29 @@ class SteeringPanel:
             layout=wrap,
         )
         separator = widgets.Label("│", layout=widgets.Layout(margin="0 0.8em"))
+        self.top_buttons = [widgets.Button(layout=widgets.Layout(width="auto")) for _ in range(8)]
+        for button in self.top_buttons:
+            button.add_class("steerlab-top-feature")
+            button.on_click(self._on_top_feature)
+        self.top_feature_box = widgets.HBox(self.top_buttons, layout=wrap)
+        self.top_feature_box.add_class("steerlab-top-features")
+        self.strip_view = widgets.Output(layout=widgets.Layout(width="100%"))
+        self.strip_view.add_class("steerlab-feature-strip")
+        picker = None
+        if self.sae is not None:
+            picker = widgets.VBox([
+                widgets.HBox([self.controls.feature, self.controls.feature_op], layout=wrap),
+                widgets.HBox([widgets.Label("top features of this prompt:"),
+                              self.top_feature_box], layout=wrap),
+            ])  # fmt: skip
+            picker.add_class("steerlab-feature-picker")
         self.widget = widgets.VBox(
             [
                 self.hint,
-                self.controls.box(),
+                self.controls.box(picker),
                 self.error_box,
                 panes,
+                *([self.strip_view] if self.sae is not None else []),
                 self.figure_view,
                 exports,
                 widgets.HBox([self.hooks_label, separator, self.status_label], layout=wrap),

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from steerlab.core import Positions, Steer, SteerError
 from steerlab.core.results import Generation
+from steerlab.core.sites import Site
+from steerlab.features import SAE
 from steerlab.model import SteerableModel
 from steerlab.vectors import SteeringVector
 
 VectorLike = SteeringVector | torch.Tensor
+FEATURE = "SAE feature"  # the vector dropdown's entry for the SAE's chosen feature
+FEATURE_OPS = ("add", "clamp")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class PanelRequest:
     top_p: float
     seed: int
     max_new_tokens: int
+    feature: int = 0  # with vector FEATURE: the SAE feature that steers
+    feature_op: str = "add"  # "add" its decoder row, or "clamp" it to alpha
 
     @property
     def site(self) -> str:
@@ -85,15 +91,20 @@ class PanelSteer:
     """The steer one run applies, and where its direction came from.
 
     ``lent_from`` is the site a single-site ``SteeringVector`` was extracted at, when the
-    panel applies it at another site (``None`` otherwise).
+    panel applies it at another site (``None`` otherwise). ``label`` names what steers: the
+    vector, or the SAE feature.
     """
 
     steer: Steer
     lent_from: str | None = None
+    label: str = ""
 
 
 def panel_steer(
-    request: PanelRequest, vectors: Mapping[str, VectorLike], alphas: Sequence[float]
+    request: PanelRequest,
+    vectors: Mapping[str, VectorLike],
+    alphas: Sequence[float],
+    sae: SAE | None = None,
 ) -> PanelSteer:
     """The steer for ``request`` with one row per alpha (``[0, alpha]``: baseline and steered).
 
@@ -101,11 +112,18 @@ def panel_steer(
     stays unscaled. One with a single site lends that direction to any other site, as a
     one-site vector with the same scale. A tensor is used as it is, at any site.
 
+    With ``request.vector == FEATURE`` the SAE's feature ``request.feature`` steers: ``add``
+    adds alpha times its decoder row (``sae.feature(i)``, lent to other sites like any
+    one-site vector); ``clamp`` sets the feature to alpha (``sae.clamp``) at the SAE's own
+    site only, the last row fully and any earlier (baseline) row not at all.
+
     >>> v = SteeringVector({"blocks.0.hook_resid_pre": torch.ones(3)}, scale=2.0)
     >>> r = PanelRequest(1, "Hi", "v", 1, "hook_resid_pre", 4.0, "all", 0.0, 0, 1.0, 0, 8)
     >>> ps = panel_steer(r, {"v": v}, [4.0]); ps.steer.alpha, ps.lent_from
     ((8.0,), 'blocks.0.hook_resid_pre')
     """
+    if request.vector == FEATURE and sae is not None:
+        return _feature_steer(request, sae, alphas)
     if request.vector not in vectors:
         raise SteerError(f"No vector named {request.vector!r}; the panel has {sorted(vectors)}.")
     vector, site = vectors[request.vector], request.site
@@ -120,7 +138,26 @@ def panel_steer(
             provenance=vector.provenance,
         )
     steer = Steer(site, vector, alpha=list(alphas), positions=request.positions)
-    return PanelSteer(steer, lent_from)
+    return PanelSteer(steer, lent_from, request.vector)
+
+
+def _feature_steer(request: PanelRequest, sae: SAE, alphas: Sequence[float]) -> PanelSteer:
+    label = f"feature {request.feature} of {sae.source or 'the SAE'}"
+    if request.feature_op not in FEATURE_OPS:
+        raise SteerError(f"feature op must be one of {FEATURE_OPS}; got {request.feature_op!r}.")
+    if request.feature_op == "clamp":
+        if request.site != sae.site:
+            site = Site.parse(sae.site)
+            raise SteerError(
+                f"A clamp reads the SAE's own encoding, so it acts at the SAE's site {sae.site} "
+                f"(layer {site.layer}, hook point {site.kind}), not at {request.site}."
+            )
+        strengths = [0.0] * (len(alphas) - 1) + [1.0]  # baseline rows untouched
+        steer = sae.clamp(request.feature, request.alpha, alpha=strengths,
+                          positions=request.positions)  # fmt: skip
+        return PanelSteer(steer, None, label)
+    vectors = {FEATURE: sae.feature(request.feature)}
+    return replace(panel_steer(request, vectors, alphas), label=label)
 
 
 QUEUE_S = 60.0  # a panel run queues this long behind another call on the model, then fails
