@@ -25,7 +25,7 @@ from steerlab.core.errors import SteerError
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 
 __all__ = [
-    "OPS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
+    "OPS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "FeatureRead", "Form", "Op", "Operation",
     "SteerError", "tensor_fingerprint",
 ]  # fmt: skip
 
@@ -55,16 +55,28 @@ class Operation(Protocol):
     ) -> torch.Tensor: ...
 
 
+class FeatureRead(NamedTuple):
+    """A single SAE feature as table data: ``f = relu(p)·[p > threshold]`` with
+    ``p = act · encoder + bias``; the steer adds ``α·(value - f)·v``."""
+
+    encoder: torch.Tensor  # [d_model]
+    bias: float  # b_enc[i], less what subtracting b_dec from the input takes off
+    threshold: float
+    value: float
+
+
 class Form(NamedTuple):
     """An operation as table data: ``act + add·α·v + (1 - add)·α·(clip(a, low, high) - a)·u``.
 
     ``a = act · u`` is the projection on the unit direction ``u``. Add sets ``add``; the
-    projection operations leave it off and say where the projection goes.
+    projection operations leave it off and say where the projection goes. A feature clamp
+    leaves the projection alone (``low, high = -inf, inf``) and reads its ``feature``.
     """
 
     add: bool
     low: float
     high: float
+    feature: FeatureRead | None = None
 
 
 OPS: dict[str, type[Op]] = {}
@@ -97,7 +109,6 @@ class Op:
     """Base of steerlab's operations: subclassing registers the name for ``op_from_data``."""
 
     name: ClassVar[str] = ""
-    tabled: ClassVar[bool] = True  # ``form()`` gives a table form (False: it runs eagerly)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -225,11 +236,12 @@ class FeatureClamp(Op):
     and ``bias`` the whole ``b_enc``. ``b_dec_in`` is what the SAE subtracts from its input
     (``b_dec``, or zeros). Build one with ``sae.clamp(i, value)``; ``sae`` is the SAE's
     content hash, for provenance. Tensors travel by content key where an engine keeps them
-    (vLLM's workers), and as lists of floats in a request body.
+    (vLLM's workers), and as lists of floats in a request body. Its table form reads the
+    feature (``FeatureRead``), so the compiled step holds standard and jumprelu clamps;
+    a topk clamp has none and runs eagerly.
     """
 
     name: ClassVar[str] = "feature_clamp"
-    tabled: ClassVar[bool] = False
     value: float
     index: int
     encoder: torch.Tensor
@@ -292,8 +304,16 @@ class FeatureClamp(Op):
         for name, v in values.items():
             object.__setattr__(self, name, v)
 
-    def form(self) -> None:
-        return None  # it reads a feature through the encoder: not a table form
+    def form(self) -> Form | None:
+        """A standard or jumprelu feature as a ``FeatureRead`` (``b_dec`` folded into the
+        bias); None for topk, whose feature depends on every other (it runs eagerly)."""
+        if self.architecture == "topk":
+            return None
+        wide = torch.promote_types(self.encoder.dtype, torch.float32)
+        bias = self.bias.to(wide) - self.b_dec_in.to(wide) @ self.encoder.to(wide)
+        threshold = self.threshold if self.architecture == "jumprelu" else 0.0
+        read = FeatureRead(self.encoder, float(bias), threshold, self.value)
+        return Form(False, -math.inf, math.inf, read)
 
     def check_width(self, d_model: int) -> None:
         if self.encoder.shape[0] != d_model:

@@ -43,7 +43,11 @@ class PanelRequest:
         return f"blocks.{self.layer}.{self.hook}"
 
     def as_dict(self) -> dict[str, object]:
-        return {**asdict(self), "site": self.site}
+        """The inputs and the site; the feature fields only when an SAE feature steers."""
+        data = {**asdict(self), "site": self.site}
+        if self.vector != FEATURE:
+            del data["feature"], data["feature_op"]
+        return data
 
 
 def check_vector(name: str, vector: object) -> None:

@@ -35,14 +35,14 @@ def foreign_hooks(model: nn.Module) -> bool:
 
 def steer_reason(requests: Sequence[Request]) -> str | None:
     """Steers the compiled step cannot hold: custom operations, operations with no table
-    form (a feature clamp reads its SAE's encoder), two on one site of a row."""
+    form (a topk feature clamp reads the whole encoder), two on one site of a row."""
     for i, request in enumerate(requests):
         sites = [s.site for s in request.steers]
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled table holds one per site)"
         for steer in request.steers:
             if form_of(steer.op) is None:
-                table = sorted(n for n, op in OPS.items() if op.tabled)
+                table = sorted(OPS)
                 kind = "custom operation" if not isinstance(steer.op, Op) else "operation"
                 return f"{kind} {steer.op!r} has no table form (compiled: {', '.join(table)})"
     return None

@@ -22,14 +22,18 @@ def steer(
     pos: torch.Tensor,  # [B] long
 ) -> torch.Tensor:
     """The steering table's row ``at`` applied to ``h``; untouched rows stay bit-identical."""
-    vector, unit, add, proj, low, high, on_prompt, on_generated, from_pos = (t[at] for t in table)
+    (vector, unit, add, proj, low, high, on_prompt, on_generated, from_pos, encoder, feat,
+     bias, threshold, value) = (t[at] for t in table)  # fmt: skip
     act = h[:, 0]  # [B, d]
     # every token a decode step feeds was generated: live rows' are, dead rows' are pads
     where = touched(on_prompt, on_generated, from_pos, pos, live)
-    gate = live & where & ((add != 0) | (proj != 0))  # [B]
+    gate = live & where & ((add != 0) | (proj != 0) | (feat != 0))  # [B]
     along = (act * unit).sum(-1)  # [B]
     moved = torch.clamp(along, min=low, max=high) - along  # [B], 0 for Add rows
-    new = act + add[:, None] * vector + (proj * moved)[:, None] * unit
+    pre = (act * encoder).sum(-1) + bias  # [B]: an SAE feature's pre-activation
+    f = torch.relu(pre) * (pre > threshold).to(act.dtype)
+    new = (act + add[:, None] * vector + (proj * moved)[:, None] * unit
+           + (feat * (value - f))[:, None] * vector)  # fmt: skip
     return torch.where(gate[:, None], new, act)[:, None]
 
 

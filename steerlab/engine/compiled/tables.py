@@ -38,9 +38,12 @@ class SteerTable:
     * unit`` with ``a = act . unit``, on the tokens ``core.steer.touched`` picks. At most one
     steer per site per row.
 
+    A feature clamp reads its feature through ``encoder`` (``FeatureRead``) and adds
+    ``feat·(value - f)·vector``.
+
     Attributes:
-        vector, unit: [sites, batch, d_model].
-        add, proj, low, high: [sites, batch].
+        vector, unit, encoder: [sites, batch, d_model].
+        add, proj, low, high, feat, bias, threshold, value: [sites, batch].
         on_prompt, on_generated: [sites, batch] bool; from_pos: [sites, batch] long.
     """
 
@@ -49,7 +52,11 @@ class SteerTable:
         shape = (n_sites, batch)
         self.vector = torch.zeros(*shape, d_model, dtype=dtype, device=device)
         self.unit = torch.zeros(*shape, d_model, dtype=dtype, device=device)
+        self.encoder = torch.zeros(*shape, d_model, dtype=dtype, device=device)
         self.add, self.proj, self.low, self.high = (
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(4)
+        )
+        self.feat, self.bias, self.threshold, self.value = (
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(4)
         )
         self.on_prompt = torch.zeros(shape, dtype=torch.bool, device=device)
@@ -58,7 +65,8 @@ class SteerTable:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.vector, self.unit, self.add, self.proj, self.low, self.high,
-                self.on_prompt, self.on_generated, self.from_pos)  # fmt: skip
+                self.on_prompt, self.on_generated, self.from_pos, self.encoder, self.feat,
+                self.bias, self.threshold, self.value)  # fmt: skip
 
     def fill(self, requests: Sequence[Request]) -> None:
         """Write each row's steers (rows past ``len(requests)`` stay unsteered)."""
@@ -75,6 +83,12 @@ class SteerTable:
                 self.vector[at, row] = vector
                 if form.add:
                     self.add[at, row] = alpha
+                elif form.feature is not None:
+                    read = form.feature
+                    self.feat[at, row] = alpha
+                    self.encoder[at, row] = read.encoder.to(self.vector.device, dtype)
+                    self.bias[at, row], self.threshold[at, row] = read.bias, read.threshold
+                    self.value[at, row] = read.value
                 else:
                     self.unit[at, row] = unit(vector)
                     self.proj[at, row] = alpha
