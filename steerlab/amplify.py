@@ -19,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 
 from steerlab.backends.base import ActivationFn, Backend
 from steerlab.backends.cache import PairCacheOps
+from steerlab.core.errors import NonFiniteError
 from steerlab.core.sites import Site
 from steerlab.model import SteerableModel
 
@@ -72,7 +73,14 @@ class AmplifiedBackend:
             input_ids.to(device), attention_mask.to(device), before_cache,
             positions=None if positions is None else positions.to(device), last_only=last_only,
         ).to(after.device, after.dtype)  # fmt: skip
-        return after + self.beta * (after - before)
+        mixed = after + self.beta * (after - before)
+        if not bool(torch.isfinite(mixed).all()):  # never decode what beta overflowed
+            raise NonFiniteError(
+                f"beta={self.beta:g} gives NaN or inf logits: after + beta * (after - before) "
+                f"overflows {mixed.dtype} (the two models' logits differ by up to "
+                f"{float((after - before).abs().max()):.3g}). Lower beta."
+            )
+        return mixed
 
 
 def amplify(after: SteerableModel, before: SteerableModel, beta: float) -> SteerableModel:

@@ -17,7 +17,7 @@ from steerlab.core.prompts import Prompt
 from steerlab.core.request import Request, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers, lay_out
-from steerlab.core.sites import resolve
+from steerlab.core.sites import resolve, site_names
 from steerlab.engine.local import LocalEngine
 from steerlab.engine.protocol import Engine
 from steerlab.engine.steps import OnToken, steps
@@ -182,7 +182,7 @@ class SteerableModel:
         stop_at_eos: bool = True,
         stop: str | Sequence[str] | None = None,
         chat: bool = False,
-        capture: Sequence[str] = (),
+        capture: str | Sequence[str] = (),
         use_cache: bool = True,
         cache: KVCache | None = None,
         keep_cache: bool = False,
@@ -201,7 +201,7 @@ class SteerableModel:
                             Sampling.stops(stop))  # fmt: skip
         rows = self._rows(prompts, steer, chat, max_new_tokens, cache)
         progress = self.engine.stream(
-            rows.requests(sampling), cache=cache, keep_cache=keep_cache, capture=capture,
+            rows.requests(sampling), cache=cache, keep_cache=keep_cache, capture=site_names(capture),
             use_cache=use_cache, wait=wait, description=f"stream of {len(rows.encoded)} rows",
         )  # fmt: skip
         return steps(progress, rows, seed, on_token)
@@ -238,7 +238,7 @@ class SteerableModel:
         stop_at_eos: bool = True,
         stop: str | Sequence[str] | None = None,
         chat: bool = False,
-        capture: Sequence[str] = (),
+        capture: str | Sequence[str] = (),
         use_cache: bool = True,
         cache: KVCache | None = None,
         keep_cache: bool = False,
@@ -335,7 +335,7 @@ class SteerableModel:
     def run_with_cache(
         self,
         prompts: Prompt | Sequence[Prompt],
-        sites: Sequence[str] | None = None,
+        sites: str | Sequence[str] | None = None,
         *,
         steer: SteerArg = None,
         chat: bool = False,
@@ -344,13 +344,14 @@ class SteerableModel:
 
         Args:
             prompts: strings (or message lists with ``chat=True``).
-            sites: canonical site names; all of ``lm.sites()`` when None.
+            sites: canonical site names (one name alone is one site); all of
+                ``lm.sites()`` when None.
             steer: optional steering during the pass; an alpha list gives one row per alpha.
             chat: apply the chat template.
 
         >>> acts = lm.run_with_cache(["Hello"], sites=["blocks.0.hook_resid_post"])  # doctest: +SKIP
         """
-        names = self._sites if sites is None else list(sites)
+        names = self._sites if sites is None else site_names(sites)
         for name in names:
             resolve(name, self._sites)
         rows = lay_out(self, prompts, steer, chat=chat, new_tokens=0)

@@ -75,10 +75,10 @@ def test_messages_are_checked():
     for bad, match in [
         ({"content": "x"}, "no 'role'"),
         ({"role": "user"}, "no 'content'"),
-        ({"role": "", "content": "x"}, "non-empty string"),
-        ({"role": "user", "content": ["x"]}, "must be a string"),
+        ({"role": "", "content": "x"}, "has role ''; roles are"),
+        ({"role": "user", "content": ["x"]}, "content part 0 is 'str'"),
         ("", None),
-        ([], "No message"),
+        ([], "empty list of messages"),
         (["hi"], "must be a dict"),
     ]:
         if match is None:

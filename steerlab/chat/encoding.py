@@ -24,40 +24,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from steerlab.core.prompts import Message, PromptError, _single_bos
+from steerlab.core.prompts import Message, PromptError, _single_bos, check_messages, check_text
 
 _PROBE = "\x00steerlab-role-probe-{}\x00"
 
 
 def as_messages(message: str | Message | Sequence[Message]) -> list[Message]:
-    """What ``say`` takes (a string is the user's message) as checked message dicts."""
+    """What ``say`` takes (a string is the user's message) as checked message dicts
+    (``core.prompts.check_messages``: errors name the message index)."""
     if isinstance(message, str):
+        check_text(message, "message")
         return [{"role": "user", "content": message}]
-    listed = [message] if isinstance(message, dict) else list(message)
-    if not listed:
-        raise PromptError("No message: give a string or at least one message dict.")
-    for m in listed:
-        check_message(m)
+    listed = check_messages([message] if isinstance(message, dict) else message, "say()")
     if any(m["role"] == "assistant" for m in listed):
         raise PromptError("say() takes your messages; the assistant's replies come from the model.")
-    return [dict(m) for m in listed]
-
-
-def check_message(message: Any) -> None:
-    """A message is a dict with a non-empty string ``role`` and a string ``content``."""
-    if not isinstance(message, dict):
-        raise PromptError(
-            f"A message must be a dict with 'role' and 'content'; got {message!r:.60}."
-        )
-    missing = [k for k in ("role", "content") if k not in message]
-    if missing:
-        raise PromptError(f"Message {message!r:.60} has no {' or '.join(map(repr, missing))}.")
-    if not isinstance(message["role"], str) or not message["role"]:
-        raise PromptError(f"A message role must be a non-empty string; got {message['role']!r}.")
-    if not isinstance(message["content"], str):
-        raise PromptError(
-            f"Message content must be a string; got {type(message['content']).__name__}."
-        )
+    return listed
 
 
 def render(tokenizer: Any, messages: list[Message], *, generation_prompt: bool) -> list[int]:

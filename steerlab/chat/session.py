@@ -30,7 +30,7 @@ from steerlab.chat.key import CacheKey, touches
 from steerlab.chat.plan import Conversation, Plan, plan_turn, too_long
 from steerlab.chat.turns import TurnLog, TurnStats
 from steerlab.core.ops import SteerError
-from steerlab.core.prompts import Message, PromptError
+from steerlab.core.prompts import Message, PromptError, check_text
 from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
@@ -62,6 +62,8 @@ class ChatSession:
             raise ValueError(f"overflow must be one of {OVERFLOW}; got {overflow!r}.")
         if system is not None and not isinstance(system, str):
             raise PromptError(f"system must be a string or None; got {type(system).__name__}.")
+        if system is not None:
+            check_text(system, "system")
         self.lm, self.overflow = lm, overflow
         self._steers: list[Steer] = []
         self.steer = steer

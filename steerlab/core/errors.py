@@ -21,3 +21,7 @@ class ContextError(PromptError):
 
 class ModelMismatchWarning(UserWarning):
     """A direction made on one model (a vector, an SAE feature) used on another."""
+
+
+class NonFiniteError(FloatingPointError):
+    """A step whose logits hold NaN or inf; the message names the setting that made them."""

@@ -15,24 +15,112 @@ Message = dict[str, str]
 Prompt = str | list[Message]
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def normalise(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    """One prompt or a list of them, as a non-empty list."""
+    """One prompt or a list of them, as a non-empty list of checked prompts: strings that
+    are valid Unicode text, or message lists (``check_messages``).
+
+    >>> normalise("Hi"), len(normalise(["a", [{"role": "user", "content": "b"}]]))
+    (['Hi'], 2)
+    """
+    if not isinstance(prompts, (str, list, tuple)):
+        raise PromptError(
+            f"prompts must be a string, a list of messages, or a list of those; got "
+            f"{type(prompts).__name__} {prompts!r:.60}."
+        )
     single = isinstance(prompts, str) or (
         isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], dict)
     )
     listed: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
     if not listed:
         raise PromptError("The prompt list is empty: give at least one prompt.")
-    for p in listed:
-        if not isinstance(p, (str, list)):
-            raise PromptError(f"A prompt must be a string or a list of messages, not {type(p)}.")
+    for i, p in enumerate(listed):
+        if isinstance(p, str):
+            check_text(p, f"prompt {i}")
+        elif isinstance(p, list):
+            listed[i] = check_messages(p, f"prompt {i}")
+        else:
+            raise PromptError(
+                f"prompt {i} must be a string or a list of messages; got "
+                f"{type(p).__name__} {p!r:.60}."
+            )
     return listed
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse a string that is not valid Unicode text (a lone surrogate cannot be encoded,
+    so no tokenizer can read it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PromptError(
+            f"{what} holds a lone surrogate {text[error.start]!r} at character {error.start}: "
+            "not valid Unicode text (decode bytes with errors='replace', or fix the string)."
+        ) from None
+
+
+def check_messages(messages: Any, what: str = "messages") -> list[Message]:
+    """A conversation checked and made plain: a non-empty list of dicts, each with a known
+    ``role`` and ``content`` that is a string or a list of text parts
+    (``[{"type": "text", "text": ...}]``, joined with ""). Errors name the message index.
+
+    >>> check_messages([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
+    [{'role': 'user', 'content': 'Hi'}]
+    """
+    if not isinstance(messages, list):
+        raise PromptError(f"{what} must be a list of message dicts; got {type(messages).__name__}.")
+    if not messages:
+        raise PromptError(f"{what} is an empty list of messages: give at least one.")
+    plain = []
+    for i, m in enumerate(messages):
+        where = f"{what}, message {i}"
+        if not isinstance(m, dict):
+            raise PromptError(
+                f"{where} must be a dict with 'role' and 'content'; got {type(m).__name__} "
+                f"{m!r:.60}."
+            )
+        missing = [k for k in ("role", "content") if k not in m]
+        if missing:
+            raise PromptError(f"{where} has no {' or '.join(map(repr, missing))}: {m!r:.60}.")
+        role = m["role"]
+        if role not in ROLES:
+            raise PromptError(f"{where} has role {role!r:.40}; roles are {', '.join(ROLES)}.")
+        plain.append({**m, "content": _content(m["content"], where)})
+    return plain
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        check_text(content, where)
+        return content
+    if isinstance(content, list):
+        texts = []
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise PromptError(
+                    f"{where}, content part {k} is {kind!r}: steerlab reads text parts "
+                    "only ({'type': 'text', 'text': ...})."
+                )
+            check_text(part["text"], f"{where}, content part {k}")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise PromptError(
+        f"{where} content must be a string or a list of text parts; got "
+        f"{type(content).__name__} {content!r:.40}."
+    )
 
 
 def encode(tokenizer: Any, prompt: Prompt, *, chat: bool) -> list[int]:
     """Token ids for one prompt, with exactly the BOS the model expects (never two)."""
     if chat:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        messages = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else check_messages(prompt)
+        )
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from steerlab.core.errors import NonFiniteError
+from steerlab.core.request import Request
+
+# Below this temperature decoding is greedy, on every engine (vLLM's sampler uses the same
+# floor). Dividing logits by a subnormal temperature overflows to inf and samples junk.
+GREEDY_BELOW = 1e-5
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether ``temperature`` decodes greedily: 0, or anything below ``GREEDY_BELOW``.
+
+    >>> is_greedy(0.0), is_greedy(1e-39), is_greedy(0.7)
+    (True, True, False)
+    """
+    return temperature < GREEDY_BELOW
 
 
 def sample_next(
@@ -13,7 +31,9 @@ def sample_next(
     top_k: int | None = None,
     top_p: float = 1.0,
 ) -> torch.Tensor:  # [batch] token ids
-    """Pick one token per row: greedy at temperature 0, else inverse-CDF sampling.
+    """Pick one token per row: greedy at temperature 0 (or below ``GREEDY_BELOW``), else
+    inverse-CDF sampling. A top-p so small that only the top token reaches it keeps that
+    token alone, so it decodes as greedy does.
 
     Taking the random number as an argument (not a generator) is what lets a
     baseline row and a steered row share their randomness: where the two
@@ -22,7 +42,7 @@ def sample_next(
     >>> sample_next(torch.tensor([[0.0, 2.0, 1.0]]), torch.tensor([0.5]), temperature=0)
     tensor([1])
     """
-    if temperature == 0:
+    if is_greedy(temperature):
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
@@ -33,9 +53,33 @@ def sample_next(
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p; the first token always stays.
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        outside[:, 0] = False  # even where top_p underflows to 0 in float32 (top_p=1e-46)
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     cdf = probs.cumsum(dim=-1)
     target = uniform.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
     picked = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return picked.clamp(max=probs.shape[-1] - 1)
+
+
+def check_finite(logits: torch.Tensor, step: int, requests: Sequence[Request]) -> None:
+    """THE per-step check: one reduction over the step's logits; on NaN or inf, an error
+    that names the first bad row's steers (the setting that made them), never a decode."""
+    if bool(torch.isfinite(logits).all()):
+        return
+    row = int((~torch.isfinite(logits)).any(-1).nonzero()[0, 0])
+    raise non_finite(step, row, requests[row])
+
+
+def non_finite(step: int, row: int, request: Request) -> NonFiniteError:
+    """The error for a row whose logits are NaN or inf, naming its steers (every engine)."""
+    steers = request.steers
+    what = (
+        "; ".join(f"{type(s.op).__name__} at {s.site} with alpha={s.alpha:g}" for s in steers)
+        if steers
+        else "no steer: the model's own logits"
+    )
+    return NonFiniteError(
+        f"The logits of row {row} hold NaN or inf at step {step}, from: {what}. A steer "
+        "that large overflows this dtype: lower alpha (or use float32)."
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from steerlab.core.errors import SiteError
@@ -79,6 +79,19 @@ def all_sites(
     names = [EMBED] if embed else []
     for layer in range(n_layers):
         names += [f"blocks.{layer}.{kind}" for kind in BLOCK_KINDS if kind in kinds]
+    return names
+
+
+def site_names(sites: str | Sequence[str]) -> list[str]:
+    """Site names as a list: one name alone is one site (never its characters).
+
+    >>> site_names("blocks.1.hook_resid_pre")
+    ['blocks.1.hook_resid_pre']
+    """
+    names = [sites] if isinstance(sites, str) else list(sites)
+    for name in names:
+        if not isinstance(name, str):
+            raise SiteError(f"sites must be site names; got {type(name).__name__} {name!r:.40}.")
     return names
 
 

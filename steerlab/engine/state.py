@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from steerlab.core.request import Completion, Request
+from steerlab.core.sampling import is_greedy
 
 
 class RowStates:
@@ -78,7 +79,7 @@ class RandomStreams:
 
     def __init__(self, requests: Sequence[Request]) -> None:
         self.keys = [(r.sampling.seed, r.stream) for r in requests]
-        self.sampled = [r.sampling.temperature > 0 for r in requests]
+        self.sampled = [not is_greedy(r.sampling.temperature) for r in requests]
         self.generators: dict[tuple[int, str], torch.Generator] = {}
         for seed, stream in dict.fromkeys(self.keys):
             digest = hashlib.sha256(f"{seed}|{stream}".encode()).digest()

@@ -245,17 +245,51 @@ def read_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         kind = "a pickle / torch.save file" if _looks_pickled(head) else "not a safetensors file"
         raise VectorFileError(f"Refusing {path.name}: it is {kind}.")
     try:
-        header = json.loads(body)
+        header = json.loads(body, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise VectorFileError(f"{path.name} has a header that is not JSON.") from None
+    except _DuplicateKey as duplicate:
+        raise VectorFileError(
+            f"{path.name} names {duplicate.args[0]!r} twice in its header: which one is meant "
+            "is ambiguous, so the file is refused."
+        ) from None
     if not isinstance(header, dict):
         raise VectorFileError(f"{path.name} has a malformed safetensors header.")
     metadata = header.pop("__metadata__", None)
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise VectorFileError(f"{path.name} carries no plain string-to-string metadata.")
+    if not isinstance(metadata, dict):
+        raise VectorFileError(f"{path.name} carries no metadata (__metadata__).")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise VectorFileError(
+                f"{path.name}: metadata {key!r} is {type(value).__name__}, not a string "
+                "(safetensors metadata is flat string-to-string; nested values are refused)."
+            )
+    data_bytes = path.stat().st_size - 8 - size
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):  # fmt: skip
+            raise VectorFileError(f"{path.name}: tensor {name!r} has no valid data_offsets.")
+        if offsets[1] > data_bytes:
+            raise VectorFileError(
+                f"{path.name} is truncated: tensor {name!r} needs bytes up to {offsets[1]} of "
+                f"its data, but the file holds {data_bytes}."
+            )
     return header, metadata
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct (json keeps the last of a duplicate)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -321,7 +355,10 @@ def load(path: str | Path, model: SteerableModel | None = None) -> SteeringVecto
     _, meta = _checked(path)
     if model is not None:
         _check_model(path, meta, model)
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except Exception as error:  # safetensors' own errors, for anything the header check missed
+        raise VectorFileError(f"{path.name} could not be read as safetensors: {error}") from None
     provenance = Provenance(
         **{k: meta[k] for k in asdict(Provenance()) if k in meta and k != "residual_norms"},
         residual_norms=meta["residual_norms"],

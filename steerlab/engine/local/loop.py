@@ -15,7 +15,7 @@ from steerlab.backends.base import Backend
 from steerlab.backends.cache import KVCache
 from steerlab.core.prompts import Batch as PromptBatch
 from steerlab.core.request import Request
-from steerlab.core.sampling import sample_next
+from steerlab.core.sampling import check_finite, sample_next
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 from steerlab.engine.state import RandomStreams, RowStates
@@ -153,7 +153,7 @@ def decode(
     streams = RandomStreams(states.requests)
     logits = batch.forward(call)[:, -1]  # [batch, vocab]
     for step in range(max(r.sampling.max_new_tokens for r in states.requests)):
-        _check_finite(logits, step)
+        check_finite(logits, step, [states.requests[r] for r in batch.rows])
         live = torch.tensor([not states.done[r] for r in batch.rows])  # [batch]
         token = sample(logits, streams.draw(batch.rows), [states.requests[r] for r in batch.rows])
         logprob = logits.float().log_softmax(-1).gather(-1, token[:, None].to(logits.device))
@@ -172,11 +172,3 @@ def decode(
         if compact and 2 * sum(done) >= len(done):
             batch.keep([i for i, d in enumerate(done) if not d])
         logits = batch.forward(call)[:, -1]
-
-
-def _check_finite(logits: torch.Tensor, step: int) -> None:
-    if bool(torch.isnan(logits).any()):
-        raise FloatingPointError(
-            f"The model produced NaN logits at step {step}: steering or amplification is too "
-            "strong for this dtype. Lower alpha or beta, or use float32."
-        )

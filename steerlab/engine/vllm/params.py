@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from steerlab.core.request import Request, RowSteer
+from steerlab.core.sampling import is_greedy
 from steerlab.core.steer import position_mask
 from steerlab.engine.vllm.batch import DATA_KEY
 
@@ -65,7 +66,7 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int]) -> 
         prompt["cache_salt"] = salt
     sampling: dict[str, Any] = {
         "max_tokens": s.max_new_tokens,
-        "temperature": s.temperature,
+        "temperature": 0.0 if is_greedy(s.temperature) else s.temperature,  # one floor
         "top_p": s.top_p,
         "top_k": s.top_k or 0,
         "seed": request_seed(s.seed, request.stream),
