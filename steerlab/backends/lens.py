@@ -27,18 +27,27 @@ class _LensBackend:
         self.n_layers: int = model.cfg.n_layers
         self.d_model: int = model.cfg.d_model
         self.n_ctx: int | None = model.cfg.n_ctx
+        self._hook_points: dict[str, nn.Module] | None = None
 
     def modules(self) -> list[nn.Module]:
         return [self.model]
 
     def sites(self) -> list[str]:
-        return [name for name in all_sites(self.n_layers) if name in self.model.hook_dict]
+        return list(self._points())
+
+    def _points(self) -> dict[str, nn.Module]:
+        """The hook point of each canonical site, read once: a bridge rebuilds its
+        ``hook_dict`` with aliases on every access (about 20 ms on steerlab-tiny)."""
+        if self._hook_points is None:
+            hooks = self.model.hook_dict
+            self._hook_points = {n: hooks[n] for n in all_sites(self.n_layers) if n in hooks}
+        return self._hook_points
 
     def attach(self, site: Site, fn: ActivationFn) -> list[RemovableHandle]:
         def hook(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor | None:
             return fn(output)
 
-        return [self.model.hook_dict[site.name].register_forward_hook(tag(hook))]
+        return [self._points()[site.name].register_forward_hook(tag(hook))]
 
 
 class HookedBackend(_LensBackend):

@@ -137,13 +137,13 @@ def build_controls(
             layout=widgets.Layout(width="14em"),
         ),  # fmt: skip
         feature_op=widgets.ToggleButtons(
-            options=[("add W_dec[i]", "add"), ("clamp to alpha", "clamp")],
+            options=[("add", "add"), ("clamp", "clamp")],
             value="add",
             tooltips=[
                 "add alpha x the feature's decoder row",
                 "set the feature to alpha, keeping the SAE's error",
             ],
-            style={"button_width": "7.5em", "description_width": "6.5em"},
+            style={"button_width": "6em", "description_width": "6.5em"},
             description="feature op",
         ),  # fmt: skip
     )

@@ -460,12 +460,7 @@ class SteeringPanel:
             values.append(self.sae.encode(fed)[:, i].float().tolist() if len(fed) else [])
             tokens.append([self.lm.tokenizer.decode([t]) for t in new[: len(fed)]])
         self.strip = feature_strip(values, tokens, i, site)
-        spec = json.loads(self.strip.to_json())
-        spec["config"] = {"responsive": True, "displaylogo": False}
-        self.strip_view.outputs = (
-            {"output_type": "display_data",
-             "data": {PLOTLY_MIME: spec, "text/plain": f"feature {i} strip"}, "metadata": {}},
-        )  # fmt: skip
+        self.strip_view.outputs = plotly_output(self.strip, f"feature {i} strip")
 
     def _figure(
         self, baseline: BaselineRun, generation: Generation, request: PanelRequest
@@ -637,15 +632,7 @@ class SteeringPanel:
 
     def _show_figure(self) -> None:
         """Replace the figure view's output; safe from the debouncer's thread (no ``with``)."""
-        spec = json.loads(self.figure.to_json())
-        spec["config"] = {"responsive": True, "displaylogo": False}
-        self.figure_view.outputs = (
-            {
-                "output_type": "display_data",
-                "data": {PLOTLY_MIME: spec, "text/plain": "steerlab panel figure"},
-                "metadata": {},
-            },
-        )
+        self.figure_view.outputs = plotly_output(self.figure, "steerlab panel figure")
 
     # --- display ------------------------------------------------------------------------
 
@@ -662,6 +649,20 @@ class SteeringPanel:
             f"SteeringPanel({self.lm.name or type(self.lm.model).__name__}, "
             f"vectors={list(self.vectors)}, {where}, renders={self.render_count})"
         )
+
+
+def plotly_output(figure: go.Figure, text: str) -> tuple[dict[str, Any], ...]:
+    """``figure`` as an Output widget's outputs: plotly JSON, drawn by JupyterLab's renderer.
+
+    Not ``responsive``: plotly's responsive mode sizes the plot from its container when it
+    first draws, and a container that has no height yet (a panel output drawn at 1024 px)
+    gave a plot 0 px tall until the window was resized. The layout's height holds, and
+    JupyterLab still resizes the plot with its output area.
+    """
+    spec = json.loads(figure.to_json())
+    spec["config"] = {"responsive": False, "displaylogo": False}
+    return ({"output_type": "display_data", "data": {PLOTLY_MIME: spec, "text/plain": text},
+             "metadata": {}},)  # fmt: skip
 
 
 def _pane(css_class: str) -> widgets.HTML:

@@ -93,7 +93,8 @@ class LocalEngine:
             new = r.sampling.max_new_tokens if generating else 0
             check_window(self.n_ctx, len(r.prompt) + cached, new)
         check_row_steers(self.backend, [r.steers for r in requests])
-        return [resolve(name, self.sites()) for name in capture]
+        sites = self.sites()
+        return [resolve(name, sites) for name in capture]
 
     def stream(
         self,
