@@ -45,6 +45,11 @@ def start_lab(home: Path) -> tuple[subprocess.Popen, LabServer]:
     )
     no_autosave.parent.mkdir(parents=True, exist_ok=True)
     no_autosave.write_text('{"autosave": false}')  # never write the run back into the repository
+    every_cell = (
+        home / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    )
+    every_cell.parent.mkdir(parents=True, exist_ok=True)
+    every_cell.write_text('{"windowingMode": "none"}')  # draw every cell, for screenshots
     command = [
         sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
         "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={REPO}",
