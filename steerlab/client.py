@@ -45,6 +45,7 @@ class RemoteModel:
         self.n_layers: int = card["n_layers"]
         self.d_model: int = card["d_model"]
         self.n_ctx: int | None = card["n_ctx"]
+        self.pins: dict[str, str] = {}  # vector name -> the sha256 this client uploaded
         self._sites: list[str] = card["sites"]
         self.amplifies: bool = bool(card.get("amplifies", False))  # it holds a 'before' model
         self.beta: float | None = card.get("beta")  # its default beta (None: no amplification)
@@ -105,8 +106,15 @@ class RemoteModel:
         body = self._body(prompts, steer, locals())
         return _steps(self._events("/v1/batch", {**body, "stream": True}), body)
 
-    def upload_vector(self, name: str, vector: Any) -> dict[str, Any]:
-        """Send a ``SteeringVector`` (or a ``.safetensors`` path) to the server as ``name``."""
+    def upload_vector(self, name: str, vector: Any, replace: bool = False) -> str:
+        """Send a ``SteeringVector`` (or a ``.safetensors`` path) to the server as ``name``;
+        returns its content fingerprint (sha256), which ``pins[name]`` keeps.
+
+        The same content again is a no-op; other content under a held name is refused
+        (``ServerError`` 409) unless ``replace``. Steering entries that name the vector can
+        carry ``pins[name]`` as their ``sha256``, so a later replacement is a 409, never a
+        silent change (this client sends its own steers inline, by value).
+        """
         import tempfile
 
         if isinstance(vector, (str, Path)):
@@ -114,7 +122,10 @@ class RemoteModel:
         else:
             with tempfile.TemporaryDirectory() as folder:
                 data = vector.save(Path(folder) / "vector.safetensors").read_bytes()
-        return self._check(self._http.post("/v1/vectors", params={"name": name}, content=data))
+        params = {"name": name, "replace": "true" if replace else "false"}
+        stored = self._check(self._http.post("/v1/vectors", params=params, content=data))
+        self.pins[name] = stored["sha256"]
+        return stored["sha256"]
 
     def vectors(self) -> list[dict[str, Any]]:
         return self._get("/v1/vectors")["data"]

@@ -35,7 +35,8 @@ def create_app(
         models: the served model, and optionally a 'before' model for amplification.
         name: the model id clients send (default: the model's name).
         api_key: when set, every request needs ``Authorization: Bearer <api_key>``.
-        limits: per-request caps (``n``, rows, ``max_tokens``, body size).
+        limits: per-request caps (``n``, rows, ``max_tokens``, body size) and the vector
+            store's bounds.
         window_ms: how long the engine thread waits for more requests to batch together.
         max_batch_rows: the most rows decoded in one batch.
 
@@ -45,7 +46,9 @@ def create_app(
     limits = limits or Limits()
     batcher = Scheduler(lambda beta: models.model_for(beta).engine, window_s=window_ms / 1000,
                         max_rows=max_batch_rows)  # fmt: skip
-    state = ServerState(models, VectorStore(models.lm), batcher, limits,
+    store = VectorStore(models.lm, max_vectors=limits.max_vectors,
+                        max_bytes=limits.max_vector_bytes)  # fmt: skip
+    state = ServerState(models, store, batcher, limits,
                         name or models.lm.name or "model")  # fmt: skip
 
     @asynccontextmanager

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-rows", type=int, default=64, help="rows per request")
     serve.add_argument("--max-tokens", type=int, default=4096)
     serve.add_argument("--max-body-mb", type=float, default=8.0)
+    serve.add_argument("--max-vectors", type=int, default=256, help="named vectors held")
+    serve.add_argument("--max-vector-mb", type=float, default=1024.0,
+                       help="MiB of named vectors held, all together")  # fmt: skip
     return top
 
 
@@ -82,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"steerlab serve: {error}") from None
     beta = args.beta if args.beta is not None else (1.0 if before is not None else None)
     limits = Limits(max_n=args.max_n, max_rows=args.max_rows, max_tokens=args.max_tokens,
-                    max_body_bytes=int(args.max_body_mb * (1 << 20)))  # fmt: skip
+                    max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                    max_vectors=args.max_vectors,
+                    max_vector_bytes=int(args.max_vector_mb * (1 << 20)))  # fmt: skip
     app = create_app(ServedModels(lm, before, beta), name=str(args.model),
                      api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, limits=limits,
                      window_ms=args.window_ms, max_batch_rows=args.max_batch_rows)  # fmt: skip

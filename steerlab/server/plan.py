@@ -46,6 +46,8 @@ class Limits:
     max_rows: int = 64  # prompts x n x alphas in one request
     max_tokens: int = 4096
     max_body_bytes: int = 8 << 20
+    max_vectors: int = 256  # vectors the store holds (--max-vectors)
+    max_vector_bytes: int = 1024 << 20  # their tensors' bytes together (--max-vector-mb)
 
 
 @dataclass
@@ -79,10 +81,14 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
         except SiteError as error:
             raise ApiError(400, str(error), f"{param}.site") from None
     if isinstance(item.vector, str):
-        pairs = store.directions(item.vector, item.site, f"{param}.vector")
+        pairs = store.directions(item.vector, item.site, f"{param}.vector", item.sha256)
     else:
         if item.site is None:
             raise ApiError(400, "An inline vector needs a site.", f"{param}.site")
+        if item.sha256 is not None:
+            raise ApiError(
+                400, "sha256 pins a named vector; this one is inline.", f"{param}.sha256"
+            )
         pairs = [(item.site, 1.0, _inline(item.vector, lm.d_model, f"{param}.vector"))]
     try:
         return [Steer(site, direction, [scale * a for a in alpha], item.positions, op)

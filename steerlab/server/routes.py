@@ -19,7 +19,7 @@ from steerlab.server.errors import ApiError, api_error
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits, Plan, beta_of, plan_batch, plan_chat, plan_completion
 from steerlab.server.schemas import BatchRequest, ChatRequest, CompletionRequest, Sampled
-from steerlab.server.vectors import VectorStore
+from steerlab.server.vectors import VectorStore, describe
 
 router = APIRouter()
 
@@ -129,10 +129,12 @@ async def batch(body: BatchRequest, request: Request) -> Response:
 
 
 @router.post("/v1/vectors")
-async def upload_vector(request: Request, name: str = Query(...)) -> dict[str, Any]:
+async def upload_vector(request: Request, name: str = Query(...),
+                        replace: bool = Query(False)) -> dict[str, Any]:  # fmt: skip
     state = _state(request)
-    vector = state.store.add(name, await request.body())
-    return {"id": name, "object": "vector", "sites": vector.sites, "d_model": vector.d_model}
+    data = await request.body()
+    vector = await asyncio.to_thread(state.store.add, name, data, replace=replace)
+    return describe(name, vector)
 
 
 @router.get("/v1/vectors")

@@ -28,6 +28,7 @@ class Steering(BaseModel):
     alpha: float | list[float] | None = None
     positions: Positions = "all"
     op: str | dict[str, Any] = "add"  # a name, or core's data form; checked by op_from_data
+    sha256: str | None = None  # pins a named vector's content: a mismatch is a 409
 
 
 class Amplify(BaseModel):

@@ -3,10 +3,18 @@
 An upload is checked exactly as ``SteeringVector.load`` checks a file (it goes through
 ``steerlab.vectors.io.load``, with the served model); bytes that start like a pickle or a
 ``torch.save`` archive are refused before anything reads them as a file.
+
+A name is never silently given another vector: each vector is known by its content
+fingerprint (``SteeringVector.sha256``). Uploading the same content under a name again is a
+no-op; different content under a held name is a 409 unless the upload says
+``replace=true`` (and a replacement is logged). A steering entry may pin the fingerprint it
+expects. The store is bounded (``max_vectors``, ``max_bytes``); an upload past a bound is a
+413 and leaves the store as it was.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 import threading
@@ -20,6 +28,7 @@ from steerlab.vectors import io
 from steerlab.vectors.vector import SteeringVector
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+log = logging.getLogger("steerlab.server")
 
 
 def looks_pickled(data: bytes) -> bool:
@@ -29,16 +38,34 @@ def looks_pickled(data: bytes) -> bool:
     )
 
 
+def describe(name: str, vector: SteeringVector) -> dict[str, object]:
+    """A held vector as the API shows it (upload response and listing)."""
+    return {"id": name, "object": "vector", "sha256": vector.sha256, "sites": vector.sites,
+            "d_model": vector.d_model, "scale": vector.scale,
+            "method": vector.provenance.method}  # fmt: skip
+
+
+def _nbytes(vector: SteeringVector) -> int:
+    return sum(d.numel() * d.element_size() for d in vector.directions.values())
+
+
 class VectorStore:
     """Named steering vectors for one model, safe to share between request threads."""
 
-    def __init__(self, lm: SteerableModel) -> None:
+    def __init__(self, lm: SteerableModel, *, max_vectors: int = 256,
+                 max_bytes: int = 1024 << 20) -> None:  # fmt: skip
         self.lm = lm
+        self.max_vectors, self.max_bytes = max_vectors, max_bytes
         self._vectors: dict[str, SteeringVector] = {}
         self._lock = threading.Lock()
 
-    def add(self, name: str, data: bytes) -> SteeringVector:
-        """Check ``data`` (safetensors bytes) against the model and keep it as ``name``."""
+    def add(self, name: str, data: bytes, *, replace: bool = False) -> SteeringVector:
+        """Check ``data`` (safetensors bytes) against the model and keep it as ``name``.
+
+        Raises:
+            ApiError: 400 for a bad name or file; 409 when ``name`` holds a vector with other
+                content and ``replace`` is off; 413 past ``max_vectors`` or ``max_bytes``.
+        """
         if not _NAME.match(name):
             raise ApiError(400, "A vector name is 1-64 letters, digits, '_', '.' or '-'.", "name")
         if looks_pickled(data[:8]):
@@ -51,7 +78,28 @@ class VectorStore:
                 vector = io.load(path, model=self.lm)
             except (io.VectorFileError, ValueError) as error:
                 raise ApiError(400, str(error), "file") from None
-        with self._lock:
+        with self._lock:  # the checks and the insert as one step: concurrent uploads serialise
+            held = self._vectors.get(name)
+            if held is not None and held.sha256 == vector.sha256:
+                return held  # the same content again: nothing changes
+            if held is not None and not replace:
+                raise ApiError(
+                    409, f"Vector {name!r} already holds other content (sha256 "
+                    f"{held.sha256[:16]}…, this upload {vector.sha256[:16]}…); upload with "
+                    "replace=true to replace it.", "name",
+                )  # fmt: skip
+            others = {n: v for n, v in self._vectors.items() if n != name}
+            if len(others) + 1 > self.max_vectors:
+                raise ApiError(413, f"The store holds {len(others)} vectors, its limit "
+                                    f"(--max-vectors {self.max_vectors}).", "name")  # fmt: skip
+            size = sum(_nbytes(v) for v in others.values()) + _nbytes(vector)
+            if size > self.max_bytes:
+                raise ApiError(
+                    413, f"Storing {name!r} would hold {size / (1 << 20):.1f} MiB of vectors, past "
+                    f"the limit (--max-vector-mb {self.max_bytes / (1 << 20):g}).", "file",
+                )  # fmt: skip
+            if held is not None:
+                log.warning("vector %r replaced: sha256 %s -> %s", name, held.sha256, vector.sha256)
             self._vectors[name] = vector
         return vector
 
@@ -63,20 +111,23 @@ class VectorStore:
     def listing(self) -> list[dict[str, object]]:
         with self._lock:
             items = sorted(self._vectors.items())
-        return [{"id": name, "object": "vector", "sites": v.sites, "d_model": v.d_model,
-                 "scale": v.scale, "method": v.provenance.method} for name, v in items]  # fmt: skip
+        return [describe(name, v) for name, v in items]
 
-    def directions(self, name: str, site: str | None,
-                   param: str) -> list[tuple[str, float, torch.Tensor]]:  # fmt: skip
+    def directions(self, name: str, site: str | None, param: str,
+                   sha256: str | None = None) -> list[tuple[str, float, torch.Tensor]]:  # fmt: skip
         """``(site, scale, direction)`` to steer with: at ``site``, or every site when None.
 
-        A vector with one site lends its direction to any site (as the panel does).
+        A vector with one site lends its direction to any site (as the panel does). With
+        ``sha256``, the named vector must have that fingerprint (409 otherwise).
         """
         with self._lock:
             vector = self._vectors.get(name)
         if vector is None:
             known = ", ".join(sorted(self._vectors)) or "none yet"
             raise ApiError(400, f"No vector named {name!r} (known: {known}).", param)
+        if sha256 is not None and sha256 != vector.sha256:
+            raise ApiError(409, f"Vector {name!r} has sha256 {vector.sha256}, not the pinned "
+                                f"{sha256}: it was replaced since you uploaded it.", param)  # fmt: skip
         if site is None:
             return [(s, vector.scale, d) for s, d in vector.directions.items()]
         if site in vector.directions:

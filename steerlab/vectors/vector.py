@@ -14,6 +14,7 @@ to a steer, not to the vector.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import math
 import numbers
@@ -123,6 +124,22 @@ class SteeringVector:
     @property
     def d_model(self) -> int:
         return next(iter(self.directions.values())).shape[0]
+
+    @property
+    def sha256(self) -> str:
+        """The content fingerprint: sha256 of the scale, then each site's name, dtype, shape
+        and bytes, in site order. Provenance does not enter it: two vectors that steer alike
+        have the same fingerprint, wherever they came from.
+
+        >>> SteeringVector({"blocks.0.hook_resid_pre": torch.ones(2)}).sha256[:12]
+        '7a9e4ec93ba5'
+        """
+        digest = hashlib.sha256(f"scale:{self.scale!r}".encode())
+        for site, direction in self.directions.items():
+            data = direction.detach().to("cpu").contiguous()
+            digest.update(f"|{site}:{data.dtype}:{tuple(data.shape)}:".encode())
+            digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
 
     def __getitem__(self, site: str) -> torch.Tensor:
         """The effective vector at ``site``: ``scale * direction``."""
