@@ -174,6 +174,9 @@ def plan_completion(body: CompletionRequest, lm: SteerableModel, store: VectorSt
                     limits: Limits, beta: float | None) -> Plan:  # fmt: skip
     """``/v1/completions``: ``lm.generate([p] * n for each prompt p, steer, ...)``."""
     prompts: list[Prompt] = [body.prompt] if isinstance(body.prompt, str) else [*body.prompt]
+    if body.echo:
+        raise ApiError(400, "echo is not supported: this server does not return the prompt's "
+                            "tokens or their logprobs yet.", "echo")  # fmt: skip
     if body.logprobs:
         raise ApiError(400, "Only the sampled tokens' logprobs are returned: use logprobs=0.",
                        "logprobs")  # fmt: skip

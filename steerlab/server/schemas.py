@@ -40,8 +40,18 @@ class Amplify(BaseModel):
 
 
 class Sampled(BaseModel):
-    """Decoding settings shared by every generation endpoint."""
+    """Decoding settings shared by every generation endpoint.
 
+    Every field is honoured or refused: an unknown field (a typo such as ``"steer"``, or an
+    OpenAI field steerlab does not implement: penalties, ``logit_bias``, ``best_of``,
+    ``suffix``, ``response_format``, tools, ``stream_options``...) is a 400 naming it, never
+    silently dropped. ``user`` and ``metadata`` are accepted: they never change output.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
@@ -65,8 +75,13 @@ class CompletionRequest(Sampled):
 
 
 class Message(BaseModel):
+    """A chat message: text, or a list of text parts (``core.prompts.check_messages`` joins
+    them and refuses other part types by name)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     role: str
-    content: str
+    content: str | list[dict[str, Any]]
 
 
 class ChatRequest(Sampled):
