@@ -108,10 +108,7 @@ def lay_out(
     [(0.0,), (4.0,)]
     """
     prompts = normalise(prompts)
-    steers = as_steers(steer)
-    for s in steers:
-        check_steer(s.site, s.vector, lm.sites(), lm.d_model)
-        warn_other_model(s, getattr(lm, "name", ""))
+    steers = checked_steers(lm, steer)
     prompt_index, alphas = expand_rows(len(prompts), steers)
     if continuing:
         encoded = [_continuation(lm.tokenizer, p) for p in prompts]
@@ -122,6 +119,41 @@ def lay_out(
                 raise PromptError(f"Prompt {i} encodes to no tokens.")
     check_window(lm.n_ctx, max(len(r) for r in encoded) + continuing, new_tokens)
     return Rows(prompts, [encoded[p] for p in prompt_index], steers, prompt_index, alphas)
+
+
+def checked_steers(lm: Any, steer: SteerArg) -> list[Steer]:
+    """``steer`` as a list of steers, each checked against ``lm`` (and warned about when it
+    was made on another model)."""
+    steers = as_steers(steer)
+    for s in steers:
+        check_steer(s.site, s.vector, lm.sites(), lm.d_model)
+        warn_other_model(s, getattr(lm, "name", ""))
+    return steers
+
+
+def lay_out_ids(lm: Any, prompts: Sequence[Sequence[int]], steer: SteerArg, *,
+                new_tokens: int) -> Rows:  # fmt: skip
+    """``lay_out`` for prompts given as token ids (fed as they are, no BOS added).
+
+    >>> lay_out_ids(lm, [[0, 5, 9]], None, new_tokens=1).encoded  # doctest: +SKIP
+    [[0, 5, 9]]
+    """
+    vocab = len(lm.tokenizer)
+    listed = [list(p) for p in prompts]
+    if not listed:
+        raise PromptError("The prompt list is empty: give at least one prompt.")
+    for i, ids in enumerate(listed):
+        if not ids:
+            raise PromptError(f"prompt {i} has no token ids.")
+        bad = [
+            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+        ]
+        if bad:
+            raise PromptError(f"prompt {i} holds {bad[0]!r}: token ids are ints in [0, {vocab}).")
+    steers = checked_steers(lm, steer)
+    prompt_index, alphas = expand_rows(len(listed), steers)
+    check_window(lm.n_ctx, max(len(ids) for ids in listed), new_tokens)
+    return Rows(listed, [listed[p] for p in prompt_index], steers, prompt_index, alphas)  # type: ignore[arg-type]
 
 
 def _continuation(tokenizer: Any, prompt: Prompt) -> list[int]:

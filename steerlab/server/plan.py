@@ -19,7 +19,7 @@ from steerlab.core.errors import ContextError
 from steerlab.core.ops import Operation, SteerError, op_from_data
 from steerlab.core.prompts import Prompt, PromptError
 from steerlab.core.request import Request, Sampling
-from steerlab.core.rows import Rows, lay_out
+from steerlab.core.rows import Rows, lay_out, lay_out_ids
 from steerlab.core.sites import SiteError, resolve
 from steerlab.core.steer import Steer
 from steerlab.core.window import check_window
@@ -60,6 +60,9 @@ class Plan:
     alphas: list[tuple[float, ...]]
     seed: int
     beta: float | None
+    echo: bool = False  # the prompt's text, tokens and logprobs go before each completion
+    top: int = 0  # alternatives per token (legacy ``logprobs: N``)
+    generate: bool = True  # False: max_tokens 0, the prompt is scored and nothing generated
 
 
 def steers_of(items: Sequence[Steering], lm: SteerableModel, store: VectorStore,
@@ -136,9 +139,13 @@ def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits) -> Sa
 
 def rows_of(lm: SteerableModel, prompts: list[Prompt], steers: list[Steer], sampling: Sampling,
             *, chat: bool, param: str = "prompt") -> tuple[Rows, list[Request]]:  # fmt: skip
-    """Prompts x alphas as rows, with the context window checked against ``max_tokens``."""
+    """Prompts x alphas as rows, with the context window checked against ``max_tokens``;
+    prompts given as token ids are fed as they are."""
     try:
-        rows = lay_out(lm, prompts, steers, chat=chat, new_tokens=0)
+        if prompts and all(_ids(p) for p in prompts):
+            rows = lay_out_ids(lm, prompts, steers, new_tokens=0)  # type: ignore[arg-type]
+        else:
+            rows = lay_out(lm, prompts, steers, chat=chat, new_tokens=0)
         check_window(lm.n_ctx, max(len(ids) for ids in rows.encoded), sampling.max_new_tokens,
                      what="max_tokens")  # fmt: skip
     except ContextError as error:
@@ -172,15 +179,42 @@ def beta_of(body: Sampled, default: float | None, amplifies: bool) -> float | No
 
 def plan_completion(body: CompletionRequest, lm: SteerableModel, store: VectorStore,
                     limits: Limits, beta: float | None) -> Plan:  # fmt: skip
-    """``/v1/completions``: ``lm.generate([p] * n for each prompt p, steer, ...)``."""
-    prompts: list[Prompt] = [body.prompt] if isinstance(body.prompt, str) else [*body.prompt]
-    if body.echo:
-        raise ApiError(400, "echo is not supported: this server does not return the prompt's "
-                            "tokens or their logprobs yet.", "echo")  # fmt: skip
-    if body.logprobs:
-        raise ApiError(400, "Only the sampled tokens' logprobs are returned: use logprobs=0.",
+    """``/v1/completions``: ``lm.generate([p] * n for each prompt p, steer, ...)``.
+
+    A prompt may be text or token ids (fed as they are). ``echo`` puts the prompt's text,
+    tokens and log-probabilities (from one steered forward over the prompt) before the
+    completion; ``logprobs: N`` adds the N likeliest tokens at each position, for the prompt
+    and the first new token; ``max_tokens: 0`` with ``echo`` scores the prompt and generates
+    nothing.
+    """
+    prompt = body.prompt
+    ids = (
+        [prompt]
+        if _ids(prompt)
+        else [p for p in prompt if _ids(p)]
+        if isinstance(prompt, list)
+        else []
+    )
+    new = 16 if body.max_tokens is None else body.max_tokens
+    top = body.logprobs or 0
+    if new == 0 and not body.echo:
+        raise ApiError(400, "max_tokens 0 generates nothing: add echo=true to score the prompt.",
+                       "max_tokens")  # fmt: skip
+    if top and new > 1:
+        raise ApiError(400, "logprobs >= 1 gives the likeliest tokens of the prompt and of the "
+                            "first new token only: use max_tokens 0 or 1, or logprobs 0.",
                        "logprobs")  # fmt: skip
-    return _plan_one(body, prompts, body.n, body.max_tokens or 16, False, lm, store, limits, beta)
+    if (body.echo or new == 0) and body.stream:
+        raise ApiError(400, "echo is answered whole, not streamed: set stream=false.", "stream")
+    if ids and len(ids) != (1 if _ids(prompt) else len(prompt)):  # type: ignore[arg-type]
+        raise ApiError(400, "prompt mixes text and token ids.", "prompt")
+    texts: list[Prompt] = [prompt] if isinstance(prompt, str) else [*prompt]  # type: ignore[list-item]
+    plan = _plan_one(body, ids or texts, body.n, max(new, 1), False, lm, store, limits, beta)  # type: ignore[arg-type]
+    return replace(plan, echo=body.echo, top=top, generate=new > 0)
+
+
+def _ids(prompt: object) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(type(t) is int for t in prompt)
 
 
 def plan_chat(body: ChatRequest, lm: SteerableModel, store: VectorStore, limits: Limits,

@@ -9,6 +9,7 @@ from typing import Any
 from steerlab.core.request import Completion
 from steerlab.engine.scheduler import Delta
 from steerlab.server.plan import Plan
+from steerlab.vectors.scoring import PromptScore
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "length"}
 
@@ -34,6 +35,52 @@ def text_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) -> d
     offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
     return {"tokens": pieces, "token_logprobs": logprobs, "top_logprobs": None,
             "text_offset": offsets}  # fmt: skip
+
+
+def scored_completion(plan: Plan, completions: list[Completion], scores: list[PromptScore],
+                      model: str, n: int, tokenizer: Any) -> dict[str, Any]:  # fmt: skip
+    """``/v1/completions`` with ``echo`` and/or ``logprobs: N``: OpenAI's legacy logprobs.
+
+    With echo, text, tokens and logprobs cover the prompt first (its first token's
+    logprob ``None``), then the completion. ``top_logprobs`` holds the N likeliest tokens at
+    each position (N + 1 when the chosen one is not among them): the prompt's, from one
+    forward over it, and the first new token's, from the same forward's last position.
+    Log-probabilities are the model's (steered) before any sampling adjustment.
+    """
+    choices = []
+    for i, (c, score) in enumerate(zip(completions, scores)):
+        prompt = plan.requests[i].prompt
+        tokens = [*prompt, *c.tokens] if plan.echo else list(c.tokens)
+        values: list[float | None] = [*score.token_logprobs, *c.logprobs] if plan.echo else [
+            *c.logprobs]  # fmt: skip
+        tops = [*score.top, score.next_top] if plan.echo else [score.next_top]
+        pieces = [tokenizer.decode([t]) for t in tokens]
+        top = None
+        if plan.top:
+            top = [_top(tokenizer, alts, t, v) if alts else None
+                   for alts, t, v in zip(tops, tokens, values)]  # fmt: skip
+            top += [None] * (len(tokens) - len(top))
+        text = (tokenizer.decode(list(prompt)) if plan.echo else "") + c.text
+        choices.append({
+            "index": i, "text": text, "finish_reason": FINISH[c.finish_reason],
+            "logprobs": {"tokens": pieces, "token_logprobs": values, "top_logprobs": top,
+                         "text_offset": [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]},
+            **_extra(plan, i, c),
+        })  # fmt: skip
+    return {
+        **head("cmpl", model, "text_completion"),
+        "choices": choices,
+        "usage": _usage(plan, completions, n),
+    }
+
+
+def _top(tokenizer: Any, alts: list[tuple[int, float]], chosen: int,
+         logprob: float | None) -> dict[str, float]:  # fmt: skip
+    """The N alternatives as ``{token text: logprob}``, the chosen token added if missing."""
+    out = {tokenizer.decode([t]): lp for t, lp in alts}
+    if chosen not in {t for t, _ in alts} and logprob is not None:
+        out.setdefault(tokenizer.decode([chosen]), logprob)
+    return out
 
 
 def chat_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) -> dict[str, Any]:

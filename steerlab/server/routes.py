@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from steerlab.core.errors import NonFiniteError
 from steerlab.core.request import Completion
 from steerlab.engine.scheduler import Delta, Done, Event, Failed, Job, Scheduler
 from steerlab.server import responses
@@ -20,6 +21,7 @@ from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits, Plan, beta_of, plan_batch, plan_chat, plan_completion
 from steerlab.server.schemas import BatchRequest, ChatRequest, CompletionRequest, Sampled
 from steerlab.server.vectors import VectorStore, describe
+from steerlab.vectors.scoring import PromptScore, score_prompts
 
 router = APIRouter()
 
@@ -74,6 +76,12 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     _check_model(state, body.model)
     plan = plan_completion(body, state.models.lm, state.store, state.limits, _beta(state, body))
     tokenizer, logprobs = state.models.lm.tokenizer, body.logprobs is not None
+    if plan.echo or plan.top:  # the prompt scored by one steered forward, off the event loop
+        scores = await asyncio.to_thread(_scores, state, plan)
+        done = await _finish(*_submit(state, plan, False), request) if plan.generate else [
+            Completion("", [], [], "length") for _ in plan.requests]  # fmt: skip
+        return JSONResponse(responses.scored_completion(plan, done, scores, state.name,
+                                                        body.n, tokenizer))  # fmt: skip
     job, events = _submit(state, plan, body.stream)
     if not body.stream:
         done = await _finish(job, events, request)
@@ -159,6 +167,16 @@ def _submit(state: ServerState, plan: Plan, stream: bool) -> tuple[Job, asyncio.
     job = Job(plan.requests, plan.beta, post, stream=stream)
     state.batcher.submit(job)
     return job, events
+
+
+def _scores(state: ServerState, plan: Plan) -> list[PromptScore]:
+    lm = state.models.model_for(plan.beta)
+    try:
+        return score_prompts(lm, plan.requests, plan.top)
+    except NonFiniteError as error:
+        raise ApiError(422, str(error), "steering") from None
+    except ValueError as error:
+        raise ApiError(400, str(error), "echo") from None
 
 
 async def _finish(job: Job, events: asyncio.Queue[Event], request: Request) -> list[Completion]:

@@ -67,10 +67,11 @@ class CompletionRequest(Sampled):
     """``POST /v1/completions``."""
 
     model: str
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids (lm-eval's)
+    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0 with echo: score the prompt only
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
-    logprobs: Annotated[int, Field(ge=0)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
 
 

@@ -1,0 +1,91 @@
+"""lm-eval's own ``hf`` model is the oracle: its ``local-completions`` model pointed at
+``steerlab serve steerlab-tiny`` gives the same per-sample loglikelihoods, on a local
+multiple-choice task and a ``loglikelihood_rolling`` task (``tests/lm_eval_tasks/``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from server_helpers import KEY, served
+
+import steerlab as sl
+from steerlab.toy import asset_path
+
+lm_eval = pytest.importorskip("lm_eval")
+
+TASKS = Path(__file__).parent / "lm_eval_tasks"
+MC = """task: steerlab_toy_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
+ROLLING = """task: steerlab_toy_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+"""
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tasks")
+    (folder / "mc.yaml").write_text(MC.format(data=TASKS / "toy_mc.jsonl"))
+    (folder / "ppl.yaml").write_text(ROLLING.format(data=TASKS / "toy_text.jsonl"))
+    return folder
+
+
+def _loglikelihoods(results: dict, task: str) -> list[float]:
+    samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
+    out = []
+    for sample in samples:
+        for resp in sample["resps"]:
+            value = resp[0]
+            out.append(float(value[0] if isinstance(value, (list, tuple)) else value))
+    return out
+
+
+def _run(task_dir: Path, model: str, model_args: dict) -> dict:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    return simple_evaluate(
+        model=model, model_args=model_args, tasks=["steerlab_toy_mc", "steerlab_toy_ppl"],
+        task_manager=TaskManager(include_path=str(task_dir)), log_samples=True, batch_size=1,
+        device="cpu",
+    )  # fmt: skip
+
+
+def test_local_completions_against_the_server_equals_lm_evals_hf_model(task_dir, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # local-completions sends it as the bearer token
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = str(asset_path("steerlab-tiny"))
+    oracle = _run(task_dir, "hf", {"pretrained": folder, "dtype": "float32"})
+    with served(sl.load("steerlab-tiny", backend="hf")) as url:
+        ours = _run(task_dir, "local-completions", {
+            "model": "steerlab-tiny", "base_url": f"{url}/v1/completions", "num_concurrent": 1,
+            "max_retries": 1, "tokenizer_backend": "huggingface", "tokenizer": folder,
+            "add_bos_token": True, "custom_prefix_token_id": 0,
+        })  # fmt: skip
+    for task in ("steerlab_toy_mc", "steerlab_toy_ppl"):
+        want, got = _loglikelihoods(oracle, task), _loglikelihoods(ours, task)
+        assert len(got) == len(want) > 0, task
+        assert got == pytest.approx(want, abs=1e-3), task
+        assert len(set(want)) == len(want) and all(v < 0 for v in want)  # real, distinct scores
+        print(task, [round(v, 4) for v in got])
