@@ -38,6 +38,23 @@ def lm(tiny_dirs, backend) -> sl.SteerableModel:
     return load_tiny(tiny_dirs, "gpt2", backend)
 
 
+@pytest.fixture(scope="session")
+def toy_hf():
+    """steerlab-tiny's weights in plain transformers: the independent reference."""
+    from transformers import AutoModelForCausalLM
+
+    from steerlab.toy import asset_path
+
+    path = asset_path("steerlab-tiny")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def toy_lm() -> sl.SteerableModel:
+    """steerlab-tiny on the hf backend, shared by the tests that only read it."""
+    return sl.load("steerlab-tiny", backend="hf")
+
+
 @pytest.fixture
 def direction() -> torch.Tensor:
     return torch.randn(64, generator=torch.Generator().manual_seed(1))

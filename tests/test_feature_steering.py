@@ -28,23 +28,9 @@ from steerlab.core.ops import (
 )
 from steerlab.features import SAEError
 from steerlab.server import Limits
-from steerlab.toy import asset_path
 
 FEATURE_CASES = ["feature-add", "feature-clamp-standard", "feature-clamp-jumprelu",
                  "feature-clamp-topk"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def hf():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(asset_path("steerlab-tiny"),
-                                                dtype=torch.float32).eval()  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return sl.load("steerlab-tiny", backend="hf")
 
 
 @pytest.fixture(scope="module", params=["hooked", "bridge"])
@@ -53,12 +39,12 @@ def lens(request):
 
 
 @pytest.mark.parametrize("name", FEATURE_CASES)
-def test_feature_steers_on_the_lens_backends_equal_plain_hooks(lens, hf, name):
-    check_case(lens, hf, name)
+def test_feature_steers_on_the_lens_backends_equal_plain_hooks(lens, toy_hf, name):
+    check_case(lens, toy_hf, name)
 
 
 @pytest.mark.parametrize("name", FEATURE_CASES)
-def test_feature_steers_through_the_server_equal_plain_hooks(tiny, hf, name):
+def test_feature_steers_through_the_server_equal_plain_hooks(toy_lm, toy_hf, name):
     case = CASES[name]
     sae = toy_sae(case.sae or "standard")
     if case.op == "feature_clamp":
@@ -66,32 +52,32 @@ def test_feature_steers_through_the_server_equal_plain_hooks(tiny, hf, name):
     else:
         steer = sl.Steer(sae.site, sae.feature(case.seed), alpha=case.alpha)
     limits = Limits(max_n=4, max_rows=32, max_body_bytes=4 << 20)  # a topk clamp's encoder
-    with served(tiny, limits=limits) as url:
+    with served(toy_lm, limits=limits) as url:
         remote = sl.connect(url, api_key=KEY)
         got = remote.generate(PROMPTS, steer=steer, max_new_tokens=NEW, stop_at_eos=False)
         assert remote.hook_count() == 0
-    want = [greedy(hf, list(prompt_ids(tiny, p)), [case.ref()], NEW, set()) for p in PROMPTS]
+    want = [greedy(toy_hf, list(prompt_ids(toy_lm, p)), [case.ref()], NEW, set()) for p in PROMPTS]
     assert got.tokens == want
 
 
-def test_the_toy_feature_clamp_steers_for_real(tiny):
+def test_the_toy_feature_clamp_steers_for_real(toy_lm):
     """The cases above would pass on an engine that ignored the clamp if it changed nothing."""
     sae = toy_sae("standard")
-    plain = tiny.generate(PROMPTS, max_new_tokens=NEW, stop_at_eos=False).tokens
-    clamped = tiny.generate(PROMPTS, steer=sae.clamp(499, 10.0), max_new_tokens=NEW,
+    plain = toy_lm.generate(PROMPTS, max_new_tokens=NEW, stop_at_eos=False).tokens
+    clamped = toy_lm.generate(PROMPTS, steer=sae.clamp(499, 10.0), max_new_tokens=NEW,
                             stop_at_eos=False).tokens  # fmt: skip
     assert clamped != plain
 
 
-def test_alpha_zero_is_bit_identical_and_leaves_no_hook(tiny):
+def test_alpha_zero_is_bit_identical_and_leaves_no_hook(toy_lm):
     sae = toy_sae("topk")
     x = torch.randn(5, sae.d_in, generator=torch.Generator().manual_seed(0))
     steer = sae.clamp(7, 3.0)
     assert torch.equal(steer.op(x, steer.vector, torch.zeros(5, 1)), x)
-    caught = tiny.run_with_cache(PROMPTS[0], sites=[sae.site])
-    again = tiny.run_with_cache(PROMPTS[0], sites=[sae.site])
+    caught = toy_lm.run_with_cache(PROMPTS[0], sites=[sae.site])
+    again = toy_lm.run_with_cache(PROMPTS[0], sites=[sae.site])
     assert torch.equal(caught[sae.site], again[sae.site])
-    assert tiny.hook_count() == 0
+    assert toy_lm.hook_count() == 0
 
 
 sae_lens = pytest.importorskip("sae_lens")
@@ -174,7 +160,7 @@ def test_bad_clamp_data_is_refused_by_name(change, message):
         op_from_data(data)
 
 
-def test_bad_clamp_requests_fail_before_any_compute(tiny):
+def test_bad_clamp_requests_fail_before_any_compute(toy_lm):
     sae = toy_sae("standard")
     with pytest.raises(SAEError, match="out of range"):
         sae.clamp(sae.d_sae, 1.0)
@@ -186,9 +172,9 @@ def test_bad_clamp_requests_fail_before_any_compute(tiny):
     with pytest.raises(SteerError, match="the SAE and the vector do not match"):
         sl.Steer(sae.site, torch.ones(64), op=wide)
     with pytest.raises(sl.SiteError):
-        tiny.generate("Hi", steer=sl.Steer("blocks.9.hook_resid_pre", sae.W_dec[1], op=wide),
+        toy_lm.generate("Hi", steer=sl.Steer("blocks.9.hook_resid_pre", sae.W_dec[1], op=wide),
                       max_new_tokens=2)  # fmt: skip
-    assert tiny.hook_count() == 0
+    assert toy_lm.hook_count() == 0
 
 
 def test_a_feature_on_a_model_of_another_width_is_refused_before_compute(tiny_dirs):
@@ -200,13 +186,13 @@ def test_a_feature_on_a_model_of_another_width_is_refused_before_compute(tiny_di
     assert other.hook_count() == 0
 
 
-def test_steering_with_a_feature_made_on_another_model_warns(tiny):
+def test_steering_with_a_feature_made_on_another_model_warns(toy_lm):
     sae = toy_sae("standard")
     other = replace(sae, model_name="gpt2-small")
     with pytest.warns(ModelMismatchWarning, match="made on 'gpt2-small'"):
-        tiny.generate("Hi", steer=other.clamp(1, 1.0), max_new_tokens=2)
+        toy_lm.generate("Hi", steer=other.clamp(1, 1.0), max_new_tokens=2)
     with pytest.warns(ModelMismatchWarning, match="made on 'gpt2-small'"):
-        tiny.generate("Hi", steer=sl.Steer(other.site, other.feature(1)), max_new_tokens=2)
+        toy_lm.generate("Hi", steer=sl.Steer(other.site, other.feature(1)), max_new_tokens=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the toy SAE on its own model: no word
-        tiny.generate("Hi", steer=sae.clamp(1, 1.0), max_new_tokens=2)
+        toy_lm.generate("Hi", steer=sae.clamp(1, 1.0), max_new_tokens=2)

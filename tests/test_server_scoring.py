@@ -10,28 +10,12 @@ import pytest
 import torch
 from server_helpers import post, served
 
-import steerlab as sl
-from steerlab.toy import asset_path
-
 SITE, LAYER, ALPHA = "blocks.2.hook_resid_pre", 2, 4.0
 
 
 @pytest.fixture(scope="module")
-def hf():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(asset_path("steerlab-tiny"),
-                                                dtype=torch.float32).eval()  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return sl.load("steerlab-tiny", backend="hf")
-
-
-@pytest.fixture(scope="module")
-def url(tiny):
-    with served(tiny) as address:
+def url(toy_lm):
+    with served(toy_lm) as address:
         yield address
 
 
@@ -52,8 +36,8 @@ def hf_logprobs(hf, ids: list[int], steered: bool = False) -> torch.Tensor:
                 return (args[0] + ALPHA * v, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + ALPHA * v}
 
-        handle = hf.model.layers[LAYER].register_forward_pre_hook(add, with_kwargs=True) if hasattr(
-            hf, "model") else hf.transformer.h[LAYER].register_forward_pre_hook(add, with_kwargs=True)  # fmt: skip
+        blocks = hf.model.layers if hasattr(hf, "model") else hf.transformer.h
+        handle = blocks[LAYER].register_forward_pre_hook(add, with_kwargs=True)
     try:
         return hf(torch.tensor([ids])).logits[0].float().log_softmax(-1)
     finally:
@@ -63,10 +47,10 @@ def hf_logprobs(hf, ids: list[int], steered: bool = False) -> torch.Tensor:
 
 @pytest.mark.parametrize("steered", [False, True])
 def test_echo_with_max_tokens_0_scores_token_id_prompts_as_transformers_does(
-    url, hf, tiny, steered
+    url, toy_hf, toy_lm, steered
 ):
-    prompts = [tiny.tokenizer("Once upon a time")["input_ids"],
-               tiny.tokenizer("The happy fox ran")["input_ids"]]  # fmt: skip
+    prompts = [toy_lm.tokenizer("Once upon a time")["input_ids"],
+               toy_lm.tokenizer("The happy fox ran")["input_ids"]]  # fmt: skip
     body = {"model": "steerlab-tiny", "prompt": prompts, "max_tokens": 0, "echo": True,
             "logprobs": 3, "temperature": 0}  # fmt: skip
     if steered:
@@ -74,28 +58,28 @@ def test_echo_with_max_tokens_0_scores_token_id_prompts_as_transformers_does(
     response = post(url, "/v1/completions", body)
     assert response.status_code == 200, response.text
     for ids, choice in zip(prompts, response.json()["choices"]):
-        want = hf_logprobs(hf, ids, steered)
+        want = hf_logprobs(toy_hf, ids, steered)
         got = choice["logprobs"]
         assert choice["token_ids"] == [] and got["token_logprobs"][0] is None
         assert len(got["tokens"]) == len(ids) == len(got["token_logprobs"])
         for t in range(1, len(ids)):
             assert got["token_logprobs"][t] == pytest.approx(float(want[t - 1, ids[t]]), abs=1e-4)
             top = want[t - 1].topk(3)
-            names = [tiny.tokenizer.decode([int(i)]) for i in top.indices]
+            names = [toy_lm.tokenizer.decode([int(i)]) for i in top.indices]
             assert set(got["top_logprobs"][t]) >= set(names)
             for name, value in zip(names, top.values.tolist()):
                 assert got["top_logprobs"][t][name] == pytest.approx(value, abs=1e-4)
-        assert choice["text"] == tiny.tokenizer.decode(ids)
+        assert choice["text"] == toy_lm.tokenizer.decode(ids)
 
 
-def test_echo_with_one_new_token_is_what_lm_eval_reads(url, hf, tiny):
+def test_echo_with_one_new_token_is_what_lm_eval_reads(url, toy_hf, toy_lm):
     """lm-eval's loglikelihood request: token ids, max_tokens 1, logprobs 1, echo."""
-    ids = tiny.tokenizer("Once upon a time, there was")["input_ids"]
+    ids = toy_lm.tokenizer("Once upon a time, there was")["input_ids"]
     body = {"model": "steerlab-tiny", "prompt": [ids], "max_tokens": 1, "echo": True,
             "logprobs": 1, "temperature": 0, "seed": 1234}  # fmt: skip
     choice = post(url, "/v1/completions", body).json()["choices"][0]
     lp = choice["logprobs"]
-    want = hf_logprobs(hf, ids)
+    want = hf_logprobs(toy_hf, ids)
     assert len(lp["token_logprobs"]) == len(ids) + 1
     new = choice["token_ids"][0]
     assert new == int(want[-1].argmax())  # greedy
@@ -105,7 +89,7 @@ def test_echo_with_one_new_token_is_what_lm_eval_reads(url, hf, tiny):
         assert len(lp["top_logprobs"][t]) in (1, 2)  # N, or N + 1 with the chosen token
 
 
-def test_text_prompts_echo_and_offsets(url, tiny):
+def test_text_prompts_echo_and_offsets(url, toy_lm):
     body = {"model": "steerlab-tiny", "prompt": "Once upon a time", "max_tokens": 0,
             "echo": True, "logprobs": 0}  # fmt: skip
     lp = post(url, "/v1/completions", body).json()["choices"][0]["logprobs"]
