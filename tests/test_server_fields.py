@@ -37,9 +37,10 @@ def test_fields_steerlab_does_not_do_exactly_are_a_400_naming_them(url, field, v
         assert response.json()["error"]["param"] == field
 
 
-def test_echo_is_refused_rather_than_ignored(url):
-    response = post(url, "/v1/completions", {**BODY, "echo": True})
-    assert response.status_code == 400 and response.json()["error"]["param"] == "echo"
+def test_echo_is_honoured_not_ignored(url):
+    plain = post(url, "/v1/completions", BODY).json()["choices"][0]["text"]
+    echoed = post(url, "/v1/completions", {**BODY, "echo": True}).json()["choices"][0]["text"]
+    assert echoed == BODY["prompt"] + plain
 
 
 def test_user_and_metadata_are_accepted_and_change_nothing(url):

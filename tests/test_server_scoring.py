@@ -69,7 +69,7 @@ def test_echo_with_max_tokens_0_scores_token_id_prompts_as_transformers_does(
             assert set(got["top_logprobs"][t]) >= set(names)
             for name, value in zip(names, top.values.tolist()):
                 assert got["top_logprobs"][t][name] == pytest.approx(value, abs=1e-4)
-        assert choice["text"] == toy_lm.tokenizer.decode(ids)
+        assert choice["text"] == toy_lm.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_echo_with_one_new_token_is_what_lm_eval_reads(url, toy_hf, toy_lm):
@@ -94,8 +94,11 @@ def test_text_prompts_echo_and_offsets(url, toy_lm):
             "echo": True, "logprobs": 0}  # fmt: skip
     lp = post(url, "/v1/completions", body).json()["choices"][0]["logprobs"]
     assert lp["top_logprobs"] is None
-    offsets = [sum(len(t) for t in lp["tokens"][:k]) for k in range(len(lp["tokens"]))]
-    assert lp["text_offset"] == offsets
+    text = post(url, "/v1/completions", body).json()["choices"][0]["text"]
+    assert text == "Once upon a time"  # the BOS token is in tokens, not in text
+    ends = [*lp["text_offset"][1:], len(text)]
+    pieces = [text[a:b] for a, b in zip(lp["text_offset"], ends)]
+    assert pieces[0] == "" and "".join(pieces) == text and pieces[1:] == lp["tokens"][1:]
     assert all(v is None or (v <= 0 and math.isfinite(v)) for v in lp["token_logprobs"])
 
 

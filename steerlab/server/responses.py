@@ -42,7 +42,8 @@ def scored_completion(plan: Plan, completions: list[Completion], scores: list[Pr
     """``/v1/completions`` with ``echo`` and/or ``logprobs: N``: OpenAI's legacy logprobs.
 
     With echo, text, tokens and logprobs cover the prompt first (its first token's
-    logprob ``None``), then the completion. ``top_logprobs`` holds the N likeliest tokens at
+    logprob ``None``), then the completion; ``text`` leaves special tokens out (a BOS is a
+    token, with offset 0 length), as ``text_offset`` counts them. ``top_logprobs`` holds the N likeliest tokens at
     each position (N + 1 when the chosen one is not among them): the prompt's, from one
     forward over it, and the first new token's, from the same forward's last position.
     Log-probabilities are the model's (steered) before any sampling adjustment.
@@ -54,17 +55,20 @@ def scored_completion(plan: Plan, completions: list[Completion], scores: list[Pr
         values: list[float | None] = [*score.token_logprobs, *c.logprobs] if plan.echo else [
             *c.logprobs]  # fmt: skip
         tops = [*score.top, score.next_top] if plan.echo else [score.next_top]
-        pieces = [tokenizer.decode([t]) for t in tokens]
+        pieces = [tokenizer.decode([t]) for t in tokens]  # special tokens named, one per id
+        shown = [tokenizer.decode([t], skip_special_tokens=True) for t in tokens]  # in ``text``
         top = None
         if plan.top:
             top = [_top(tokenizer, alts, t, v) if alts else None
                    for alts, t, v in zip(tops, tokens, values)]  # fmt: skip
             top += [None] * (len(tokens) - len(top))
-        text = (tokenizer.decode(list(prompt)) if plan.echo else "") + c.text
+        text = (
+            tokenizer.decode(list(prompt), skip_special_tokens=True) if plan.echo else ""
+        ) + c.text
         choices.append({
             "index": i, "text": text, "finish_reason": FINISH[c.finish_reason],
             "logprobs": {"tokens": pieces, "token_logprobs": values, "top_logprobs": top,
-                         "text_offset": [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]},
+                         "text_offset": [sum(len(p) for p in shown[:k]) for k in range(len(shown))]},
             **_extra(plan, i, c),
         })  # fmt: skip
     return {
