@@ -37,8 +37,14 @@ def legacy_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float | No
     for t in tokens:
         offsets.append(at)
         at += len(tokenizer.decode([t], skip_special_tokens=True))
-    return {"tokens": [tokenizer.decode([t]) for t in tokens], "token_logprobs": logprobs,
+    values = [None if lp is None else json_logprob(lp) for lp in logprobs]
+    return {"tokens": [tokenizer.decode([t]) for t in tokens], "token_logprobs": values,
             "top_logprobs": tops, "text_offset": offsets}  # fmt: skip
+
+
+def json_logprob(logprob: float) -> float:
+    """-inf (a token the model rules out) as -9999.0, as OpenAI writes it: JSON has no inf."""
+    return max(logprob, -9999.0)
 
 
 def top_dict(tokenizer: Any, score: TokenScore, n: int) -> dict[str, float]:
@@ -46,7 +52,7 @@ def top_dict(tokenizer: Any, score: TokenScore, n: int) -> dict[str, float]:
     them), keyed by their text as OpenAI keys them."""
     out: dict[str, float] = {}
     for token, logprob in [*score.top[:n], (score.token, score.logprob)]:
-        out.setdefault(tokenizer.decode([token]), logprob)
+        out.setdefault(tokenizer.decode([token]), json_logprob(logprob))
     return out
 
 
@@ -76,7 +82,7 @@ def stream_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) ->
 
 def _chat_token(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:
     piece = tokenizer.decode([token])
-    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+    return {"token": piece, "logprob": json_logprob(logprob), "bytes": list(piece.encode())}
 
 
 def chat_logprobs(tokenizer: Any, scores: list[TokenScore], n: int) -> dict[str, Any]:
