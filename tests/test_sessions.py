@@ -350,3 +350,105 @@ def test_a_role_the_template_does_not_know(template):
         assert len(chat.history) == 1
     finally:
         lm.tokenizer.chat_template = saved
+
+
+# -- determinism and steer changes, against plain hooks ----------------------------------------
+
+
+def _hooked_greedy(hf, tokens: list[int], generated: list[bool], vector: torch.Tensor,
+                   alpha: float, n: int, eos: set[int]) -> list[int]:  # fmt: skip
+    """Greedy tokens from plain HF GPT-2 (the EOS that ends them included), recomputing the
+    whole sequence each step (no cache), with ``alpha * vector`` added to block 1's input at
+    every generated position."""
+    seq, flags, out = list(tokens), list(generated), []
+
+    def add(_module, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        mask = torch.tensor(flags, dtype=torch.bool)[None, :, None]  # [1, seq, 1]
+        steered = torch.where(mask, hidden + alpha * vector, hidden)
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": steered}
+        return (steered, *args[1:]), kwargs
+
+    handle = hf.transformer.h[1].register_forward_pre_hook(add, with_kwargs=True)
+    try:
+        for _ in range(n):
+            with torch.no_grad():
+                token = int(hf(torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(token)
+            seq.append(token)
+            flags.append(True)
+            if token in eos:
+                break
+    finally:
+        handle.remove()
+    return out
+
+
+def test_a_steered_conversation_equals_plain_hooks_turn_by_turn(toy_hf):
+    """Tutorial 06's pattern (+alpha, then -alpha, forks at +-alpha, then +alpha again) with
+    positions="generated": every turn equals a fresh, cache-free reference, so no steer and
+    no cache entry leaks from one turn into the next."""
+    lm = model("steerlab-tiny", "hf")
+    steer = steer_for(lm, 3.0, "generated")
+    vector = steer.vector
+    chat = lm.chat(system=SYSTEM, steer=steer)
+    sequences: dict[int, tuple[list[int], list[bool]]] = {}  # the reference's own history
+
+    def turn(session, message: str, alpha: float) -> None:
+        session.steer = steer_for(lm, alpha, "generated")
+        before = sequences.get(id(session), ([], []))
+        history = [*session.history, {"role": "user", "content": message}]
+        text = lm.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+        target = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+        kept = next((i for i, (a, b) in enumerate(zip(before[0], target)) if a != b),
+                    min(len(before[0]), len(target)))  # fmt: skip
+        flags = [*before[1][:kept], *[False] * (len(target) - kept)]
+        want = _hooked_greedy(toy_hf, target, flags, vector, alpha, 16, lm.eos_ids)
+        got = session.say(message, max_new_tokens=16).tokens[0]
+        assert got == [t for t in want if t not in lm.eos_ids], (message, alpha)
+        sequences[id(session)] = ([*target, *want], [*flags, *[True] * len(want)])
+
+    turn(chat, "Tell me a story.", 3.0)
+    turn(chat, "What happened next?", -3.0)
+    up, down = chat.fork(), chat.fork()
+    sequences[id(up)] = sequences[id(down)] = sequences[id(chat)]
+    turn(up, "Tell me one more story.", 4.0)
+    turn(down, "Tell me one more story.", -4.0)
+    turn(chat, "And then?", 3.0)
+    assert lm.hook_count() == 0
+
+
+_TURNS = """
+import json, torch, steerlab as sl
+lm = sl.load("steerlab-tiny", backend="hf")
+v = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(0))
+chat = lm.chat(system="You are a storyteller.")
+out = []
+for alpha, message in [(3.0, "Tell me a story."), (3.0, "What next?"), (-3.0, "The end?")]:
+    chat.steer = sl.Steer("blocks.2.hook_resid_pre", v, alpha=alpha, positions="generated")
+    out.append(chat.say(message, max_new_tokens=16).tokens[0])
+print(json.dumps(out))
+"""
+
+
+def test_greedy_chat_is_the_same_in_a_fresh_process():
+    """Two fresh processes (different hash seeds) give the same greedy turns as this one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def fresh(hash_seed: str) -> list[list[int]]:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([sys.executable, "-c", _TURNS], capture_output=True, text=True,
+                              env=env, check=True, timeout=300)  # fmt: skip
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    here: dict[str, object] = {}
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(_TURNS, here)
+    assert fresh("1") == fresh("2") == json.loads(printed.getvalue().strip().splitlines()[-1])

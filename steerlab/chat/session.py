@@ -34,6 +34,7 @@ from steerlab.core.prompts import Message, PromptError, check_text
 from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
+from steerlab.core.sites import site_names
 from steerlab.core.steer import Steer, check_steer
 from steerlab.engine.local import Progress
 from steerlab.engine.steps import OnToken, steps
@@ -127,7 +128,7 @@ class ChatSession:
     def say(self, message: str | Message | Sequence[Message], *, max_new_tokens: int = 40,
             temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
             seed: int | None = None, stop_at_eos: bool = True,
-            stop: str | Sequence[str] | None = None, capture: Sequence[str] = (),
+            stop: str | Sequence[str] | None = None, capture: str | Sequence[str] = (),
             on_token: OnToken | None = None) -> Generation:  # fmt: skip
         """Add ``message`` and generate the reply: a ``Generation`` with one row.
 
@@ -152,7 +153,7 @@ class ChatSession:
     def stream(self, message: str | Message | Sequence[Message], *, max_new_tokens: int = 40,
                temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
                seed: int | None = None, stop_at_eos: bool = True,
-               stop: str | Sequence[str] | None = None, capture: Sequence[str] = (),
+               stop: str | Sequence[str] | None = None, capture: str | Sequence[str] = (),
                on_token: OnToken | None = None) -> Iterator[Step]:  # fmt: skip
         """``say``, one ``Step`` at a time, as ``lm.stream``; checks run before it returns.
 
@@ -168,6 +169,7 @@ class ChatSession:
         steers = self._row_steers()
         plan = plan_turn(self.lm, self._conversation, new, steers, self._key, max_new_tokens,
                          self.overflow)  # fmt: skip
+        capture = site_names(capture)
         self.lm.engine.check([Request(tuple(plan.target[-1:]), steers)], capture)
         return self._turn(plan, sampling, capture, on_token)
 

@@ -58,11 +58,18 @@ class Sampling:
     seed: int = 0
     stop_at_eos: bool = True
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # per sampled token, its N most likely alternatives too
+    prompt_logprobs: int | None = None  # score the prompt's tokens, each with N alternatives
 
     def __post_init__(self) -> None:
-        n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1; got {n!r}.")
+        n, least = self.max_new_tokens, 0 if self.prompt_logprobs is not None else 1
+        if isinstance(n, bool) or not isinstance(n, int) or n < least:
+            raise ValueError(f"max_new_tokens must be an int >= {least}; got {n!r}"
+                             + (" (0 only when the prompt is scored)." if least else "."))  # fmt: skip
+        for name in ("logprobs", "prompt_logprobs"):
+            top = getattr(self, name)
+            if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+                raise ValueError(f"{name} must be None or an int >= 0; got {top!r}.")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0; got {t!r}.")
@@ -126,11 +133,32 @@ class Request:
                 raise SteerError(f"Request.steers takes RowSteer values; got {steer!r}.")
 
 
+@dataclass(frozen=True)
+class TokenScore:
+    """One token's log-probability under the model, and the most likely tokens there.
+
+    Read from the logits the model produced at that position (steered when the row is),
+    before temperature, top-k or top-p touch them.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
 @dataclass
 class Completion:
-    """One request's result: new tokens only."""
+    """One request's result: new tokens only, plus the scores its sampling asked for.
+
+    ``scores`` (with ``Sampling.logprobs``) has one entry per sampled token, and one more
+    for an end-of-sequence token that ended the row (which ``tokens`` leaves out).
+    ``prompt_scores`` (with ``Sampling.prompt_logprobs``) has one per prompt token, None
+    for the first, which nothing before it predicts.
+    """
 
     text: str
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str  # "eos", "stop" (a stop string), "length" or "cancelled"
+    scores: list[TokenScore] = field(default_factory=list)
+    prompt_scores: list[TokenScore | None] = field(default_factory=list)

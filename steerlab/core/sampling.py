@@ -44,7 +44,7 @@ def sample_next(
     """
     if is_greedy(temperature):
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = _scaled(logits.float(), temperature)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -60,6 +60,15 @@ def sample_next(
     target = uniform.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
     picked = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return picked.clamp(max=probs.shape[-1] - 1)
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature``; a row that overflows to inf (finite logits near 1e34 at a
+    temperature near the floor) is divided after subtracting its max instead, which changes
+    no probability and keeps the top logit at 0, so its softmax is never NaN."""
+    scaled = logits / temperature
+    shifted = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+    return torch.where(torch.isfinite(scaled).all(dim=-1, keepdim=True), scaled, shifted)
 
 
 def check_finite(logits: torch.Tensor, step: int, requests: Sequence[Request]) -> None:

@@ -244,7 +244,7 @@ class Scheduler:
                     if job.stream:
                         _emit(job, rows, states, progress.index)
                     if all(states.done[r] for r in rows):
-                        done = Done([_completion(states, r) for r in rows])
+                        done = Done([states.completion(r) for r in rows])
                         if all(j.finished for j in jobs if j is not job):
                             last = (job, done)
                             break
@@ -302,11 +302,6 @@ class Scheduler:
             pass
         except Exception:  # never let the engine thread die
             log.exception("checking for hooks left after a batch failed")
-
-
-def _completion(states: RowStates, row: int) -> Completion:
-    return Completion(states.text(row), list(states.tokens[row]), list(states.logprobs[row]),
-                      states.reasons[row])  # fmt: skip
 
 
 def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from steerlab.core.request import Completion, Request
+from steerlab.core.request import Completion, Request, TokenScore
 from steerlab.core.sampling import is_greedy
 
 
@@ -21,8 +21,10 @@ class RowStates:
         n = len(self.requests)
         self.tokens: list[list[int]] = [[] for _ in range(n)]
         self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.scores: list[list[TokenScore]] = [[] for _ in range(n)]
+        self.prompt_scores: list[list[TokenScore | None]] = [[] for _ in range(n)]
         self.reasons = ["length"] * n
-        self.done = [False] * n
+        self.done = [r.sampling.max_new_tokens == 0 for r in self.requests]  # scored only
 
     def extend(self, requests: Sequence[Request]) -> range:
         """Rows for more requests, joining a call that is under way; returns their indices."""
@@ -30,8 +32,10 @@ class RowStates:
         self.requests += requests
         self.tokens += [[] for _ in requests]
         self.logprobs += [[] for _ in requests]
+        self.scores += [[] for _ in requests]
+        self.prompt_scores += [[] for _ in requests]
         self.reasons += ["length"] * len(requests)
-        self.done += [False] * len(requests)
+        self.done += [r.sampling.max_new_tokens == 0 for r in requests]
         return range(start, len(self.requests))
 
     def decoded(self, row: int, length: int | None = None) -> str:
@@ -45,9 +49,14 @@ class RowStates:
             text = text[: min((text.find(s) for s in stops if s in text), default=len(text))]
         return text
 
-    def add(self, row: int, token: int, logprob: float, eos: set[int]) -> None:
-        """Record one sampled token for a live row, and whether it ends the row."""
+    def add(self, row: int, token: int, logprob: float, eos: set[int],
+            score: TokenScore | None = None) -> None:  # fmt: skip
+        """Record one sampled token for a live row, and whether it ends the row.
+
+        ``score`` is kept where the row's sampling asks for scores, an ending EOS included."""
         sampling = self.requests[row].sampling
+        if sampling.logprobs is not None:
+            self.scores[row].append(score or TokenScore(token, logprob))
         if sampling.stop_at_eos and token in eos:
             self.done[row], self.reasons[row] = True, "eos"
             return
@@ -63,11 +72,13 @@ class RowStates:
         if not self.done[row]:
             self.done[row], self.reasons[row] = True, "cancelled"
 
+    def completion(self, row: int) -> Completion:
+        return Completion(self.text(row), list(self.tokens[row]), list(self.logprobs[row]),
+                          self.reasons[row], list(self.scores[row]),
+                          list(self.prompt_scores[row]))  # fmt: skip
+
     def completions(self) -> list[Completion]:
-        return [
-            Completion(self.text(r), list(self.tokens[r]), list(self.logprobs[r]), self.reasons[r])
-            for r in range(len(self.requests))
-        ]
+        return [self.completion(r) for r in range(len(self.requests))]
 
 
 class RandomStreams:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
@@ -13,9 +13,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steerlab.engine.scheduler import Scheduler
+from steerlab.server import tokens
 from steerlab.server.errors import ApiError, field_name
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits
+from steerlab.server.presets import Preset, PresetError
 from steerlab.server.routes import ServerState, router
 from steerlab.server.vectors import VectorStore
 
@@ -28,6 +30,7 @@ def create_app(
     limits: Limits | None = None,
     window_ms: float = 5.0,
     max_batch_rows: int = 64,
+    presets: Sequence[Preset] = (),
 ) -> FastAPI:
     """An OpenAI-compatible steering server for ``models`` (run it with uvicorn).
 
@@ -39,6 +42,7 @@ def create_app(
             store's bounds.
         window_ms: how long the engine thread waits for more requests to batch together.
         max_batch_rows: the most rows decoded in one batch.
+        presets: vectors at an alpha, each served as a model of its own name.
 
     >>> app = create_app(ServedModels(sl.load("steerlab-tiny", backend="hf")))  # doctest: +SKIP
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)  # doctest: +SKIP
@@ -48,8 +52,10 @@ def create_app(
                         max_rows=max_batch_rows)  # fmt: skip
     store = VectorStore(models.lm, max_vectors=limits.max_vectors,
                         max_bytes=limits.max_vector_bytes)  # fmt: skip
-    state = ServerState(models, store, batcher, limits,
-                        name or models.lm.name or "model")  # fmt: skip
+    state = ServerState(models, store, batcher, limits, name or models.lm.name or "model",
+                        {p.name: p for p in presets})  # fmt: skip
+    if state.name in state.presets or len(state.presets) != len(presets):
+        raise PresetError("Preset names must differ from each other and from the model's.")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +66,7 @@ def create_app(
     app = FastAPI(title="steerlab", lifespan=lifespan, dependencies=[Depends(_auth(api_key))])
     app.state.steerlab = state
     app.include_router(router)
+    app.include_router(tokens.router)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]

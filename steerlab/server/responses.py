@@ -6,10 +6,9 @@ import time
 import uuid
 from typing import Any
 
-from steerlab.core.request import Completion
+from steerlab.core.request import Completion, TokenScore
 from steerlab.engine.scheduler import Delta
 from steerlab.server.plan import Plan
-from steerlab.vectors.scoring import PromptScore
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "length"}
 
@@ -30,83 +29,87 @@ def _extra(plan: Plan, row: int, c: Completion) -> dict[str, Any]:
             "steerlab": {"finish_reason": c.finish_reason, "alphas": list(plan.alphas[row])}}  # fmt: skip
 
 
-def text_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) -> dict[str, Any]:
-    pieces = [tokenizer.decode([t]) for t in tokens]
-    offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
-    return {"tokens": pieces, "token_logprobs": logprobs, "top_logprobs": None,
-            "text_offset": offsets}  # fmt: skip
+def legacy_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float | None],
+                    tops: list[dict[str, float] | None] | None, start: int = 0) -> dict[str, Any]:  # fmt: skip
+    """OpenAI's legacy ``logprobs`` object; ``text_offset`` counts from ``start``, each token
+    taking the characters of its text with special tokens left out, as the text leaves them."""
+    offsets, at = [], start
+    for t in tokens:
+        offsets.append(at)
+        at += len(tokenizer.decode([t], skip_special_tokens=True))
+    values = [None if lp is None else json_logprob(lp) for lp in logprobs]
+    return {"tokens": [tokenizer.decode([t]) for t in tokens], "token_logprobs": values,
+            "top_logprobs": tops, "text_offset": offsets}  # fmt: skip
 
 
-def scored_completion(plan: Plan, completions: list[Completion], scores: list[PromptScore],
-                      model: str, n: int, tokenizer: Any) -> dict[str, Any]:  # fmt: skip
-    """``/v1/completions`` with ``echo`` and/or ``logprobs: N``: OpenAI's legacy logprobs.
-
-    With echo, text, tokens and logprobs cover the prompt first (its first token's
-    logprob ``None``), then the completion; ``text`` leaves special tokens out (a BOS is a
-    token, with offset 0 length), as ``text_offset`` counts them. ``top_logprobs`` holds the N likeliest tokens at
-    each position (N + 1 when the chosen one is not among them): the prompt's, from one
-    forward over it, and the first new token's, from the same forward's last position.
-    Log-probabilities are the model's (steered) before any sampling adjustment.
-    """
-    choices = []
-    for i, (c, score) in enumerate(zip(completions, scores)):
-        prompt = plan.requests[i].prompt
-        tokens = [*prompt, *c.tokens] if plan.echo else list(c.tokens)
-        values: list[float | None] = [*score.token_logprobs, *c.logprobs] if plan.echo else [
-            *c.logprobs]  # fmt: skip
-        tops = [*score.top, score.next_top] if plan.echo else [score.next_top]
-        pieces = [tokenizer.decode([t]) for t in tokens]  # special tokens named, one per id
-        shown = [tokenizer.decode([t], skip_special_tokens=True) for t in tokens]  # in ``text``
-        top = None
-        if plan.top:
-            top = [_top(tokenizer, alts, t, v) if alts else None
-                   for alts, t, v in zip(tops, tokens, values)]  # fmt: skip
-            top += [None] * (len(tokens) - len(top))
-        text = (
-            tokenizer.decode(list(prompt), skip_special_tokens=True) if plan.echo else ""
-        ) + c.text
-        choices.append({
-            "index": i, "text": text, "finish_reason": FINISH[c.finish_reason],
-            "logprobs": {"tokens": pieces, "token_logprobs": values, "top_logprobs": top,
-                         "text_offset": [sum(len(p) for p in shown[:k]) for k in range(len(shown))]},
-            **_extra(plan, i, c),
-        })  # fmt: skip
-    return {
-        **head("cmpl", model, "text_completion"),
-        "choices": choices,
-        "usage": _usage(plan, completions, n),
-    }
+def json_logprob(logprob: float) -> float:
+    """-inf (a token the model rules out) as -9999.0, as OpenAI writes it: JSON has no inf."""
+    return max(logprob, -9999.0)
 
 
-def _top(tokenizer: Any, alts: list[tuple[int, float]], chosen: int,
-         logprob: float | None) -> dict[str, float]:  # fmt: skip
-    """The N alternatives as ``{token text: logprob}``, the chosen token added if missing."""
-    out = {tokenizer.decode([t]): lp for t, lp in alts}
-    if chosen not in {t for t, _ in alts} and logprob is not None:
-        out.setdefault(tokenizer.decode([chosen]), logprob)
+def top_dict(tokenizer: Any, score: TokenScore, n: int) -> dict[str, float]:
+    """The ``n`` most likely tokens and the chosen one (n + 1 entries when it is not among
+    them), keyed by their text as OpenAI keys them."""
+    out: dict[str, float] = {}
+    for token, logprob in [*score.top[:n], (score.token, score.logprob)]:
+        out.setdefault(tokenizer.decode([token]), json_logprob(logprob))
     return out
 
 
-def chat_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) -> dict[str, Any]:
-    pieces = [tokenizer.decode([t]) for t in tokens]
-    return {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
-                        for p, lp in zip(pieces, logprobs)]}  # fmt: skip
+def completion_logprobs(tokenizer: Any, plan: Plan, row: int, c: Completion,
+                        n: int) -> dict[str, Any]:  # fmt: skip
+    """The echoed prompt's tokens (the first one null) when echoing, then the sampled ones;
+    an end-of-sequence token that ended the row is listed too."""
+    tokens: list[int] = []
+    logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    if plan.echo:
+        tokens += plan.prompt_tokens[row]
+        for score in c.prompt_scores:
+            logprobs.append(None if score is None else score.logprob)
+            tops.append(None if score is None else top_dict(tokenizer, score, n))
+    tokens += [s.token for s in c.scores]
+    logprobs += [s.logprob for s in c.scores]
+    tops += [top_dict(tokenizer, s, n) for s in c.scores]
+    return legacy_logprobs(tokenizer, tokens, logprobs, tops)
+
+
+def stream_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) -> dict[str, Any]:
+    tops: list[dict[str, float] | None] = [{tokenizer.decode([t]): lp}
+                                           for t, lp in zip(tokens, logprobs)]  # fmt: skip
+    return legacy_logprobs(tokenizer, tokens, list(logprobs), tops)
+
+
+def _chat_token(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:
+    piece = tokenizer.decode([token])
+    return {"token": piece, "logprob": json_logprob(logprob), "bytes": list(piece.encode())}
+
+
+def chat_logprobs(tokenizer: Any, scores: list[TokenScore], n: int) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: each token with its ``n`` most likely alternatives."""
+    return {"content": [{**_chat_token(tokenizer, s.token, s.logprob),
+                         "top_logprobs": [_chat_token(tokenizer, t, lp) for t, lp in s.top[:n]]}
+                        for s in scores]}  # fmt: skip
 
 
 def completion(plan: Plan, completions: list[Completion], model: str, n: int,
-               logprobs: bool, tokenizer: Any) -> dict[str, Any]:  # fmt: skip
-    choices = [{"index": i, "text": c.text, "finish_reason": FINISH[c.finish_reason],
-                "logprobs": text_logprobs(tokenizer, c.tokens, c.logprobs) if logprobs else None,
+               logprobs: int | None, tokenizer: Any) -> dict[str, Any]:  # fmt: skip
+    choices = [{"index": i, "text": (plan.echo[i] if plan.echo else "") + c.text,
+                "finish_reason": FINISH[c.finish_reason],
+                "logprobs": None if logprobs is None
+                else completion_logprobs(tokenizer, plan, i, c, logprobs),
                 **_extra(plan, i, c)} for i, c in enumerate(completions)]  # fmt: skip
     return {**head("cmpl", model, "text_completion"), "choices": choices,
             "usage": _usage(plan, completions, n), "seed": plan.seed}  # fmt: skip
 
 
-def chat(plan: Plan, completions: list[Completion], model: str, n: int, logprobs: bool,
-         tokenizer: Any) -> dict[str, Any]:  # fmt: skip
+def chat(plan: Plan, completions: list[Completion], model: str, n: int,
+         top_logprobs: int | None, tokenizer: Any) -> dict[str, Any]:  # fmt: skip
+    """``top_logprobs`` None: no logprobs; else each token's with that many alternatives."""
     choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
                 "finish_reason": FINISH[c.finish_reason],
-                "logprobs": chat_logprobs(tokenizer, c.tokens, c.logprobs) if logprobs else None,
+                "logprobs": None if top_logprobs is None
+                else chat_logprobs(tokenizer, c.scores[: len(c.tokens)], top_logprobs),
                 **_extra(plan, i, c)} for i, c in enumerate(completions)]  # fmt: skip
     return {**head("chatcmpl", model, "chat.completion"), "choices": choices,
             "usage": _usage(plan, completions, 1), "seed": plan.seed}  # fmt: skip
@@ -114,14 +117,15 @@ def chat(plan: Plan, completions: list[Completion], model: str, n: int, logprobs
 
 def text_chunk(base: dict[str, Any], delta: Delta, logprobs: bool, tokenizer: Any,
                finish: str | None = None) -> dict[str, Any]:  # fmt: skip
-    lp = text_logprobs(tokenizer, delta.tokens, delta.logprobs) if logprobs else None
+    lp = stream_logprobs(tokenizer, delta.tokens, delta.logprobs) if logprobs else None
     return {**base, "choices": [{"index": delta.row, "text": delta.text, "logprobs": lp,
                                  "finish_reason": finish, "token_ids": delta.tokens}]}  # fmt: skip
 
 
 def chat_chunk(base: dict[str, Any], delta: Delta, logprobs: bool, tokenizer: Any,
                finish: str | None = None, role: bool = False) -> dict[str, Any]:  # fmt: skip
-    lp = chat_logprobs(tokenizer, delta.tokens, delta.logprobs) if logprobs else None
+    scores = [TokenScore(t, lp) for t, lp in zip(delta.tokens, delta.logprobs)]
+    lp = chat_logprobs(tokenizer, scores, 0) if logprobs else None
     content = {"role": "assistant", "content": ""} if role else {"content": delta.text}
     return {**base, "choices": [{"index": delta.row, "delta": content, "logprobs": lp,
                                  "finish_reason": finish, "token_ids": delta.tokens}]}  # fmt: skip

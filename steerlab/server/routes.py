@@ -5,46 +5,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
-from steerlab.core.errors import NonFiniteError
 from steerlab.core.request import Completion
+from steerlab.core.steer import Steer
 from steerlab.engine.scheduler import Delta, Done, Event, Failed, Job, Scheduler
 from steerlab.server import responses
 from steerlab.server.errors import ApiError, api_error
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits, Plan, beta_of, plan_batch, plan_chat, plan_completion
+from steerlab.server.presets import Preset
 from steerlab.server.schemas import BatchRequest, ChatRequest, CompletionRequest, Sampled
 from steerlab.server.vectors import VectorStore, describe
-from steerlab.vectors.scoring import PromptScore, score_prompts
 
 router = APIRouter()
 
 
 @dataclass
 class ServerState:
-    """What every request reads: the models, the vectors, the engine thread, the limits."""
+    """What every request reads: the models, the vectors, the engine thread, the limits,
+    and the presets served beside the model under names of their own."""
 
     models: ServedModels
     store: VectorStore
     batcher: Scheduler
     limits: Limits
     name: str
+    presets: dict[str, Preset] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, name: str) -> list[Steer]:
+        """The steers ``model: name`` stands for (none for the served model itself)."""
+        if name == self.name:
+            return []
+        if name in self.presets:
+            return self.presets[name].steers()
+        known = ", ".join(repr(n) for n in [self.name, *self.presets])
+        raise ApiError(404, f"No model named {name!r}; this server serves {known}.", "model",
+                       "model_not_found")  # fmt: skip
 
 
 def _state(request: Request) -> ServerState:
     return request.app.state.steerlab
-
-
-def _check_model(state: ServerState, name: str) -> None:
-    if name != state.name:
-        raise ApiError(404, f"This server serves {state.name!r}, not {name!r}.", "model",
-                       "model_not_found")  # fmt: skip
 
 
 def _beta(state: ServerState, body: Sampled) -> float | None:
@@ -63,29 +72,27 @@ def health(request: Request) -> dict[str, Any]:  # sync: counting vLLM's hooks i
 async def models(request: Request) -> dict[str, Any]:
     state = _state(request)
     lm = state.models.lm
-    card = {"id": state.name, "object": "model", "owned_by": "steerlab", "created": 0,
-            "n_layers": lm.n_layers, "d_model": lm.d_model, "n_ctx": lm.n_ctx,
-            "sites": lm.sites(), "amplifies": state.models.amplifies,
+    card = {"id": state.name, "object": "model", "owned_by": "steerlab",
+            "created": state.created, "n_layers": lm.n_layers, "d_model": lm.d_model,
+            "n_ctx": lm.n_ctx, "sites": lm.sites(), "amplifies": state.models.amplifies,
             "beta": state.models.default_beta}  # fmt: skip
-    return {"object": "list", "data": [card]}
+    presets = [{**card, "id": p.name, "root": state.name, "parent": state.name,
+                "preset": {"sites": p.vector.sites, "alpha": p.alpha}}
+               for p in state.presets.values()]  # fmt: skip
+    return {"object": "list", "data": [card, *presets]}
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = _state(request)
-    _check_model(state, body.model)
-    plan = plan_completion(body, state.models.lm, state.store, state.limits, _beta(state, body))
+    preset = state.check_model(body.model)
+    plan = await run_in_threadpool(plan_completion, body, state.models.lm, state.store,
+                                   state.limits, _beta(state, body), preset)  # fmt: skip
     tokenizer, logprobs = state.models.lm.tokenizer, body.logprobs is not None
-    if plan.echo or plan.top:  # the prompt scored by one steered forward, off the event loop
-        scores = await asyncio.to_thread(_scores, state, plan)
-        done = await _finish(*_submit(state, plan, False), request) if plan.generate else [
-            Completion("", [], [], "length") for _ in plan.requests]  # fmt: skip
-        return JSONResponse(responses.scored_completion(plan, done, scores, state.name,
-                                                        body.n, tokenizer))  # fmt: skip
     job, events = _submit(state, plan, body.stream)
     if not body.stream:
         done = await _finish(job, events, request)
-        return JSONResponse(responses.completion(plan, done, state.name, body.n, logprobs,
+        return JSONResponse(responses.completion(plan, done, state.name, body.n, body.logprobs,
                                                  tokenizer))  # fmt: skip
     base = responses.head("cmpl", state.name, "text_completion")
 
@@ -98,14 +105,15 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatRequest, request: Request) -> Response:
     state = _state(request)
-    _check_model(state, body.model)
-    plan = plan_chat(body, state.models.lm, state.store, state.limits, _beta(state, body))
+    preset = state.check_model(body.model)
+    plan = await run_in_threadpool(plan_chat, body, state.models.lm, state.store, state.limits,
+                                   _beta(state, body), preset)  # fmt: skip
     tokenizer = state.models.lm.tokenizer
     job, events = _submit(state, plan, body.stream)
     if not body.stream:
         done = await _finish(job, events, request)
-        return JSONResponse(responses.chat(plan, done, state.name, body.n, body.logprobs,
-                                           tokenizer))  # fmt: skip
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        return JSONResponse(responses.chat(plan, done, state.name, body.n, top, tokenizer))
     base = responses.head("chatcmpl", state.name, "chat.completion.chunk")
 
     def chunk(delta: Delta, finish: str | None = None, role: bool = False) -> dict[str, Any]:
@@ -118,8 +126,9 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
 @router.post("/v1/batch")
 async def batch(body: BatchRequest, request: Request) -> Response:
     state = _state(request)
-    _check_model(state, body.model)
-    plan = plan_batch(body, state.models.lm, state.store, state.limits, _beta(state, body))
+    preset = state.check_model(body.model)
+    plan = await run_in_threadpool(plan_batch, body, state.models.lm, state.store, state.limits,
+                                   _beta(state, body), preset)  # fmt: skip
     job, events = _submit(state, plan, body.stream)
     if not body.stream:
         done = await _finish(job, events, request)
@@ -167,16 +176,6 @@ def _submit(state: ServerState, plan: Plan, stream: bool) -> tuple[Job, asyncio.
     job = Job(plan.requests, plan.beta, post, stream=stream)
     state.batcher.submit(job)
     return job, events
-
-
-def _scores(state: ServerState, plan: Plan) -> list[PromptScore]:
-    lm = state.models.model_for(plan.beta)
-    try:
-        return score_prompts(lm, plan.requests, plan.top)
-    except NonFiniteError as error:
-        raise ApiError(422, str(error), "steering") from None
-    except ValueError as error:
-        raise ApiError(400, str(error), "echo") from None
 
 
 async def _finish(job: Job, events: asyncio.Queue[Event], request: Request) -> list[Completion]:

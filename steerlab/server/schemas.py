@@ -93,7 +93,7 @@ class ChatRequest(Sampled):
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
 
 

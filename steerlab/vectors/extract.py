@@ -16,7 +16,7 @@ import torch
 
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt
-from steerlab.core.sites import resolve
+from steerlab.core.sites import resolve, site_names
 from steerlab.vectors.methods import Method, mean_diff
 from steerlab.vectors.vector import Provenance, SteeringVector
 
@@ -97,7 +97,7 @@ def extract(
     lm: SteerableModel,
     positive: Sequence[Prompt],
     negative: Sequence[Prompt],
-    sites: Sequence[str],
+    sites: str | Sequence[str],
     method: Method = mean_diff,
     *,
     token: Token = "last",
@@ -127,8 +127,7 @@ def extract(
     """
     positive = _check_prompts("positive", positive)
     negative = _check_prompts("negative", negative)
-    if isinstance(sites, str):
-        sites = [sites]
+    sites = site_names(sites)
     if not sites:
         raise ValueError("sites is empty: name at least one site, e.g. 'blocks.2.hook_resid_pre'.")
     names = list(dict.fromkeys(resolve(s, lm.sites()).name for s in sites))

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from steerlab.core import Steer
 from steerlab.core.prompts import Prompt
-from steerlab.core.request import Request
-from steerlab.core.sampling import non_finite
+from steerlab.engine.scoring import score_prompts
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -66,23 +64,14 @@ def completion_logprobs(
     >>> completion_logprobs(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
     [[-0.4, -1.2, ...], ...]
     """
-    if not lm.engine.capabilities.forward:
-        raise ValueError(
-            f"Scoring reads full logits; the {lm.engine.kind} engine does not return them. "
-            "Score with the same model on backend='hf'."
-        )
     out: list[list[float]] = []
     for start in range(0, len(completions), batch_size):
         chunk = completions[start : start + batch_size]
         rows = [list(p) + list(c) for p, c in zip(prompt_tokens[start : start + batch_size], chunk)]
-        # through the engine, so the call holds the model's lock like any other
-        logits, _, ids, _ = lm.engine.forward([Request(tuple(row)) for row in rows])
-        logprobs = logits[:, :-1].float().log_softmax(-1).cpu()
-        targets = ids[:, 1:]
-        picked = logprobs.gather(-1, targets[..., None])[..., 0]  # [batch, pos - 1]
-        out += [
-            picked[i, picked.shape[1] - len(c) :].tolist() if c else [] for i, c in enumerate(chunk)
-        ]
+        # through the engine's scoring, so the call holds the model's lock like any other
+        scored = score_prompts(lm.engine, rows)
+        out += [[s.logprob for s in row[len(row) - len(c) :] if s is not None] if c else []
+                for row, c in zip(scored, chunk)]  # fmt: skip
     return out
 
 
@@ -110,53 +99,3 @@ def pooled_perplexity(nlls: Sequence[tuple[float, int]]) -> float:
     """
     total = sum(n for _, n in nlls)
     return math.exp(sum(x for x, _ in nlls) / total) if total else math.nan
-
-
-@dataclass(frozen=True)
-class PromptScore:
-    """One row's prompt scored by one forward pass (steered as its request is).
-
-    ``token_logprobs[t]`` is the log-probability of prompt token ``t`` given the ones before
-    (``None`` for the first); ``top[t]`` the ``n`` likeliest tokens there as ``(id,
-    logprob)`` (empty for the first); ``next_top`` the same for the first new token.
-    Log-probabilities are the model's own, before any sampling adjustment.
-    """
-
-    token_logprobs: list[float | None]
-    top: list[list[tuple[int, float]]]
-    next_top: list[tuple[int, float]]
-
-
-def score_prompts(lm: SteerableModel, requests: Sequence[Request], n: int, *,
-                  wait: float = 60.0) -> list[PromptScore]:  # fmt: skip
-    """Each request's prompt scored in one batched forward pass through the engine (its call
-    guard and lock), with the request's steers; ``n`` alternatives per position.
-
-    >>> score_prompts(lm, rows.requests(Sampling()), 2)[0].token_logprobs[:2]  # doctest: +SKIP
-    [None, -3.2]
-    """
-    if not lm.engine.capabilities.forward:
-        raise ValueError(
-            f"Scoring reads full logits; the {lm.engine.kind} engine does not return them yet. "
-            "Score on backend='hf'."
-        )
-    logits, _, _, mask = lm.engine.forward(list(requests), wait=wait)
-    out = []
-    for i, request in enumerate(requests):
-        length = len(request.prompt)
-        real = logits[i, mask.shape[1] - length :].float()  # [length, vocab]
-        if not bool(torch.isfinite(real).all()):
-            raise non_finite(0, i, request)
-        lp = real.log_softmax(-1).cpu()
-        ids = torch.tensor(request.prompt)
-        picked = lp[:-1].gather(-1, ids[1:, None])[:, 0].tolist()  # token t given < t
-        top = lp.topk(min(n, lp.shape[-1]), dim=-1) if n else None
-        pairs = [] if top is None else [
-            list(zip(top.indices[t].tolist(), top.values[t].tolist())) for t in range(length)
-        ]  # fmt: skip
-        out.append(PromptScore(
-            [None, *picked],
-            [[], *pairs[:-1]] if pairs else [[] for _ in range(length)],
-            pairs[-1] if pairs else [],
-        ))  # fmt: skip
-    return out

@@ -124,6 +124,13 @@ class LocalEngine:
             raise ValueError("Continuing a cache needs use_cache=True.")
         if any(not r.prompt for r in requests) and cache is None:
             raise ValueError("A request with no prompt tokens needs a cache to continue.")
+        if any(r.sampling.prompt_logprobs is not None for r in requests):
+            if cache is not None:
+                raise ValueError("Scoring a prompt (prompt_logprobs) reads the logits of every "
+                                 "prompt token, so it cannot continue a cache: drop cache=.")  # fmt: skip
+            recorder = Recorder(sites) if sites else None
+            return self._stream(list(requests), None, keep_cache, recorder, use_cache, wait,
+                                description, compact and not keep_cache and not sites)  # fmt: skip
         if self.compiled is not None:
             why = self.compiled.reason(requests, cache=cache, keep_cache=keep_cache,
                                        capture=capture, use_cache=use_cache)  # fmt: skip

@@ -14,10 +14,11 @@ import torch
 from steerlab.backends.base import Backend
 from steerlab.backends.cache import KVCache
 from steerlab.core.prompts import Batch as PromptBatch
-from steerlab.core.request import Request
+from steerlab.core.request import Request, TokenScore
 from steerlab.core.sampling import check_finite, sample_next
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
+from steerlab.engine.scoring import prompt_scores, token_scores
 from steerlab.engine.state import RandomStreams, RowStates
 
 
@@ -148,19 +149,39 @@ def decode(
     Forward passes run under ``torch.inference_mode``, but never across a ``yield``: the
     caller's code between steps keeps autograd. With ``compact``, finished rows leave the
     batch once half of it has finished; with ``keep_cache`` the last tokens are fed too,
-    so the cache ends exactly at the end of the text.
+    so the cache ends exactly at the end of the text. Rows whose sampling scores the prompt
+    get their scores from the prefill's logits (the batch must start without a cache).
     """
     streams = RandomStreams(states.requests)
-    logits = batch.forward(call)[:, -1]  # [batch, vocab]
-    for step in range(max(r.sampling.max_new_tokens for r in states.requests)):
-        check_finite(logits, step, [states.requests[r] for r in batch.rows])
+    requests = states.requests
+    tops = [r.sampling.prompt_logprobs for r in requests]
+    if any(top is not None for top in tops):
+        if not isinstance(batch, Batch) or batch.fed:
+            raise ValueError("Scoring a prompt needs the whole prompt fed in this call.")
+        every = batch.forward(call, last_only=False)  # [batch, seq, vocab]
+        real = batch.mask.bool().to(every.device)[..., None]  # pads' logits are never read
+        check_finite(every.float().masked_fill(~real, 0).sum(1), 0, requests)
+        scored = prompt_scores(every, batch.tokens, [len(r.prompt) for r in requests], tops)
+        states.prompt_scores = scored
+        logits = every[:, -1]
+    else:
+        logits = batch.forward(call)[:, -1]  # [batch, vocab]
+    if all(states.done):  # every row only scores its prompt
+        yield 0
+        return
+    for step in range(max(r.sampling.max_new_tokens for r in requests)):
+        check_finite(logits, step, [requests[r] for r in batch.rows])
         live = torch.tensor([not states.done[r] for r in batch.rows])  # [batch]
-        token = sample(logits, streams.draw(batch.rows), [states.requests[r] for r in batch.rows])
-        logprob = logits.float().log_softmax(-1).gather(-1, token[:, None].to(logits.device))
+        token = sample(logits, streams.draw(batch.rows), [requests[r] for r in batch.rows])
+        logprobs = logits.float().log_softmax(-1)  # [batch, vocab]: the scores, unadjusted
+        top = max((requests[r].sampling.logprobs or 0) for r in batch.rows)
+        scores = token_scores(logprobs, token, top)
         token = token.cpu().masked_fill(~live, pad_id)  # [batch]
-        for row, t, lp, alive in zip(batch.rows, token.tolist(), logprob[:, 0].tolist(), live):
+        for row, t, score, alive in zip(batch.rows, token.tolist(), scores, live):
             if alive:
-                states.add(row, t, lp, eos_ids)
+                n = requests[row].sampling.logprobs or 0
+                states.add(row, t, score.logprob, eos_ids,
+                           TokenScore(t, score.logprob, score.top[:n]))  # fmt: skip
         batch.append(token, live)
         finished = all(states.done[r] for r in batch.rows)
         if finished and keep_cache:

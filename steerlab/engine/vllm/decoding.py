@@ -8,11 +8,13 @@ flight, so they are batched (see ``_Decoding``).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from steerlab.core.request import Request
+from steerlab.core.sampling import non_finite
 from steerlab.engine.progress import Progress
 from steerlab.engine.state import RowStates
 from steerlab.engine.vllm.params import expected_tokens, live_steers, to_vllm
@@ -186,6 +188,9 @@ class _Decoding:
                     break
                 logprobs = completion.logprobs[j] if completion.logprobs else {}
                 entry = logprobs.get(token)
+                if entry is not None and not math.isfinite(entry.logprob):
+                    # A raw logprob is finite wherever the logits are: a steer overflowed.
+                    raise non_finite(len(self.states.tokens[i]), i, self.requests[i])
                 self.states.add(i, int(token), float(entry.logprob) if entry else float("nan"),
                                 eos)  # fmt: skip
             if out.finished:

@@ -98,6 +98,12 @@ class VLLMEngine:
         for r in requests:
             if not r.prompt:
                 raise PromptError("The vLLM engine needs at least one prompt token per request.")
+            if r.sampling.prompt_logprobs is not None or r.sampling.logprobs:
+                raise ValueError(
+                    "The vLLM engine reports each sampled token's own log-probability only: it "
+                    "does not yet score prompts or list the most likely tokens. Score with "
+                    "backend='hf' (prompt_logprobs=None and logprobs=0 or None run here)."
+                )
             check_window(self.n_ctx, len(r.prompt), r.sampling.max_new_tokens,
                          hint=" (vLLM's max_model_len; load with a larger one)")  # fmt: skip
             for steer in r.steers:

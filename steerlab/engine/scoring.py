@@ -1,0 +1,77 @@
+"""Token scores: the log-probabilities an engine reports beside the tokens it samples.
+
+One definition for every caller. The decode loop scores a request's prompt from the logits
+of its prefill, and each sampled token from the logits it was sampled from, so a score is
+read from the same forward pass as the token (steered when the row is), before temperature,
+top-k or top-p. ``score_prompts`` is the in-process entry: it runs through ``engine.run``,
+so it takes the engine's call guard and works on any engine that scores prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from steerlab.core.request import Request, RowSteer, Sampling, TokenScore
+
+if TYPE_CHECKING:
+    from steerlab.engine.protocol import Engine
+
+
+def token_scores(
+    logprobs: torch.Tensor,  # [n, vocab], log-softmaxed
+    targets: torch.Tensor,  # [n] token ids
+    top: int,
+) -> list[TokenScore]:
+    """Each target's log-probability, with the ``top`` most likely tokens at its position.
+
+    >>> token_scores(torch.tensor([[0.0, -1.0]]), torch.tensor([1]), 1)
+    [TokenScore(token=1, logprob=-1.0, top=((0, 0.0),))]
+    """
+    targets = targets.to(logprobs.device)
+    chosen = logprobs.gather(-1, targets[:, None])[:, 0].tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(chosen)
+    if top > 0:
+        values, ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    return [TokenScore(t, lp, k) for t, lp, k in zip(targets.tolist(), chosen, tops)]
+
+
+def prompt_scores(
+    logits: torch.Tensor,  # [batch, seq, vocab] for every column fed, prompts left-padded
+    tokens: torch.Tensor,  # [batch, seq]
+    lengths: Sequence[int],
+    tops: Sequence[int | None],
+) -> list[list[TokenScore | None]]:
+    """Per row, a score for each of its last ``lengths[i]`` tokens (None for the first, which
+    nothing before it predicts); an empty list for rows whose ``tops[i]`` is None."""
+    seq = logits.shape[1]
+    out: list[list[TokenScore | None]] = []
+    for i, (n, top) in enumerate(zip(lengths, tops)):
+        if top is None:
+            out.append([])
+            continue
+        logprobs = logits[i, seq - n : seq - 1].float().log_softmax(-1)  # predicts the next
+        out.append([None, *token_scores(logprobs, tokens[i, seq - n + 1 :], top)])
+    return out
+
+
+def score_prompts(
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    *,
+    top: int = 0,
+    steers: Sequence[RowSteer] = (),
+    wait: float = 0.0,
+) -> list[list[TokenScore | None]]:
+    """Score each prompt's tokens under the model (steered by ``steers``); nothing is sampled.
+
+    >>> score_prompts(lm.engine, [[0, 17, 4]])[0][1].logprob  # doctest: +SKIP
+    -3.2
+    """
+    sampling = Sampling(max_new_tokens=0, prompt_logprobs=top)
+    requests = [Request(tuple(p), tuple(steers), sampling, stream=str(i))
+                for i, p in enumerate(prompts)]  # fmt: skip
+    return [c.prompt_scores for c in engine.run(requests, wait=wait)]

@@ -1,0 +1,57 @@
+"""Steering presets: a model name that stands for the served model steered by one vector.
+
+``steerlab serve MODEL --preset calm=calm.safetensors@4`` serves ``calm`` beside ``MODEL``.
+A request whose ``model`` is ``calm`` runs exactly as if its ``steering`` field began with
+that vector at alpha 4: how a harness that cannot send extra fields (lm-eval's scoring
+path) evaluates a steered model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from steerlab.core.steer import Steer
+from steerlab.vectors.vector import SteeringVector
+
+_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
+
+
+class PresetError(ValueError):
+    """A ``--preset`` that cannot be served."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """``vector`` at ``alpha``, served under ``name``."""
+
+    name: str
+    vector: SteeringVector
+    alpha: float
+
+    def steers(self) -> list[Steer]:
+        """The steers a ``steering`` entry naming this vector at this alpha gives."""
+        return self.vector.steers(self.alpha)
+
+
+def parse_preset(text: str) -> tuple[str, str, float]:
+    """``NAME=VECTOR_FILE@ALPHA`` as ``(name, path, alpha)``.
+
+    >>> parse_preset("calm=vectors/calm.safetensors@-4")
+    ('calm', 'vectors/calm.safetensors', -4.0)
+    """
+    name, eq, rest = text.partition("=")
+    path, at, alpha = rest.rpartition("@")
+    if not eq or not at or not path:
+        raise PresetError(f"--preset {text!r}: write NAME=VECTOR_FILE@ALPHA.")
+    if not _NAME.match(name):
+        raise PresetError(f"--preset {text!r}: a name is 1-64 letters, digits, '_', '.', ':' "
+                          "or '-'.")  # fmt: skip
+    try:
+        value = float(alpha)
+    except ValueError:
+        raise PresetError(f"--preset {text!r}: ALPHA must be a number; got {alpha!r}.") from None
+    if not math.isfinite(value):
+        raise PresetError(f"--preset {text!r}: ALPHA must be finite.")
+    return name, path, value
