@@ -18,7 +18,7 @@ from steerlab.core.sampling import non_finite
 from steerlab.engine.progress import Progress
 from steerlab.engine.state import RowStates
 from steerlab.engine.vllm.params import expected_tokens, live_steers, to_vllm
-from steerlab.engine.vllm.scores import prompt_scores, token_score
+from steerlab.engine.vllm.scores import lines_up, prompt_scores, token_score
 
 if TYPE_CHECKING:
     from steerlab.engine.vllm.engine import VLLMEngine
@@ -184,8 +184,8 @@ class _Decoding:
             i = self.index.get(out.request_id)
             if i is None or self.rows[i] not in self.live or self._ended(i):
                 continue
-            if out.prompt_logprobs:  # the whole prompt's, in one output or over several
-                self._score_prompt(i, out.prompt_logprobs)
+            if self.requests[i].sampling.prompt_logprobs is not None:
+                self._score_prompt(i, out)
             completion = out.outputs[0]
             if not self.states.tokens[i] and not self.states.done[i] and completion.token_ids:
                 started.append(i)
@@ -198,10 +198,22 @@ class _Decoding:
                 finished.append(i)
         return started, finished
 
-    def _score_prompt(self, i: int, chunk: list[Any]) -> None:
+    def _score_prompt(self, i: int, out: Any) -> None:
+        """The prompt's scores, in one output or over several. vLLM scores a prompt from its
+        own forward only where it reads none of it from the prefix cache (its default for
+        such rows); otherwise it reports stale buffers, which fail the call."""
         request, scores = self.requests[i], self.states.prompt_scores[i]
-        top = request.sampling.prompt_logprobs or 0
-        for score in prompt_scores(request.prompt, len(scores), chunk, top):
+        chunk = out.prompt_logprobs or []
+        if out.num_cached_tokens or not lines_up(request.prompt, len(scores), chunk,
+                                                 complete=out.finished):  # fmt: skip
+            raise RuntimeError(
+                f"vLLM's prompt scores for row {i} are not its own forward's: "
+                f"{out.num_cached_tokens or 0} of its {len(request.prompt)} prompt tokens came "
+                "from the prefix cache, or the scores do not line up with the prompt. "
+                "Nothing was returned for it."
+            )
+        for score in prompt_scores(request.prompt, len(scores), chunk,
+                                   request.sampling.prompt_logprobs or 0):  # fmt: skip
             if score is not None and not math.isfinite(score.logprob):
                 raise non_finite(0, i, request)  # the prefill's logits: the local engine's step 0
             scores.append(score)

@@ -35,3 +35,24 @@ def prompt_scores(prompt: Sequence[int], done: int, chunk: Sequence[Mapping[int,
     ``prompt_logprobs`` (None where nothing predicts the token: the first position)."""
     return [None if entry is None else token_score(prompt[p], entry, top)
             for p, entry in enumerate(chunk, done)]  # fmt: skip
+
+
+def lines_up(prompt: Sequence[int], done: int, chunk: Sequence[Mapping[int, Any] | None], *,
+             complete: bool = False) -> bool:  # fmt: skip
+    """Whether ``chunk`` scores prompt positions ``done`` onwards (to the prompt's end, when
+    ``complete``): None at the first position only, each other holding the prompt's token.
+
+    A check on what vLLM hands back, beside the engine's: a scored prompt must read
+    nothing from the prefix cache (``skip_reading_prefix_cache``, vLLM's default for such
+    requests), or its cached positions come back as stale buffers.
+
+    >>> lines_up([7, 8], 0, [None, {8: None}], complete=True)
+    True
+    >>> lines_up([7, 8, 9], 0, [None, {9: None}])
+    False
+    """
+    ends = done + len(chunk)
+    if ends > len(prompt) or (complete and ends < len(prompt)):
+        return False
+    return all((p == 0) == (entry is None) and (entry is None or prompt[p] in entry)
+               for p, entry in enumerate(chunk, done))  # fmt: skip
