@@ -11,6 +11,7 @@ from reference import RefSteer, logprobs
 from server_helpers import post, served
 
 import steerlab as sl
+from steerlab.core.errors import ContextError
 from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.engine.scoring import score_prompts
 from steerlab.engine.vllm import decoding as vllm_decoding
@@ -164,9 +165,13 @@ def test_the_in_process_helpers_run_on_vllm(lm, local):
     ]
 
 
-def test_too_many_alternatives_are_refused_before_anything_is_sent(lm, monkeypatch):
+def test_what_vllm_cannot_score_is_refused_before_anything_is_sent(lm, monkeypatch):
+    (row,) = score_prompts(lm.engine, [[0] + [57] * 126])  # the window less vLLM's one token
+    assert len(row) == 127
     sent = []
     monkeypatch.setattr(lm.engine.llm.llm_engine, "add_request", lambda *a, **k: sent.append(a))
+    with pytest.raises(ContextError, match="samples one token even where only the prompt"):
+        score_prompts(lm.engine, [[0] + [57] * 127])
     monkeypatch.setattr(lm.engine, "max_logprobs", 5)
     with pytest.raises(ValueError, match="max_logprobs"):
         score_prompts(lm.engine, [_ids(lm, "Hi there")], top=6)

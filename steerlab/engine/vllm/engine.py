@@ -108,8 +108,12 @@ class VLLMEngine:
                     f"{self.max_logprobs} (its max_logprobs): load with vllm_args="
                     f"{{'max_logprobs': {min(top, self.vocab)}}}."
                 )
-            check_window(self.n_ctx, len(r.prompt), r.sampling.max_new_tokens,
-                         hint=" (vLLM's max_model_len; load with a larger one)")  # fmt: skip
+            # vLLM samples a token even for a row that only scores its prompt (one dropped)
+            scoring_only = r.sampling.max_new_tokens == 0
+            check_window(self.n_ctx, len(r.prompt), max(r.sampling.max_new_tokens, 1),
+                         hint=" (vLLM's max_model_len; load with a larger one"
+                         + ("; vLLM samples one token even where only the prompt is scored)"
+                            if scoring_only else ")"))  # fmt: skip
             for steer in r.steers:
                 check_steer(steer.site, steer.vector, valid, self.d_model)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
