@@ -5,14 +5,18 @@ The engine itself is tested in ``tests_vllm/`` (``make test-vllm``)."""
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import steerlab as sl
+from steerlab.core.request import TokenScore
 from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine.scoring import token_scores
 from steerlab.engine.vllm.batch import Layouts, lay_out_forward, parse_plan
 from steerlab.engine.vllm.params import cache_salt, expected_tokens, request_seed, to_vllm
+from steerlab.engine.vllm.scores import lines_up, prompt_scores, token_score
 from steerlab.engine.vllm.sites import layout_for
 from steerlab.model import SteerableModel
 
@@ -25,6 +29,47 @@ def _req(*steers: RowSteer, prompt=(5, 6, 7), stream="s") -> Request:
 
 def _steer(alpha=2.0, positions="all", op=None, site="blocks.1.hook_resid_pre") -> RowSteer:
     return RowSteer(site, V, alpha, positions, op or sl.Add())
+
+
+def test_scores_map_to_vllms_raw_logprobs_capped_at_the_vocabulary():
+    scored = Request((5, 6, 7), (), Sampling(max_new_tokens=0, prompt_logprobs=3, logprobs=40))
+    sampling = to_vllm(scored, "r", revision="", eos_ids={1}, vocab=32).sampling
+    assert sampling["prompt_logprobs"] == 3 and sampling["logprobs"] == 32
+    assert sampling["max_tokens"] == 1  # vLLM samples one; the engine drops it
+    plain = to_vllm(_req(), "r", revision="", eos_ids={1}, vocab=32).sampling
+    assert plain["prompt_logprobs"] is None and plain["logprobs"] == 0
+    assert plain["max_tokens"] == 4 and not plain["detokenize"]
+
+
+def _lp(logprob: float, rank: int) -> SimpleNamespace:
+    return SimpleNamespace(logprob=logprob, rank=rank, decoded_token=None)
+
+
+def test_vllm_logprob_dicts_become_token_scores_as_the_local_engine_shapes_them():
+    # vLLM's dict: the scored token first, then the top N by rank; once if it is among them.
+    outside = {9: _lp(-4.0, 7), 2: _lp(-0.5, 1), 3: _lp(-1.5, 2)}
+    assert token_score(9, outside, 2) == TokenScore(9, -4.0, ((2, -0.5), (3, -1.5)))
+    inside = {3: _lp(-1.5, 2), 2: _lp(-0.5, 1)}
+    assert token_score(3, inside, 2) == TokenScore(3, -1.5, ((2, -0.5), (3, -1.5)))
+    assert token_score(9, {9: _lp(-4.0, 7)}, 0) == TokenScore(9, -4.0)
+    local = token_scores(torch.tensor([[-0.5, -1.5, -4.0]]).log_softmax(-1), torch.tensor([2]), 2)
+    lp = local[0]
+    vllm_dict = {2: _lp(lp.logprob, 3), **{t: _lp(v, r) for r, (t, v) in enumerate(lp.top, 1)}}
+    assert token_score(2, vllm_dict, 2) == lp
+    chunk = [None, {6: _lp(-1.0, 1)}, {7: _lp(-2.0, 2), 1: _lp(-0.1, 1)}]
+    assert prompt_scores([5, 6, 7], 0, chunk, 1) == [
+        None, TokenScore(6, -1.0, ((6, -1.0),)), TokenScore(7, -2.0, ((1, -0.1),))]  # fmt: skip
+
+
+def test_prompt_scores_that_start_late_do_not_line_up():
+    prompt = [5, 6, 7, 8]
+    whole = [None, {6: _lp(-1.0, 1)}, {7: _lp(-1.0, 1)}, {8: _lp(-1.0, 1)}]
+    assert lines_up(prompt, 0, whole, complete=True)
+    assert lines_up(prompt, 0, whole[:2]) and lines_up(prompt, 2, whole[2:], complete=True)
+    assert not lines_up(prompt, 0, whole[:2], complete=True)  # short
+    assert not lines_up(prompt, 0, [None, {8: _lp(-1.0, 1)}])  # a cached prefix skipped
+    assert not lines_up(prompt, 1, whole)  # too many
+    assert not lines_up(prompt, 0, whole[1:])  # no None first
 
 
 def test_unsteered_and_alpha_zero_rows_share_the_plain_cache():

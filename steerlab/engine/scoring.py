@@ -3,13 +3,15 @@
 One definition for every caller. The decode loop scores a request's prompt from the logits
 of its prefill, and each sampled token from the logits it was sampled from, so a score is
 read from the same forward pass as the token (steered when the row is), before temperature,
-top-k or top-p. ``score_prompts`` is the in-process entry: it runs through ``engine.run``,
-so it takes the engine's call guard and works on any engine that scores prompts.
+top-k or top-p. ``score_prompts`` and ``next_token_distributions`` are the in-process
+entries: they run through ``engine.run``, so they take the engine's call guard and work on
+every engine (vLLM's included, which reports no logits).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +20,9 @@ from steerlab.core.request import Request, RowSteer, Sampling, TokenScore
 
 if TYPE_CHECKING:
     from steerlab.engine.protocol import Engine
+
+# ``Sampling.logprobs`` past the vocabulary's size lists every token.
+EVERY_TOKEN = 2**62
 
 
 def token_scores(
@@ -75,3 +80,24 @@ def score_prompts(
     requests = [Request(tuple(p), tuple(steers), sampling, stream=str(i))
                 for i, p in enumerate(prompts)]  # fmt: skip
     return [c.prompt_scores for c in engine.run(requests, wait=wait)]
+
+
+def next_token_distributions(
+    engine: Engine, requests: Sequence[Request], *, wait: float = 0.0
+) -> torch.Tensor:  # [rows, vocab]
+    """Each request's log-probabilities over its first new token (steered as it is).
+
+    One decode step with every token listed in the score of the token it samples: the
+    distribution of the prefill's last position, as the engine samples from it.
+
+    >>> next_token_distributions(lm.engine, [Request((0, 17, 4))]).shape  # doctest: +SKIP
+    torch.Size([1, 98])
+    """
+    sampling = Sampling(max_new_tokens=1, stop_at_eos=False, logprobs=EVERY_TOKEN)
+    done = engine.run([replace(r, sampling=sampling) for r in requests], wait=wait)
+    tops = [c.scores[0].top for c in done]
+    out = torch.empty(len(tops), len(tops[0]))
+    for row, top in enumerate(tops):
+        ids, values = zip(*top)
+        out[row, list(ids)] = torch.tensor(values)
+    return out

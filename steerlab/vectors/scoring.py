@@ -1,8 +1,9 @@
 """Forward-only scores for sweeps: steered next-token distributions and fluency.
 
-Both are one batched forward pass, no sampling: ``next_token_logprobs`` reads the
-distribution at the first generated position (prompts x alphas rows, steered), and
-``completion_nll`` scores finished completions under the unsteered model.
+Both go through the engine's own scoring (``engine/scoring.py``), so they run on every
+engine, vLLM's included: ``next_token_logprobs`` reads the distribution at the first
+generated position (prompts x alphas rows, steered), and ``completion_nll`` scores finished
+completions under the unsteered model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 
 from steerlab.core import Steer
 from steerlab.core.prompts import Prompt
-from steerlab.engine.scoring import score_prompts
+from steerlab.core.request import Sampling
+from steerlab.core.rows import lay_out
+from steerlab.engine.scoring import next_token_distributions, score_prompts
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -33,8 +36,8 @@ def next_token_logprobs(
     >>> next_token_logprobs(lm, ["Once"], vec.steers(alpha=[0, 4])).shape  # doctest: +SKIP
     torch.Size([2, 98])
     """
-    logits = lm.logits(prompts, list(steers), chat=chat, last_only=True)[:, -1]
-    return logits.float().log_softmax(-1).cpu()
+    rows = lay_out(lm, prompts, list(steers), chat=chat, new_tokens=1)
+    return next_token_distributions(lm.engine, rows.requests(Sampling(max_new_tokens=1)))
 
 
 def kl_divergence(

@@ -13,11 +13,12 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from steerlab.core.request import Request
+from steerlab.core.request import Request, TokenScore
 from steerlab.core.sampling import non_finite
 from steerlab.engine.progress import Progress
 from steerlab.engine.state import RowStates
 from steerlab.engine.vllm.params import expected_tokens, live_steers, to_vllm
+from steerlab.engine.vllm.scores import lines_up, prompt_scores, token_score
 
 if TYPE_CHECKING:
     from steerlab.engine.vllm.engine import VLLMEngine
@@ -37,6 +38,7 @@ class _Held:
     reason: str
     tokens: list[int]
     logprobs: list[float]
+    scores: list[TokenScore]
 
 
 class VLLMStream(Iterator[Progress]):
@@ -127,10 +129,13 @@ class _Decoding:
         sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
         for i, request in enumerate(requests, start):
             row = f"steerlab-{self.call}-{i}"
-            vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos)
+            vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos,
+                         vocab=engine.vocab)  # fmt: skip
             params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
             sent.append((row, vr.prompt, params))
         new = self.states.extend(requests)
+        for i in new:  # a row that only scores its prompt ends when vLLM's row does
+            self.states.done[i] = False
         for i, request, (row, _, _) in zip(new, requests, sent):
             self.requests.append(request)
             self.rows.append(row)
@@ -156,7 +161,7 @@ class _Decoding:
         while self.live or self.held:
             with client:
                 outputs = llm.step() if self.live else []
-            prior = [len(t) for t in self.states.tokens]
+            prior = [(len(t), len(s)) for t, s in zip(self.states.tokens, self.states.scores)]
             started, finished = self._record(outputs, eos)
             self._hold(finished, prior, step)
             self._abort([r for r in self.live if self._ended(self.index[r])])
@@ -179,20 +184,13 @@ class _Decoding:
             i = self.index.get(out.request_id)
             if i is None or self.rows[i] not in self.live or self._ended(i):
                 continue
+            if self.requests[i].sampling.prompt_logprobs is not None:
+                self._score_prompt(i, out)
             completion = out.outputs[0]
             if not self.states.tokens[i] and not self.states.done[i] and completion.token_ids:
                 started.append(i)
                 self.cached[i] = out.num_cached_tokens or 0
-            for j, token in enumerate(completion.token_ids):
-                if self.states.done[i]:
-                    break
-                logprobs = completion.logprobs[j] if completion.logprobs else {}
-                entry = logprobs.get(token)
-                if entry is not None and not math.isfinite(entry.logprob):
-                    # A raw logprob is finite wherever the logits are: a steer overflowed.
-                    raise non_finite(len(self.states.tokens[i]), i, self.requests[i])
-                self.states.add(i, int(token), float(entry.logprob) if entry else float("nan"),
-                                eos)  # fmt: skip
+            self._add_tokens(i, completion, eos)
             if out.finished:
                 self.live.discard(self.rows[i])
                 self.states.done[i] = True
@@ -200,17 +198,56 @@ class _Decoding:
                 finished.append(i)
         return started, finished
 
-    def _hold(self, finished: list[int], prior: list[int], step: int) -> None:
+    def _score_prompt(self, i: int, out: Any) -> None:
+        """The prompt's scores, in one output or over several. vLLM scores a prompt from its
+        own forward only where it reads none of it from the prefix cache (its default for
+        such rows); otherwise it reports stale buffers, which fail the call."""
+        request, scores = self.requests[i], self.states.prompt_scores[i]
+        chunk = out.prompt_logprobs or []
+        if out.num_cached_tokens or not lines_up(request.prompt, len(scores), chunk,
+                                                 complete=out.finished):  # fmt: skip
+            raise RuntimeError(
+                f"vLLM's prompt scores for row {i} are not its own forward's: "
+                f"{out.num_cached_tokens or 0} of its {len(request.prompt)} prompt tokens came "
+                "from the prefix cache, or the scores do not line up with the prompt. "
+                "Nothing was returned for it."
+            )
+        for score in prompt_scores(request.prompt, len(scores), chunk,
+                                   request.sampling.prompt_logprobs or 0):  # fmt: skip
+            if score is not None and not math.isfinite(score.logprob):
+                raise non_finite(0, i, request)  # the prefill's logits: the local engine's step 0
+            scores.append(score)
+
+    def _add_tokens(self, i: int, completion: Any, eos: set[int]) -> None:
+        """Row ``i``'s new tokens, each with its raw logprob (and its score, when asked).
+        A row that only scores its prompt drops the one token vLLM samples for it."""
+        top = self.requests[i].sampling.logprobs
+        keep = self.requests[i].sampling.max_new_tokens > 0
+        for j, token in enumerate(completion.token_ids):
+            if self.states.done[i]:
+                break
+            logprobs = completion.logprobs[j] if completion.logprobs else {}
+            entry = logprobs.get(token)
+            if entry is not None and not math.isfinite(entry.logprob):
+                # A raw logprob is finite wherever the logits are: a steer overflowed.
+                raise non_finite(len(self.states.tokens[i]), i, self.requests[i])
+            if not keep:
+                break
+            score = None if top is None or entry is None else token_score(token, logprobs, top)
+            self.states.add(i, int(token), float(entry.logprob) if entry else float("nan"), eos,
+                            score)  # fmt: skip
+
+    def _hold(self, finished: list[int], prior: list[tuple[int, int]], step: int) -> None:
         """Steered rows that finished are kept back, as they stood before this step, until
         they are checked: a caller never sees them end (or their stop string) unchecked."""
         states = self.states
         for i in finished:
             if not self.sites[i] or states.reasons[i] == "cancelled":
                 continue
-            n = prior[i]
+            n, k = prior[i]
             self.held[i] = _Held(step, states.reasons[i], states.tokens[i][n:],
-                                 states.logprobs[i][n:])  # fmt: skip
-            del states.tokens[i][n:], states.logprobs[i][n:]
+                                 states.logprobs[i][n:], states.scores[i][k:])  # fmt: skip
+            del states.tokens[i][n:], states.logprobs[i][n:], states.scores[i][k:]
             states.done[i], states.reasons[i] = False, "length"
 
     def _check(self, started: list[int], step: int) -> list[int]:
@@ -230,6 +267,7 @@ class _Decoding:
             if not states.done[i]:  # not cancelled meanwhile
                 states.tokens[i] += held.tokens
                 states.logprobs[i] += held.logprobs
+                states.scores[i] += held.scores
                 states.done[i], states.reasons[i] = True, held.reason
         return finished
 
@@ -252,7 +290,7 @@ class _Decoding:
             held = self.held.get(i)
             reason = held.reason if held else self.states.reasons[i]
             generated = len(self.states.tokens[i]) + (len(held.tokens) if held else 0)
-            generated += reason == "eos"
+            generated += reason == "eos" or self.requests[i].sampling.max_new_tokens == 0
             if i not in finished:  # just started: only the prompt has been fed
                 generated = 1
             expected = expected_tokens(self.requests[i], self.cached[i], generated)

@@ -10,10 +10,11 @@ from steerlab.engine.vllm.engine import VLLMEngine
 from steerlab.engine.vllm.sites import layout_for
 
 WORKER = "steerlab.engine.vllm.worker.SteerWorker"
-# Settings steerlab owns: hooks must exist before the model runs, so no compilation.
+# Settings steerlab owns: hooks must exist before the model runs, so no compilation; scores
+# are log-probabilities before temperature, top-k or top-p, as on every engine.
 _OWNED = ("enforce_eager", "worker_extension_cls", "compilation_config", "model",
           "tensor_parallel_size", "pipeline_parallel_size", "dtype", "max_model_len",
-          "revision", "trust_remote_code")  # fmt: skip
+          "revision", "trust_remote_code", "logprobs_mode")  # fmt: skip
 
 
 def load_vllm(
@@ -47,7 +48,8 @@ def load_vllm(
     if owned:
         raise ValueError(
             f"vllm_args may not set {owned}: steerlab sets them (eager mode and its worker "
-            "extension keep steering hooks live; the rest are load()'s own arguments)."
+            "extension keep steering hooks live, raw logprobs are what steerlab's scores "
+            "are; the rest are load()'s own arguments)."
         )
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -61,11 +63,14 @@ def load_vllm(
     # vLLM's "auto" falls back to pickled .bin weights; steerlab loads safetensors unless
     # trust_remote_code is on (or vllm_args names a load_format itself).
     extra.setdefault("load_format", "auto" if trust_remote_code else "safetensors")
+    # Scores may list every token (a next-token distribution, say): vLLM's default is 20.
+    extra.setdefault("max_logprobs", config.get_text_config().vocab_size)
     llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
               tensor_parallel_size=tensor_parallel_size,
               pipeline_parallel_size=pipeline_parallel_size, revision=revision,
               trust_remote_code=trust_remote_code, enforce_eager=True,
-              worker_extension_cls=WORKER, **extra)  # fmt: skip
+              worker_extension_cls=WORKER, logprobs_mode="raw_logprobs",  # steerlab's scores
+              **extra)  # fmt: skip
     _check_eager(llm)
     if pipeline_parallel_size > 1:
         llm.collective_rpc("steerlab_pp_buffers")

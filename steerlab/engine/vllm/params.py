@@ -56,29 +56,43 @@ class VLLMRequest:
     sampling: dict[str, Any]  # SamplingParams keyword arguments
 
 
-def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int]) -> VLLMRequest:
-    """The vLLM form of one row: its steers travel by vector key, as ``extra_args``."""
+def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
+            vocab: int | None = None) -> VLLMRequest:  # fmt: skip
+    """The vLLM form of one row: its steers travel by vector key, as ``extra_args``.
+
+    Scores are vLLM's raw logprobs (the engine starts vLLM with ``logprobs_mode=
+    "raw_logprobs"``: before temperature, top-k or top-p), N alternatives capped at the
+    ``vocab`` size. vLLM samples at least one token, so a row that only scores its prompt
+    (``max_new_tokens=0``) samples one that the engine drops: the prompt's scores come from
+    the same prefill either way.
+    """
     s = request.sampling
+    prompt_top = None if s.prompt_logprobs is None else _capped(s.prompt_logprobs, vocab)
     steers = live_steers(request)
     prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt)}
     salt = cache_salt(request, revision)
     if salt is not None:
         prompt["cache_salt"] = salt
     sampling: dict[str, Any] = {
-        "max_tokens": s.max_new_tokens,
+        "max_tokens": max(s.max_new_tokens, 1),
         "temperature": 0.0 if is_greedy(s.temperature) else s.temperature,  # one floor
         "top_p": s.top_p,
         "top_k": s.top_k or 0,
         "seed": request_seed(s.seed, request.stream),
         "ignore_eos": True,  # steerlab's EOS set, below, is the only one that stops a row
         "stop_token_ids": sorted(eos_ids) if s.stop_at_eos else [],
-        "logprobs": 0,  # the sampled token's log-probability, from the raw logits
-        "skip_special_tokens": True,
+        "logprobs": _capped(s.logprobs or 0, vocab),  # 0: the sampled token's own
+        "prompt_logprobs": prompt_top,
+        "detokenize": False,  # steerlab decodes the text itself; vLLM would decode every top
     }
     if steers:
         data = [st.to_data(vector_key=st.vector_key) for st in steers]
         sampling["extra_args"] = {DATA_KEY: {"row": row, "steers": data}}
     return VLLMRequest(row, prompt, sampling)
+
+
+def _capped(top: int, vocab: int | None) -> int:
+    return top if vocab is None else min(top, vocab)
 
 
 def expected_tokens(request: Request, cached: int, generated: int) -> int:
