@@ -7,6 +7,7 @@
   unsteered, through a ``steerlab serve`` server (the ``evals`` extra).
 """
 
+from steerlab.evals.harness import HarnessResult, lm_eval
 from steerlab.evals.intervals import Estimate, mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, Judge, JudgeError
 from steerlab.evals.steerability import SteerabilityResult, steerability
@@ -15,10 +16,12 @@ from steerlab.evals.table import Table
 __all__ = [
     "Criterion",
     "Estimate",
+    "HarnessResult",
     "Judge",
     "JudgeError",
     "SteerabilityResult",
     "Table",
+    "lm_eval",
     "mean_interval",
     "perplexity_interval",
     "steerability",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.rows import SteerArg, as_steers
-from steerlab.core.steer import Steer
+from steerlab.core.steer import Steer, at_alphas
 from steerlab.evals.intervals import mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, prompt_text
 from steerlab.evals.table import Table
@@ -144,11 +144,11 @@ def steerability(
     mean_interval([], level=level, n_boot=n_boot)  # checks level and n_boot before compute
 
     rows_in = [p for p in prompts for _ in range(samples)]  # repeats get streams of their own
-    gen = lm.generate(rows_in, _at(base, alphas), max_new_tokens=max_new_tokens,
+    gen = lm.generate(rows_in, at_alphas(base, alphas), max_new_tokens=max_new_tokens,
                       temperature=temperature, top_p=top_p, seed=seed, chat=chat)  # fmt: skip
     nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
     k = len(alphas)
-    logprobs = next_token_logprobs(lm, prompts, _at(base, [0.0, *alphas]), chat=chat)
+    logprobs = next_token_logprobs(lm, prompts, at_alphas(base, [0.0, *alphas]), chat=chat)
     logprobs = logprobs.unflatten(0, (len(prompts), k + 1))  # [prompts, 1 + alphas, vocab]
     kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).tolist()  # [prompts][alphas]
 
@@ -201,21 +201,8 @@ def _steers(steer: SteerArg) -> list[Steer]:
     steers = as_steers(steer)  # a SteeringVector: every site, at its scale
     if not steers:
         raise SteerError("steerability needs a steer: a steering vector or a Steer.")
-    multi = [s for s in steers if len(s.alpha) != 1]
-    if multi:
-        raise SteerError(f"{multi[0]!r} already carries a list of alphas; give it one alpha "
-                         "(or none) and pass the list as alphas=.")  # fmt: skip
+    at_alphas(steers, [1.0])  # refuses a steer that carries a list of alphas, before compute
     return steers
-
-
-def _at(steers: list[Steer], alphas: list[float]) -> list[Steer]:
-    """The steers with each alpha multiplying their own: one row per alpha."""
-    out = []
-    for s in steers:
-        scaled = Steer(s.site, s.vector, [s.alpha[0] * a for a in alphas], s.positions, s.op)
-        object.__setattr__(scaled, "made_for", s.made_for)
-        out.append(scaled)
-    return out
 
 
 @dataclass(frozen=True)
