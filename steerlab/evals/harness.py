@@ -14,6 +14,7 @@ client needs no tokenizer of its own.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ def lm_eval(
     include_path: str | Path | None = None,
     num_fewshot: int | None = None,
     model_args: Mapping[str, Any] | None = None,
+    api_key: str | None = None,
     log_samples: bool = False,
     bootstrap_iters: int = 1000,
     seed: int = 0,
@@ -102,6 +104,8 @@ def lm_eval(
         include_path: a folder of task YAML files (local tasks; nothing downloads).
         num_fewshot: few-shot examples per prompt (the task's default when None).
         model_args: extra ``local-completions`` arguments, overriding steerlab's.
+        api_key: a server's API key (``steerlab serve --api-key``); an in-process model is
+            served with a key of its own, known only to this call.
         log_samples: keep lm-eval's per-sample records (``result.unsteered["samples"]``).
         bootstrap_iters: lm-eval's bootstrap resamples for the stderr of metrics without a
             closed form (its default, 100000, is slow on a laptop).
@@ -133,12 +137,12 @@ def lm_eval(
         raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
     manager = TaskManager(include_path=None if include_path is None else str(include_path))
 
-    with _server(lm_or_url, steer, alpha) as (url, model, preset, key):
+    with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key):
         args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
                                 "num_concurrent": 1, "max_retries": 1, "tokenized_requests": True,
                                 "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
-        if key:
-            args["auth_token"] = key
+        if key:  # lm-eval sends a bearer token only from the environment, or from a header
+            args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})
         args.update(model_args or {})
 
         def run(name: str) -> dict[str, Any]:
@@ -158,11 +162,12 @@ def lm_eval(
 
 
 @contextmanager
-def _server(lm_or_url: Any, steer: Any, alpha: float) -> Iterator[tuple[str, str, str | None, str | None]]:
+def _server(lm_or_url: Any, steer: Any, alpha: float,
+            api_key: str | None) -> Iterator[tuple[str, str, str | None, str | None]]:  # fmt: skip
     """``(url, base model name, preset name or None, api key or None)`` for the call."""
     if isinstance(lm_or_url, str):
         url = lm_or_url.rstrip("/").removesuffix("/v1")
-        names = [card["id"] for card in _get(url, "/v1/models", None)["data"]]
+        names = [card["id"] for card in _get(url, "/v1/models", api_key)["data"]]
         if steer is not None and not isinstance(steer, str):
             raise ValueError(
                 "A server's steered model is one of its presets: start it with "
@@ -173,7 +178,7 @@ def _server(lm_or_url: Any, steer: Any, alpha: float) -> Iterator[tuple[str, str
             raise ValueError(f"The server has no preset {steer!r}; its models are {names}.")
         if alpha != 1.0:
             raise ValueError("alpha= applies to an in-process steer; a preset has its own.")
-        yield url, names[0], steer, None
+        yield url, names[0], steer, api_key
         return
     if isinstance(steer, str):
         raise ValueError(f"steer={steer!r} names a preset, which only a server has; for an "
@@ -183,12 +188,11 @@ def _server(lm_or_url: Any, steer: Any, alpha: float) -> Iterator[tuple[str, str
     from steerlab.server.presets import Preset
 
     presets = [] if steer is None else [Preset(STEERED, steer, alpha)]
-    # On loopback, for this call only. No API key: lm-eval's local-completions sends one
-    # only from the OPENAI_API_KEY environment variable, which is not steerlab's to set.
-    app = create_app(ServedModels(lm_or_url), presets=presets)
+    key = secrets.token_urlsafe(16)  # loopback only, and only this call's client knows it
+    app = create_app(ServedModels(lm_or_url), api_key=key, presets=presets)
     with serve_in_background(app) as url:
-        model = _get(url, "/v1/models", None)["data"][0]["id"]
-        yield url, model, STEERED if presets else None, None
+        model = _get(url, "/v1/models", key)["data"][0]["id"]
+        yield url, model, STEERED if presets else None, key
 
 
 def _get(url: str, path: str, key: str | None) -> dict[str, Any]:
