@@ -156,8 +156,9 @@ def lm_eval(
                 raise RuntimeError("lm-eval returned no results.")
             return dict(out)
 
-        unsteered = run(model)
-        steered = run(preset) if preset else None
+        with _no_dataset_bars():
+            unsteered = run(model)
+            steered = run(preset) if preset else None
     return HarnessResult(unsteered, steered, model, preset)
 
 
@@ -193,6 +194,21 @@ def _server(lm_or_url: Any, steer: Any, alpha: float,
     with serve_in_background(app) as url:
         model = _get(url, "/v1/models", key)["data"][0]["id"]
         yield url, model, STEERED if presets else None, key
+
+
+@contextmanager
+def _no_dataset_bars() -> Iterator[None]:
+    """Without the ``datasets`` library's bar for loading a task's split (lm-eval's own bars
+    over requests stay: they are the progress of long work)."""
+    from datasets.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
 
 
 def _get(url: str, path: str, key: str | None) -> dict[str, Any]:

@@ -37,6 +37,8 @@ doc_to_target: "{{{{label}}}}"
 target_delimiter: ""
 metric_list:
   - metric: acc
+    aggregation: mean
+    higher_is_better: true
 """
 _STORIES = """task: toy_stories
 dataset_path: json
@@ -49,6 +51,8 @@ doc_to_text: ""
 doc_to_target: "{{{{text}}}}"
 metric_list:
   - metric: word_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
 """
 
 
