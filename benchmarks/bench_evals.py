@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -68,8 +69,8 @@ def run() -> list[dict[str, object]]:
     for name, lm, steer, prompts, new in cases:
         a, b = batched(lm, steer, prompts, new), naive(lm, steer, prompts, new)
         assert a == b, "the batched and naive runs must produce the same completions"
-        ours, base = _median_pair(lambda: batched(lm, steer, prompts, new),
-                                  lambda: naive(lm, steer, prompts, new))  # fmt: skip
+        ours, base = _median_pair(partial(batched, lm, steer, prompts, new),
+                                  partial(naive, lm, steer, prompts, new))  # fmt: skip
         rows.append(dict(comparison=f"steerability vs a per-row loop: {name}", ours_s=ours,
                          baseline_s=base, ratio=base / ours, target=">= 3x"))  # fmt: skip
         print(f"{name:<60} ours {ours:6.2f}s  loop {base:6.2f}s  speedup {base / ours:5.2f}x")

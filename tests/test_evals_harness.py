@@ -76,7 +76,8 @@ def test_lm_eval_steered_and_unsteered_equal_lm_evals_hf_model_with_a_hook(toy_l
             assert len(got) == len(want) > 0, task
             assert got == pytest.approx(want, abs=1e-3), task
     assert _loglikelihoods(res.steered, "toy_stories") != pytest.approx(
-        _loglikelihoods(res.unsteered, "toy_stories"), abs=1e-2)  # the steer changed something
+        _loglikelihoods(res.unsteered, "toy_stories"), abs=1e-2
+    )  # the steer changed something
     table = {(r["task"], r["metric"]): r for r in res.table()}
     acc = table["toy_sentiment", "acc"]
     assert acc["unsteered"] == unsteered["results"]["toy_sentiment"]["acc,none"]
@@ -98,7 +99,8 @@ def test_lm_eval_against_a_running_server_steers_through_its_preset(toy_lm, vec,
                              limit=6, log_samples=True, bootstrap_iters=100)  # fmt: skip
     for run in ("unsteered", "steered"):
         assert _loglikelihoods(getattr(remote, run), "toy_sentiment") == pytest.approx(
-            _loglikelihoods(getattr(local, run), "toy_sentiment"), abs=1e-5)
+            _loglikelihoods(getattr(local, run), "toy_sentiment"), abs=1e-5
+        )
     assert remote.preset == "happy" and local.preset == "steered"
 
 

@@ -163,7 +163,7 @@ def steerability(
     for row, scores in zip(rows, metrics):
         row.update(scores)
     names = scorer.metrics
-    boot = dict(level=level, n_boot=n_boot, seed=gen.seed)
+    boot: dict[str, Any] = dict(level=level, n_boot=n_boot, seed=gen.seed)
     summary = []
     for alpha in alphas:
         cell = [r for r in rows if r["alpha"] == alpha]

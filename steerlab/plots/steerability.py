@@ -92,9 +92,15 @@ def _finite(value: Any) -> bool:
 def _bars(rows: list[Mapping[str, Any]], key: str, colour: str) -> dict[str, Any]:
     def gap(r: Mapping[str, Any], side: str) -> float:
         bound = r.get(f"{key}_{side}")
-        if not _finite(bound):
+        if not isinstance(bound, (int, float)) or not math.isfinite(bound):
             return 0.0
         return float(bound) - float(r[key]) if side == "high" else float(r[key]) - float(bound)
 
-    return {"type": "data", "symmetric": False, "color": colour, "thickness": 1,
-            "array": [gap(r, "high") for r in rows], "arrayminus": [gap(r, "low") for r in rows]}
+    return {
+        "type": "data",
+        "symmetric": False,
+        "color": colour,
+        "thickness": 1,
+        "array": [gap(r, "high") for r in rows],
+        "arrayminus": [gap(r, "low") for r in rows],
+    }

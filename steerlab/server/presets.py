@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from steerlab.core.rows import as_steers
 from steerlab.core.steer import Steer, at_alphas

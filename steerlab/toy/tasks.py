@@ -17,6 +17,7 @@ import random
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from steerlab.toy.corpus import _NAMES, make_story
 
@@ -56,7 +57,7 @@ metric_list:
 """
 
 
-def sentiment_docs(n: int = 24) -> list[dict[str, object]]:
+def sentiment_docs(n: int = 24) -> list[dict[str, Any]]:
     """Story openings that end before a mood word; label 0 (" smiled.") for happy ones."""
     rng = random.Random(SEED)
     docs = []
