@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import bench_chat  # noqa: E402
 import bench_engine  # noqa: E402
+import bench_evals  # noqa: E402
 import bench_features  # noqa: E402
 from sections import replace_section  # noqa: E402
 
@@ -43,6 +44,7 @@ def main() -> None:
     print(f"wrote {out}")
     bench_chat.append(bench_chat.main(), out)
     replace_section(bench_features.main(), out)
+    replace_section(bench_evals.main(), out)
     extra = Path(__file__).parent / "bench_sweep.py"
     if extra.exists():
         import bench_sweep

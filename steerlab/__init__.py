@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 # Notebook-layer names, imported on first access so `import steerlab` stays light.
 _LAZY = {
     "plots": ("steerlab.plots", None),
+    "evals": ("steerlab.evals", None),
     "export": ("steerlab.exporting", "export"),
     "use_paper_theme": ("steerlab.plots", "use_paper_theme"),
     "export_button": ("steerlab.plots", "export_button"),

@@ -12,6 +12,7 @@ import os
 KERNEL_ENV = {
     "HF_HUB_OFFLINE": "1",  # no hub requests, even for a name that looks like a hub id
     "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",  # lm-eval's local tasks (tutorial 9) read JSON files only
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",  # no fork warning from the tokenizers thread pool
     "TQDM_DISABLE": "1",  # no progress bars in checked outputs (tqdm reads TQDM_* defaults)

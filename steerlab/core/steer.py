@@ -258,6 +258,27 @@ class Steer:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def at_alphas(steers: Sequence[Steer], alphas: Sequence[float]) -> list[Steer]:
+    """The steers with each alpha in ``alphas`` multiplying their own: one row per alpha.
+
+    This is what an alpha means for a steer that already has one (``vector.steers(a)``
+    multiplies the vector's scale the same way). A steer with a list of alphas is refused.
+
+    >>> [s.alpha for s in at_alphas([Steer("s", torch.ones(2), 2.0)], [0, 3])]
+    [(0.0, 6.0)]
+    """
+    out = []
+    for s in steers:
+        if len(s.alpha) != 1:
+            raise SteerError(f"{s!r} already carries a list of alphas; give it one alpha "
+                             "(or none) and pass the list on its own.")  # fmt: skip
+        scaled = Steer(s.site, s.vector, [s.alpha[0] * float(a) for a in alphas], s.positions,
+                       s.op)  # fmt: skip
+        object.__setattr__(scaled, "made_for", s.made_for)
+        out.append(scaled)
+    return out
+
+
 def position_form(positions: Positions) -> tuple[bool, bool, int]:
     """A positions rule as data: ``(on prompt tokens, on generated tokens, from index)``.
 

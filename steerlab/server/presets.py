@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from steerlab.core.steer import Steer
+from steerlab.core.rows import as_steers
+from steerlab.core.steer import Steer, at_alphas
 from steerlab.vectors.vector import SteeringVector
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
@@ -24,15 +26,34 @@ class PresetError(ValueError):
 
 @dataclass(frozen=True)
 class Preset:
-    """``vector`` at ``alpha``, served under ``name``."""
+    """``vector`` at ``alpha``, served under ``name``.
+
+    ``vector`` is a steering vector (every site, its scale included), or a ``Steer`` or a
+    list of them (any op), whose alphas ``alpha`` multiplies.
+    """
 
     name: str
-    vector: SteeringVector
-    alpha: float
+    vector: SteeringVector | Steer | Sequence[Steer]
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise PresetError(f"Preset name {self.name!r}: 1-64 letters, digits, '_', '.', "
+                              "':' or '-'.")  # fmt: skip
+        if not math.isfinite(self.alpha):
+            raise PresetError(f"Preset {self.name!r}: alpha must be finite.")
+        if not self.steers():
+            raise PresetError(f"Preset {self.name!r} has no steer.")
 
     def steers(self) -> list[Steer]:
         """The steers a ``steering`` entry naming this vector at this alpha gives."""
-        return self.vector.steers(self.alpha)
+        if isinstance(self.vector, SteeringVector):
+            return self.vector.steers(self.alpha)
+        return at_alphas(as_steers(self.vector), [self.alpha])
+
+    @property
+    def sites(self) -> list[str]:
+        return [s.site for s in self.steers()]
 
 
 def parse_preset(text: str) -> tuple[str, str, float]:

@@ -77,7 +77,7 @@ async def models(request: Request) -> dict[str, Any]:
             "n_ctx": lm.n_ctx, "sites": lm.sites(), "amplifies": state.models.amplifies,
             "beta": state.models.default_beta}  # fmt: skip
     presets = [{**card, "id": p.name, "root": state.name, "parent": state.name,
-                "preset": {"sites": p.vector.sites, "alpha": p.alpha}}
+                "preset": {"sites": p.sites, "alpha": p.alpha}}
                for p in state.presets.values()]  # fmt: skip
     return {"object": "list", "data": [card, *presets]}
 

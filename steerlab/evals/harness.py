@@ -1,0 +1,241 @@
+"""``lm_eval``: lm-evaluation-harness scores of a steered model, beside the unsteered ones.
+
+lm-eval talks to ``steerlab serve`` through its ``local-completions`` model: token-id
+prompts, ``echo`` and ``logprobs`` for loglikelihood and multiple-choice tasks, plain
+completions for ``generate_until``. A steered run names a *preset* as its model (a server
+model name that stands for the base model steered at a fixed alpha), because lm-eval's
+scoring path cannot send a ``steering`` field. Given an in-process model, ``lm_eval``
+serves it on loopback for the call, with the steer as the preset ``steered``. Given a
+server's URL, ``steer`` names one of the server's presets (``--preset NAME=FILE@ALPHA``).
+Tokenizing goes through the server's ``/tokenize`` (lm-eval's remote tokenizer), so the
+client needs no tokenizer of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from steerlab.core.rows import SteerArg
+from steerlab.evals.table import Table
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+_NOT_METRICS = ("alias", "sample_len")  # lm-eval's per-task bookkeeping, beside the metrics
+STEERED = "steered"  # the preset name an in-process model's steer is served under
+
+
+@dataclass(frozen=True)
+class HarnessResult:
+    """lm-eval's results for the unsteered model and, when a steer was given, the steered one.
+
+    ``unsteered`` and ``steered`` are what ``lm_eval.simple_evaluate`` returned (its
+    ``results``, ``configs``, ``samples`` with ``log_samples=True`` ...).
+
+    >>> res.table()  # doctest: +SKIP
+    """
+
+    unsteered: dict[str, Any]
+    steered: dict[str, Any] | None
+    model: str
+    preset: str | None
+
+    def table(self) -> Table:
+        """Per task and metric: unsteered, steered and the difference, each with its stderr."""
+        records = []
+        for task, metrics in self.unsteered["results"].items():
+            other = (self.steered or {}).get("results", {}).get(task, {})
+            for key, value in metrics.items():
+                name, _, filt = key.partition(",")
+                if "_stderr" in name or name in _NOT_METRICS or not isinstance(value, (int, float)):
+                    continue
+                record: dict[str, Any] = {"task": task, "metric": name, "filter": filt,
+                                          "unsteered": float(value)}  # fmt: skip
+                record["unsteered_stderr"] = _number(metrics.get(f"{name}_stderr,{filt}"))
+                if self.steered is not None:
+                    record["steered"] = _number(other.get(key))
+                    record["steered_stderr"] = _number(other.get(f"{name}_stderr,{filt}"))
+                    record["delta"] = record["steered"] - record["unsteered"]
+                records.append(record)
+        columns = ["task", "metric", "unsteered", "unsteered_stderr"]
+        if self.steered is not None:
+            columns += ["steered", "steered_stderr", "delta"]
+        title = f"lm-eval: {self.model}" + (f" vs preset {self.preset!r}" if self.preset else "")
+        return Table(title, columns, records, {c: ".4g" for c in columns[2:]})
+
+    def __repr__(self) -> str:
+        return repr(self.table())
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+
+def lm_eval(
+    lm_or_url: SteerableModel | str,
+    tasks: str | Sequence[str],
+    steer: SteerArg | str = None,
+    *,
+    alpha: float = 1.0,
+    limit: int | float | None = None,
+    include_path: str | Path | None = None,
+    num_fewshot: int | None = None,
+    model_args: Mapping[str, Any] | None = None,
+    api_key: str | None = None,
+    log_samples: bool = False,
+    bootstrap_iters: int = 1000,
+    seed: int = 0,
+) -> HarnessResult:
+    """Run lm-eval's tasks against a steerlab server, unsteered and steered.
+
+    Args:
+        lm_or_url: an in-process model (served on loopback for the call), or the base URL
+            of a running ``steerlab serve`` (``http://127.0.0.1:8000``).
+        tasks: lm-eval task names (its registry, or tasks in ``include_path``).
+        steer: for a model: a steering vector, a ``Steer`` or a list of them, at ``alpha``.
+            For a URL: the name of one of the server's presets. None: unsteered only.
+        alpha: multiplies the steer's own alpha (a vector's scale included).
+        limit: documents per task (an int), or a share of them (a float below 1).
+        include_path: a folder of task YAML files (local tasks; nothing downloads).
+        num_fewshot: few-shot examples per prompt (the task's default when None).
+        model_args: extra ``local-completions`` arguments, overriding steerlab's.
+        api_key: a server's API key (``steerlab serve --api-key``); an in-process model is
+            served with a key of its own, known only to this call.
+        log_samples: keep lm-eval's per-sample records (``result.unsteered["samples"]``).
+        bootstrap_iters: lm-eval's bootstrap resamples for the stderr of metrics without a
+            closed form (its default, 100000, is slow on a laptop).
+        seed: lm-eval's random, numpy, torch and few-shot seeds.
+
+    Returns:
+        a ``HarnessResult``; ``result.table()`` sets steered beside unsteered.
+
+    Needs the ``evals`` extra (``pip install 'steerlab[evals]'``) and, for an in-process
+    model, the ``server`` extra.
+
+    >>> sl.evals.lm_eval(lm, ["my_task"], vec, alpha=4, include_path="tasks/")  # doctest: +SKIP
+    """
+    try:
+        from lm_eval import simple_evaluate
+        from lm_eval.tasks import TaskManager
+    except ImportError as error:
+        raise ImportError("sl.evals.lm_eval needs lm-evaluation-harness: "
+                          "pip install 'steerlab[evals]'.") from error  # fmt: skip
+    names = [tasks] if isinstance(tasks, str) else list(tasks)
+    if not names or not all(isinstance(t, str) and t for t in names):
+        raise ValueError(f"tasks must be a task name or a list of them; got {tasks!r}.")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or limit <= 0 or (isinstance(limit, float) and limit > 1)):  # fmt: skip
+        raise ValueError(f"limit must be an int >= 1 or a share in (0, 1]; got {limit!r}.")
+    if not math.isfinite(alpha):
+        raise ValueError(f"alpha must be finite; got {alpha!r}.")
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
+    manager = TaskManager(include_path=None if include_path is None else str(include_path))
+
+    with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key):
+        args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
+                                "num_concurrent": 1, "max_retries": 1, "tokenized_requests": True,
+                                "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
+        if key:  # lm-eval sends a bearer token only from the environment, or from a header
+            args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})
+        args.update(model_args or {})
+
+        def run(name: str) -> dict[str, Any]:
+            out = simple_evaluate(
+                model="local-completions", model_args={**args, "model": name}, tasks=names,
+                limit=limit, num_fewshot=num_fewshot, task_manager=manager,
+                log_samples=log_samples, bootstrap_iters=bootstrap_iters, random_seed=seed,
+                numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            )  # fmt: skip
+            if out is None:
+                raise RuntimeError("lm-eval returned no results.")
+            return dict(out)
+
+        with _no_dataset_bars():
+            unsteered = run(model)
+            steered = run(preset) if preset else None
+    return HarnessResult(unsteered, steered, model, preset)
+
+
+@contextmanager
+def _server(lm_or_url: Any, steer: Any, alpha: float,
+            api_key: str | None) -> Iterator[tuple[str, str, str | None, str | None]]:  # fmt: skip
+    """``(url, base model name, preset name or None, api key or None)`` for the call."""
+    if isinstance(lm_or_url, str):
+        url = lm_or_url.rstrip("/").removesuffix("/v1")
+        names = [card["id"] for card in _get(url, "/v1/models", api_key)["data"]]
+        if steer is not None and not isinstance(steer, str):
+            raise ValueError(
+                "A server's steered model is one of its presets: start it with "
+                "`steerlab serve MODEL --preset NAME=VECTOR_FILE@ALPHA` and pass steer='NAME' "
+                f"(it serves {names}). lm-eval's scoring requests cannot carry a vector."
+            )
+        if steer is not None and steer not in names[1:]:
+            raise ValueError(f"The server has no preset {steer!r}; its models are {names}.")
+        if alpha != 1.0:
+            raise ValueError("alpha= applies to an in-process steer; a preset has its own.")
+        yield url, names[0], steer, api_key
+        return
+    if isinstance(steer, str):
+        raise ValueError(f"steer={steer!r} names a preset, which only a server has; for an "
+                         "in-process model give the steering vector or Steer itself.")  # fmt: skip
+    from steerlab.server import ServedModels, create_app
+    from steerlab.server.background import serve_in_background
+    from steerlab.server.presets import Preset
+
+    presets = [] if steer is None else [Preset(STEERED, steer, alpha)]
+    key = secrets.token_urlsafe(16)  # loopback only, and only this call's client knows it
+    app = create_app(ServedModels(lm_or_url), api_key=key, presets=presets)
+    with serve_in_background(app) as url:
+        model = _get(url, "/v1/models", key)["data"][0]["id"]
+        yield url, model, STEERED if presets else None, key
+
+
+@contextmanager
+def _no_dataset_bars() -> Iterator[None]:
+    """Without the ``datasets`` library's bar for loading a task's split (lm-eval's own bars
+    over requests stay: they are the progress of long work)."""
+    from datasets.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
+
+
+def _get(url: str, path: str, key: str | None) -> dict[str, Any]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = httpx.get(url + path, headers=headers, timeout=30)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def _prefix_id(url: str, key: str | None) -> int | None:
+    """The token a rolling loglikelihood window starts from: BOS, else EOS, as lm-eval's hf
+    model picks it (lm-eval's remote tokenizer reads a BOS id of 0 as missing)."""
+    import httpx
+
+    info = _get(url, "/tokenizer_info", key)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for name in ("bos_token", "eos_token"):
+        if info.get(name):
+            body = {"prompt": info[name], "add_special_tokens": False}
+            response = httpx.post(url + "/tokenize", json=body, headers=headers, timeout=30)
+            tokens = response.json().get("tokens", []) if response.status_code == 200 else []
+            if len(tokens) == 1:
+                return int(tokens[0])
+    return None
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) else math.nan

@@ -1,0 +1,175 @@
+"""An LLM judge over any OpenAI-compatible chat endpoint, rating steered text AxBench's way.
+
+The protocol is AxBench's (Wu et al., "AxBench: Steering LLMs? Even Simple Baselines
+Outperform Sparse Autoencoders", 2025): a judge model rates each completion 0, 1 or 2 on
+three criteria, asked separately: does it show the concept, does it follow the
+instruction, is it fluent. The headline is the harmonic mean of the three, so a completion
+that drops any one of them scores 0. The prompts below are steerlab's own.
+
+>>> judge = Judge("http://127.0.0.1:8000/v1", "gpt-4o-mini")  # doctest: +SKIP
+>>> sl.evals.steerability(lm, vec, prompts, concept=judge.concept("the sea"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from steerlab.core.bars import bar
+from steerlab.core.prompts import Prompt
+
+CRITERIA = ("concept", "instruction", "fluency")
+
+_ASK = {
+    "concept": (
+        "You are grading how strongly a piece of text is about a given concept.\n\n"
+        "Concept: {concept}\n\nText:\n<<<\n{text}\n>>>\n\n"
+        "Give 0 if the concept is absent, 1 if it is hinted at or mentioned in passing, "
+        "and 2 if it is clearly and repeatedly present."
+    ),
+    "instruction": (
+        "You are grading whether a response answers the request it was given. Ignore its "
+        "topic drift and style; judge only whether it addresses the request.\n\n"
+        "Request:\n<<<\n{prompt}\n>>>\n\nResponse:\n<<<\n{text}\n>>>\n\n"
+        "Give 0 if it ignores the request, 1 if it addresses it partly or loosely, and 2 "
+        "if it addresses it fully."
+    ),
+    "fluency": (
+        "You are grading the fluency of a piece of text: grammar, coherence and freedom "
+        "from repetition. Ignore what it is about.\n\nText:\n<<<\n{text}\n>>>\n\n"
+        "Give 0 if it is broken or repetitive, 1 if it is readable with clear flaws, and "
+        "2 if it reads naturally."
+    ),
+}
+_FORMAT = "\n\nExplain in one or two sentences, then end with a last line of the form 'Rating: N'."
+_RATING = re.compile(r"rating\s*[:=]\s*\**\s*\[*\s*([0-2])\b", re.IGNORECASE)
+
+
+class JudgeError(RuntimeError):
+    """A judge that did not answer, or answered without a rating steerlab can read."""
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """A prompt as the text a judge reads: a string as is, messages as ``role: content``."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+
+
+def harmonic_mean(values: Sequence[float]) -> float:
+    """The harmonic mean; 0 when any value is 0 (AxBench's rule: a zero sinks the rating).
+
+    >>> harmonic_mean([2, 2, 2]), harmonic_mean([2, 1, 0]), round(harmonic_mean([2, 2, 1]), 3)
+    (2.0, 0.0, 1.5)
+    """
+    if any(v == 0 for v in values):
+        return 0.0
+    return len(values) / sum(1 / v for v in values)
+
+
+def parse_rating(reply: str) -> int:
+    """The last ``Rating: N`` (N in 0-2) in a judge's reply; ``JudgeError`` when there is none.
+
+    >>> parse_rating("It mentions the sea twice.\\nRating: 2")
+    2
+    """
+    found = _RATING.findall(reply)
+    if not found:
+        raise JudgeError(f"The judge's reply has no 'Rating: 0|1|2' line: {reply!r:.300}")
+    return int(found[-1])
+
+
+class Judge:
+    """A judge model behind an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    Args:
+        base_url: the API root, such as ``https://api.openai.com/v1`` or a ``steerlab
+            serve`` / vLLM server's ``http://127.0.0.1:8000/v1``.
+        model: the judge model's name at that endpoint.
+        api_key: sent as a bearer token; None reads ``OPENAI_API_KEY`` when it is set.
+        timeout: seconds per request.
+        max_workers: requests in flight at once.
+        max_tokens: the most tokens a judge may spend on one rating.
+
+    Ratings are asked at temperature 0. Needs ``httpx`` (the ``server`` extra).
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
+                 timeout: float = 60.0, max_workers: int = 8, max_tokens: int = 256) -> None:  # fmt: skip
+        import httpx
+
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL; got {base_url!r}.")
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(f"max_workers must be an int >= 1; got {max_workers!r}.")
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self.max_workers, self.max_tokens = max_workers, max_tokens
+        self._http = httpx.Client(headers=headers, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"Judge({self.base_url!r}, {self.model!r})"
+
+    def concept(self, description: str) -> Criterion:
+        """The judge rating ``description`` (what the steer should bring out), for
+        ``steerability(..., concept=judge.concept("talks about the sea"))``."""
+        if not isinstance(description, str) or not description.strip():
+            raise ValueError("The concept is a non-empty description, e.g. 'talks about the sea'.")
+        return Criterion(self, description)
+
+    def ask(self, question: str) -> str:
+        """One chat completion: the judge's reply to ``question``."""
+        import httpx
+
+        body = {"model": self.model, "messages": [{"role": "user", "content": question}],
+                "temperature": 0, "max_tokens": self.max_tokens}  # fmt: skip
+        try:
+            response = self._http.post(f"{self.base_url}/chat/completions", json=body)
+        except httpx.HTTPError as error:
+            raise JudgeError(f"The judge at {self.base_url} did not answer: {error}") from error
+        if response.status_code != 200:
+            raise JudgeError(f"The judge at {self.base_url} answered {response.status_code}: "
+                             f"{response.text[:300]}")  # fmt: skip
+        try:
+            content = response.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise JudgeError(f"The judge's answer is not a chat completion: "
+                             f"{response.text[:300]}") from None  # fmt: skip
+        if not isinstance(content, str):
+            raise JudgeError(f"The judge's message has no text content: {content!r:.300}")
+        return content
+
+    def rate(self, prompt: str, text: str, concept: str) -> dict[str, float]:
+        """One completion's three ratings (0-2) and their harmonic mean, ``judge``."""
+        ratings: dict[str, float] = {}
+        for name in CRITERIA:
+            question = _ASK[name].format(concept=concept, prompt=prompt, text=text) + _FORMAT
+            ratings[name] = float(parse_rating(self.ask(question)))
+        ratings["judge"] = harmonic_mean([ratings[c] for c in CRITERIA])
+        return ratings
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """A judge and a concept: the ``concept=`` of ``steerability`` for an LLM judge."""
+
+    judge: Judge
+    description: str
+    metrics: tuple[str, ...] = (*CRITERIA, "judge")
+    headline: str = "judge"
+
+    def score(self, prompts: Sequence[str], texts: Sequence[str], *,
+              progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+        """Ratings for each (prompt, text), requests in parallel; in input order."""
+        pool = ThreadPoolExecutor(self.judge.max_workers)
+        jobs = [pool.submit(self.judge.rate, p, t, self.description)
+                for p, t in zip(prompts, texts)]  # fmt: skip
+        try:
+            return [job.result() for job in bar(jobs, desc="judge", disable=not progress)]
+        finally:  # on a judge error, the ratings not yet asked are not asked
+            pool.shutdown(cancel_futures=True)

@@ -1,0 +1,242 @@
+"""``steerability``: does a steer move the concept, and what does it cost in fluency?
+
+One batched generation carries every prompt x alpha (x sample) row through the engine, one
+scoring pass reads every completion's likelihood under the unsteered model, and one forward
+gives each prompt's next-token distribution at every alpha beside the unsteered one. Each
+alpha then gets, with bootstrap intervals (``evals.intervals``):
+
+- ``concept``: the scorer's mean over the alpha's completions (``text -> float``, or an LLM
+  judge's ratings: ``Judge.concept``);
+- ``perplexity``: the completions' pooled perplexity under the unsteered model (fluency);
+- ``kl``: ``KL(steered || unsteered)`` of the first new token's distribution;
+- ``length``: new tokens per completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from steerlab.core.ops import SteerError
+from steerlab.core.prompts import Prompt, normalise
+from steerlab.core.rows import SteerArg, as_steers
+from steerlab.core.steer import Steer, at_alphas
+from steerlab.evals.intervals import mean_interval, perplexity_interval
+from steerlab.evals.judge import Criterion, prompt_text
+from steerlab.evals.table import Table
+from steerlab.vectors.scoring import completion_nll, kl_divergence, next_token_logprobs
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+Concept = Callable[[str], float] | Criterion
+FORMATS = {"alpha": "g", "concept": ".3f", "instruction": ".3f", "fluency": ".3f",
+           "judge": ".3f", "perplexity": ".3g", "kl": ".3g", "length": ".3g"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SteerabilityResult:
+    """Every completion of a ``steerability`` run, and its per-alpha summary.
+
+    Attributes:
+        rows: one dict per completion: ``prompt`` (its index), ``alpha``, ``text``, the
+            concept metrics, ``nll`` and ``tokens`` (its summed negative log-likelihood
+            under the unsteered model, and its token count), ``kl`` and ``length``.
+        summary: one dict per alpha: each metric with ``_low``/``_high`` interval bounds,
+            and ``n`` (completions).
+        metrics: the concept metrics present: ``("concept",)`` for a scorer function;
+            ``("concept", "instruction", "fluency", "judge")`` for a judge.
+        headline: the metric the trade-off figure puts on its y axis.
+        level: the intervals' confidence level.
+        seed: the sampling seed, to repeat the run.
+
+    >>> res.table()  # doctest: +SKIP
+    """
+
+    rows: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    metrics: tuple[str, ...]
+    headline: str
+    level: float
+    seed: int
+
+    @property
+    def alphas(self) -> list[float]:
+        return [r["alpha"] for r in self.summary]
+
+    def table(self) -> Table:
+        """Per alpha: the concept metrics, perplexity, KL and length, with intervals."""
+        columns = ["alpha", *self.metrics, "perplexity", "kl", "length", "n"]
+        title = (f"steerability: {len(self.rows)} completions, "
+                 f"{self.level:.0%} bootstrap intervals")  # fmt: skip
+        return Table(title, columns, self.summary, FORMATS)
+
+    def texts(self, alpha: float) -> list[str]:
+        """The completions at ``alpha``, in prompt order."""
+        if alpha not in self.alphas:
+            raise KeyError(f"alpha {alpha!r} was not run; the alphas are {self.alphas}.")
+        return [r["text"] for r in self.rows if r["alpha"] == alpha]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.summary)
+
+    def __repr__(self) -> str:
+        return repr(self.table())
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+
+def steerability(
+    lm: SteerableModel,
+    steer: SteerArg,
+    prompts: Prompt | Sequence[Prompt],
+    alphas: Sequence[float] = (-8.0, -4.0, 0.0, 4.0, 8.0),
+    *,
+    concept: Concept | None = None,
+    max_new_tokens: int = 40,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    samples: int = 1,
+    chat: bool = False,
+    level: float = 0.95,
+    n_boot: int = 1000,
+    progress: bool = True,
+) -> SteerabilityResult:
+    """Steer at each alpha, and measure the concept against the cost in fluency.
+
+    Args:
+        lm: the model.
+        steer: a steering vector (its ``scale`` included), a ``Steer`` or a list of them.
+            Each alpha multiplies the steer's own alpha (1 unless set), as
+            ``vector.steers(alpha)`` does.
+        prompts: the prompts every alpha completes.
+        alphas: steering strengths; include 0 for the unsteered baseline's own row.
+        concept: ``text -> float`` (``nan`` for "no evidence", skipped in the mean; on
+            the toy, ``steerlab.toy.concept_score``), or ``judge.concept("...")``, an LLM
+            judge's 0-2 ratings of concept, instruction-following and fluency with their
+            harmonic mean as the headline. None measures fluency and KL only.
+        max_new_tokens: completion length.
+        temperature: 1 samples the model's own distribution (the default: an evaluation
+            of what the steered model says, not of its single most likely text); 0 is
+            greedy.
+        top_p: nucleus sampling.
+        seed: sampling and bootstrap seed; rows of one prompt share random numbers, so
+            alphas differ by the steer, not by chance. None draws one (``result.seed``).
+        samples: completions per prompt and alpha.
+        chat: apply the chat template to the prompts.
+        level: confidence level of the intervals.
+        n_boot: bootstrap resamples per interval.
+        progress: show progress bars on long work (a judge's ratings).
+
+    >>> res = steerability(lm, vec, prompts, [-4, 0, 4], concept=concept_score)  # doctest: +SKIP
+    >>> res.table()  # doctest: +SKIP
+    """
+    prompts = normalise(prompts)
+    alphas = _alphas(alphas)
+    base = _steers(steer)
+    scorer = _scorer(concept)
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be an int >= 1; got {samples!r}.")
+    mean_interval([], level=level, n_boot=n_boot)  # checks level and n_boot before compute
+
+    rows_in = [p for p in prompts for _ in range(samples)]  # repeats get streams of their own
+    gen = lm.generate(rows_in, at_alphas(base, alphas), max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, seed=seed, chat=chat)  # fmt: skip
+    nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
+    k = len(alphas)
+    logprobs = next_token_logprobs(lm, prompts, at_alphas(base, [0.0, *alphas]), chat=chat)
+    logprobs = logprobs.unflatten(0, (len(prompts), k + 1))  # [prompts, 1 + alphas, vocab]
+    kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).tolist()  # [prompts][alphas]
+
+    # gen's rows are prompt-major: row = (prompt * samples + sample) * k + alpha
+    rows: list[dict[str, Any]] = []
+    for r, text in enumerate(gen.text):
+        p, j = r // (samples * k), r % k
+        rows.append({"prompt": p, "alpha": alphas[j], "text": text, "nll": nll[r][0],
+                     "tokens": nll[r][1], "kl": kl[p][j], "length": len(gen.tokens[r])})  # fmt: skip
+    metrics = scorer.score([prompt_text(rows_in[r // k]) for r in range(len(rows))],
+                           gen.text, progress=progress)  # fmt: skip
+    for row, scores in zip(rows, metrics):
+        row.update(scores)
+    names = scorer.metrics
+    boot: dict[str, Any] = dict(level=level, n_boot=n_boot, seed=gen.seed)
+    summary = []
+    for alpha in alphas:
+        cell = [r for r in rows if r["alpha"] == alpha]
+        record: dict[str, Any] = {"alpha": alpha}
+        for name in (*names, "kl", "length"):
+            _put(record, name, mean_interval([float(r[name]) for r in cell], **boot))
+        _put(record, "perplexity",
+             perplexity_interval([(r["nll"], r["tokens"]) for r in cell], **boot))  # fmt: skip
+        record["n"] = len(cell)
+        summary.append(record)
+    return SteerabilityResult(rows, summary, names, scorer.headline, level, gen.seed)
+
+
+def _put(record: dict[str, Any], name: str, estimate: Any) -> None:
+    record[name], record[f"{name}_low"], record[f"{name}_high"] = (
+        estimate.value, estimate.low, estimate.high)  # fmt: skip
+
+
+def _alphas(alphas: Sequence[float]) -> list[float]:
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence):
+        raise ValueError(f"alphas must be a list of numbers; got {alphas!r:.60}.")
+    out = []
+    for a in alphas:
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a):
+            raise ValueError(f"alphas must be finite numbers; got {a!r} in {list(alphas)}.")
+        out.append(float(a))
+    if not out:
+        raise ValueError("alphas is empty: give the steering strengths to compare.")
+    if len(set(out)) != len(out):
+        raise ValueError(f"alphas repeat a value: {out}; use samples= for more completions.")
+    return out
+
+
+def _steers(steer: SteerArg) -> list[Steer]:
+    steers = as_steers(steer)  # a SteeringVector: every site, at its scale
+    if not steers:
+        raise SteerError("steerability needs a steer: a steering vector or a Steer.")
+    at_alphas(steers, [1.0])  # refuses a steer that carries a list of alphas, before compute
+    return steers
+
+
+@dataclass(frozen=True)
+class _FunctionScorer:
+    fn: Callable[[str], float]
+    metrics: tuple[str, ...] = ("concept",)
+    headline: str = "concept"
+
+    def score(self, prompts: list[str], texts: list[str], *, progress: bool) -> list[dict]:
+        out = []
+        for text in texts:
+            value = self.fn(text)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"concept must return a number; it returned {value!r} for "
+                                f"{text!r:.60}.")  # fmt: skip
+            out.append({"concept": float(value)})
+        return out
+
+
+@dataclass(frozen=True)
+class _NoScorer:
+    metrics: tuple[str, ...] = ()
+    headline: str = "kl"
+
+    def score(self, prompts: list[str], texts: list[str], *, progress: bool) -> list[dict]:
+        return [{} for _ in texts]
+
+
+def _scorer(concept: Concept | None) -> Any:
+    if concept is None:
+        return _NoScorer()
+    if isinstance(concept, Criterion):
+        return concept
+    if callable(concept):
+        return _FunctionScorer(concept)
+    raise TypeError(f"concept must be a function text -> float or judge.concept(...); got "
+                    f"{type(concept).__name__}.")  # fmt: skip

@@ -1,0 +1,250 @@
+"""``sl.evals.steerability`` against plain transformers with torch hooks, its intervals
+against scipy's bootstrap, the judge against a fake OpenAI-compatible endpoint, and the
+trade-off figure against the summary it draws."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+from fastapi import FastAPI, Request
+from reference import RefSteer, greedy, logprobs
+from transformers import AutoTokenizer
+
+import steerlab as sl
+from steerlab.evals import Judge, JudgeError, mean_interval, perplexity_interval, steerability
+from steerlab.evals.judge import parse_rating
+from steerlab.toy import asset_path, concept_score
+from steerlab.toy.evidence import CONTRAST_PAIRS, NEUTRAL_PROMPT
+
+SITE = "blocks.2.hook_resid_pre"
+PROMPTS = [NEUTRAL_PROMPT, "Mia the fox"]
+
+
+@pytest.fixture(scope="module")
+def vec(toy_lm) -> sl.SteeringVector:
+    pos, neg = zip(*CONTRAST_PAIRS["sentiment"])
+    return sl.extract(toy_lm, pos, neg, [SITE], token="mean", progress=False)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+
+
+def test_greedy_rows_perplexity_and_kl_equal_transformers_with_a_hook(toy_lm, toy_hf, vec,
+                                                                       tokenizer):  # fmt: skip
+    alphas = [-4.0, 0.0, 4.0]
+    res = steerability(toy_lm, vec, PROMPTS, alphas, concept=concept_score, max_new_tokens=12,
+                       temperature=0.0, n_boot=200, progress=False)  # fmt: skip
+    direction = vec.directions[SITE] * vec.scale
+    eos = {tokenizer.eos_token_id}
+    assert len(res.rows) == len(PROMPTS) * len(alphas)
+    for row in res.rows:
+        ids = tokenizer(PROMPTS[row["prompt"]]).input_ids
+        steers = [RefSteer(SITE, direction, row["alpha"])]
+        tokens = greedy(toy_hf, ids, steers, 12, eos)
+        assert row["text"] == tokenizer.decode(tokens, skip_special_tokens=True)
+        assert row["length"] == row["tokens"] == len(tokens)
+        unsteered = logprobs(toy_hf, ids + tokens, [])  # fluency: under the unsteered model
+        nll = -sum(float(unsteered[len(ids) - 1 + i, t]) for i, t in enumerate(tokens))
+        assert row["nll"] == pytest.approx(nll, abs=1e-4)
+        p = logprobs(toy_hf, ids, steers)[-1]
+        q = logprobs(toy_hf, ids, [])[-1]
+        assert row["kl"] == pytest.approx(float((p.exp() * (p - q)).sum()), abs=1e-5)
+        assert row["concept"] == concept_score(row["text"]) or math.isnan(row["concept"])
+    for record in res.summary:
+        cell = [r for r in res.rows if r["alpha"] == record["alpha"]]
+        pooled = math.exp(sum(r["nll"] for r in cell) / sum(r["tokens"] for r in cell))
+        assert record["perplexity"] == pytest.approx(pooled, rel=1e-6)
+        assert record["kl"] == pytest.approx(statistics.mean(r["kl"] for r in cell))
+        assert record["n"] == len(PROMPTS)
+    assert res.summary[1]["kl"] == 0.0  # alpha 0 is the unsteered model, bit for bit
+    # the steer moves the concept: sad at -4, happy at +4 (the toy's own lexicon score)
+    assert res.summary[0]["concept"] == 0.0 and res.summary[2]["concept"] == 1.0
+
+
+def test_one_batched_generate_carries_every_prompt_alpha_and_sample(toy_lm, vec, monkeypatch):
+    calls = []
+    original = type(toy_lm).generate
+
+    def spy(self, prompts, steer=None, **kwargs):
+        calls.append(len(prompts))
+        return original(self, prompts, steer, **kwargs)
+
+    monkeypatch.setattr(type(toy_lm), "generate", spy)
+    res = steerability(toy_lm, vec, PROMPTS, [-4, 0, 4, 8], samples=3, max_new_tokens=6,
+                       seed=3, n_boot=50, progress=False)  # fmt: skip
+    assert calls == [len(PROMPTS) * 3]  # one call; its rows are prompts x samples x alphas
+    assert len(res.rows) == 2 * 3 * 4 and [r["n"] for r in res.summary] == [6] * 4
+    again = steerability(toy_lm, vec, PROMPTS, [-4, 0, 4, 8], samples=3, max_new_tokens=6,
+                         seed=3, n_boot=50, progress=False)  # fmt: skip
+    assert [r["text"] for r in again.rows] == [r["text"] for r in res.rows]
+    assert again.summary == res.summary and res.seed == 3
+    texts = res.texts(0.0)  # three samples per prompt differ: each repeat has its own stream
+    assert len(texts) == 6 and len(set(texts[:3])) > 1
+    with pytest.raises(KeyError, match="was not run"):
+        res.texts(2.0)
+    assert "perplexity" in repr(res) and "<table>" in res._repr_html_()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"alphas": []}, "alphas is empty"),
+    ({"alphas": [0, 0]}, "repeat"),
+    ({"alphas": [float("nan")]}, "finite"),
+    ({"alphas": "048"}, "list of numbers"),
+    ({"samples": 0}, "samples"),
+    ({"level": 1.0}, "level"),
+    ({"n_boot": 0}, "n_boot"),
+    ({"concept": "sentiment"}, "concept must be"),
+])  # fmt: skip
+def test_bad_arguments_are_refused_before_any_generation(toy_lm, vec, monkeypatch, kwargs,
+                                                         message):  # fmt: skip
+    def refuse(*args, **kw):
+        raise AssertionError("generated before checking its arguments")
+
+    monkeypatch.setattr(type(toy_lm), "generate", refuse)
+    args = {"alphas": [0, 4], **kwargs}
+    with pytest.raises((ValueError, TypeError), match=message):
+        steerability(toy_lm, vec, PROMPTS, **args)
+
+
+def test_steers_are_refused_by_what_is_wrong(toy_lm, vec):
+    with pytest.raises(sl.SteerError, match="needs a steer"):
+        steerability(toy_lm, None, PROMPTS)
+    with pytest.raises(sl.SteerError, match="list of alphas"):
+        steerability(toy_lm, vec.steers(alpha=[1, 2]), PROMPTS)
+
+
+def test_a_steer_alpha_multiplies_like_a_vector_scale(toy_lm, vec):
+    steer = sl.Steer(SITE, vec.directions[SITE], alpha=2.0)
+    a = steerability(toy_lm, steer, PROMPTS, [1.0, 3.0], temperature=0, max_new_tokens=8,
+                     n_boot=10, progress=False)  # fmt: skip
+    b = steerability(toy_lm, 2 * vec, PROMPTS, [1.0, 3.0], temperature=0, max_new_tokens=8,
+                     n_boot=10, progress=False)  # fmt: skip
+    assert [r["text"] for r in a.rows] == [r["text"] for r in b.rows]
+
+
+def test_mean_interval_matches_scipys_percentile_bootstrap():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    x = np.random.default_rng(7).normal(1.0, 2.0, size=40)
+    ours = mean_interval(list(x), n_boot=20_000, seed=1)
+    theirs = scipy_stats.bootstrap((x,), np.mean, n_resamples=20_000, method="percentile",
+                                   confidence_level=0.95, rng=2).confidence_interval  # fmt: skip
+    assert ours.value == pytest.approx(x.mean())
+    assert ours.low == pytest.approx(theirs.low, abs=0.05)
+    assert ours.high == pytest.approx(theirs.high, abs=0.05)
+
+
+def test_intervals_say_nothing_from_one_value_and_skip_nan():
+    one = mean_interval([0.3, math.nan])
+    assert one.value == 0.3 and math.isnan(one.low) and math.isnan(one.high)
+    assert math.isnan(mean_interval([math.nan]).value)
+    ppl = perplexity_interval([(2.0, 2), (4.0, 2)], n_boot=500)
+    assert ppl.value == pytest.approx(math.exp(6 / 4))
+    assert math.exp(2 / 2) <= ppl.low <= ppl.value <= ppl.high <= math.exp(4 / 2)
+
+
+def test_trade_off_figure_draws_the_summary(toy_lm, vec):
+    res = steerability(toy_lm, vec, PROMPTS, [-4, 0, 4], concept=concept_score, samples=4,
+                       max_new_tokens=10, n_boot=100, progress=False)  # fmt: skip
+    fig = sl.plots.steerability(res)
+    rows = [r for r in res.summary if not math.isnan(r["concept"])]
+    line = fig.data[0]
+    assert list(line.x) == [r["perplexity"] for r in rows]
+    assert list(line.y) == [r["concept"] for r in rows]
+    assert list(line.text) == [f"α={r['alpha']:g}" for r in rows]
+    highs = [0.0 if math.isnan(r["concept_high"]) else r["concept_high"] - r["concept"]
+             for r in rows]  # fmt: skip
+    assert list(line.error_y.array) == pytest.approx(highs)
+    assert fig.data[1].name == "unsteered" and fig.data[1].x[0] == res.summary[1]["perplexity"]
+
+
+# --- the judge -------------------------------------------------------------------------
+
+
+def _fake_judge(replies: dict[str, str], seen: list[dict]):
+    """An OpenAI-compatible chat endpoint replying by criterion (which the question names)."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        body = await request.json()
+        seen.append({"body": body, "auth": request.headers.get("authorization")})
+        question = body["messages"][0]["content"]
+        which = ("concept" if "about a given concept" in question
+                 else "instruction" if "answers the request" in question else "fluency")  # fmt: skip
+        text = question.split("<<<\n")[-1]
+        reply = replies[which](text) if callable(replies[which]) else replies[which]
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": reply}}]}  # fmt: skip
+
+    return app
+
+
+def test_judge_rates_axbench_style_with_the_harmonic_mean(toy_lm, vec):
+    from steerlab.server.background import serve_in_background
+
+    seen: list[dict] = []
+    replies = {
+        "concept": lambda text: "It is happy.\nRating: 2" if "smiled" in text else "Rating: 0",
+        "instruction": "It continues the story.\n**Rating: [[1]]**",
+        "fluency": "Readable. Rating: 2",
+    }
+    with serve_in_background(_fake_judge(replies, seen)) as url:
+        judge = Judge(f"{url}/v1", "judge-model", api_key="k", max_workers=3)
+        one = judge.rate("Tell me a story", "Mia smiled.", "happiness")
+        assert one == {"concept": 2.0, "instruction": 1.0, "fluency": 2.0,
+                       "judge": pytest.approx(statistics.harmonic_mean([2, 1, 2]))}  # fmt: skip
+        assert judge.rate("p", "Mia cried.", "happiness")["judge"] == 0.0  # a zero sinks it
+        res = steerability(toy_lm, vec, PROMPTS, [0, 6], concept=judge.concept("happiness"),
+                           max_new_tokens=10, samples=2, n_boot=50, progress=False)  # fmt: skip
+    body = seen[0]["body"]
+    assert body["model"] == "judge-model" and body["temperature"] == 0
+    assert body["messages"][0]["role"] == "user" and seen[0]["auth"] == "Bearer k"
+    assert res.metrics == ("concept", "instruction", "fluency", "judge")
+    assert res.headline == "judge"
+    for row in res.rows:
+        want = 2.0 if "smiled" in row["text"] else 0.0
+        assert row["concept"] == want
+        assert row["judge"] == pytest.approx(statistics.harmonic_mean([want, 1.0, 2.0]))
+    assert "judge" in repr(res.table())
+    assert len(seen) == 2 * 3 + len(res.rows) * 3  # three questions per completion
+
+
+def test_judge_errors_name_what_went_wrong():
+    from steerlab.server.background import serve_in_background
+
+    seen: list[dict] = []
+    replies = {"concept": "I think it is fine.", "instruction": "Rating: 1", "fluency": "Rating: 1"}
+    with serve_in_background(_fake_judge(replies, seen)) as url:
+        with pytest.raises(JudgeError, match="no 'Rating"):
+            Judge(f"{url}/v1", "m").rate("p", "text", "the sea")
+        with pytest.raises(JudgeError, match="answered 404"):
+            Judge(f"{url}/v2", "m").ask("hi")
+    with pytest.raises(JudgeError, match="did not answer"):
+        Judge(url + "/v1", "m", timeout=2).ask("hi")  # the server is gone
+    with pytest.raises(ValueError, match="http"):
+        Judge("localhost:8000", "m")
+    with pytest.raises(ValueError, match="non-empty"):
+        Judge("http://127.0.0.1:1/v1", "m").concept(" ")
+
+
+def test_judge_speaks_to_a_steerlab_server(toy_lm):
+    """steerlab's own OpenAI-compatible chat endpoint takes the judge's requests. The toy model
+    answers stories, not ratings, which is refused by name; its 128-token window cannot hold
+    a rating question, and the server's 400 saying so reaches the user."""
+    from server_helpers import KEY, served
+
+    with served(toy_lm) as url:
+        judge = Judge(f"{url}/v1", "steerlab-tiny", api_key=KEY, max_tokens=8)
+        reply = judge.ask("Rate this.")
+        assert isinstance(reply, str)
+        with pytest.raises(JudgeError, match="no 'Rating"):
+            reply = judge.ask("Once upon a time")
+            parse_rating(reply)
+        with pytest.raises(JudgeError, match="answered 400.*context window"):
+            judge.rate("p", "Mia smiled.", "happiness")
