@@ -19,6 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from sections import table  # noqa: E402
+
 import steerlab as sl  # noqa: E402
 from steerlab.evals import steerability  # noqa: E402
 from steerlab.vectors.scoring import (  # noqa: E402
@@ -88,13 +90,7 @@ def main() -> list[str]:
         "scores (perplexity under the unsteered model, first-token KL). `ratio` is the loop's "
         "time over steerability's (>1 is faster).",
         "",
-        "| comparison | ours (s) | baseline (s) | ratio | target |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {r['comparison']} | {r['ours_s']:.2f} | {r['baseline_s']:.2f} | "
-            f"{r['ratio']:.2f} | {r['target']} |"
-            for r in rows
-        ),  # fmt: skip
+        *table(rows),
     ]
 
 

@@ -19,6 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from sections import table  # noqa: E402
+
 import steerlab as sl  # noqa: E402
 from steerlab.features import SAE  # noqa: E402
 
@@ -75,13 +77,7 @@ def main() -> list[str]:
         f"of {D_SAE} features at `{SITE}`; 64 new tokens, every position steered. `ratio` is "
         "ours over the baseline's time (1.00 costs the same).",
         "",
-        "| comparison | ours (s) | baseline (s) | ratio | target |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {r['comparison']} | {r['ours_s']:.2f} | {r['baseline_s']:.2f} | "
-            f"{r['ratio']:.2f} | {r['target']} |"
-            for r in rows
-        ),  # fmt: skip
+        *table(rows),
         "",
         "A standard or jumprelu clamp carries only its feature's encoder column, so its cost "
         "does not grow with the SAE's width: two dot products per steered token. A topk "

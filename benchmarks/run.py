@@ -15,7 +15,7 @@ import bench_chat  # noqa: E402
 import bench_engine  # noqa: E402
 import bench_evals  # noqa: E402
 import bench_features  # noqa: E402
-from sections import replace_section  # noqa: E402
+from sections import replace_section, table  # noqa: E402
 
 
 def main() -> None:
@@ -30,13 +30,7 @@ def main() -> None:
         "baseline's time over ours for speed rows (>1 is faster), ours over the baseline's for "
         "time rows.",
         "",
-        "| comparison | ours (s) | baseline (s) | ratio | target |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['comparison']} | {r['ours_s']:.2f} | {r['baseline_s']:.2f} | {r['ratio']:.2f} "
-        f"| {r['target']} |"
-        for r in rows
+        *table(rows),
     ]
     lines += compiled_section()
     out = Path(__file__).parent / "RESULTS.md"
@@ -63,10 +57,7 @@ def compiled_section() -> list[str]:
     import bench_compiled
 
     rows, notes = bench_compiled.run()
-    lines = ["", "## Compiled fast path (`lm.compile()`), CPU", "",
-             "| comparison | ours (s) | baseline (s) | ratio | target |", "|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {r['comparison']} | {r['ours_s']:.3f} | {r['baseline_s']:.3f} | "
-              f"{r['ratio']:.2f} | {r['target']} |" for r in rows]  # fmt: skip
+    lines = ["", "## Compiled fast path (`lm.compile()`), CPU", "", *table(rows, digits=3)]
     gpu = Path(__file__).parent / "RESULTS_compiled_gpu.md"
     return lines + ["", *notes] + (["", gpu.read_text()] if gpu.exists() else [])
 

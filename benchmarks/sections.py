@@ -21,3 +21,17 @@ def replace_section(lines: list[str], path: Path = RESULTS) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)
+
+
+def table(rows: list[dict[str, object]], digits: int = 2) -> list[str]:
+    """Benchmark rows (``comparison``, ``ours_s``, ``baseline_s``, ``ratio``, ``target``) as a
+    markdown table."""
+    return [
+        "| comparison | ours (s) | baseline (s) | ratio | target |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {r['comparison']} | {r['ours_s']:.{digits}f} | {r['baseline_s']:.{digits}f} | "
+            f"{r['ratio']:.2f} | {r['target']} |"
+            for r in rows
+        ),  # fmt: skip
+    ]

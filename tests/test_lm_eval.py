@@ -1,6 +1,6 @@
 """lm-eval's own ``hf`` model is the oracle: its ``local-completions`` model pointed at
 ``steerlab serve steerlab-tiny`` gives the same per-sample loglikelihoods, on a local
-multiple-choice task and a ``loglikelihood_rolling`` task (``tests/lm_eval_tasks/``)."""
+multiple-choice task and a ``loglikelihood_rolling`` task (``steerlab.toy.tasks``)."""
 
 from __future__ import annotations
 
@@ -11,44 +11,15 @@ from server_helpers import KEY, served
 
 import steerlab as sl
 from steerlab.toy import asset_path
+from steerlab.toy.tasks import TASKS, lm_eval_tasks
 
 lm_eval = pytest.importorskip("lm_eval")
-
-TASKS = Path(__file__).parent / "lm_eval_tasks"
-MC = """task: steerlab_toy_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-target_delimiter: ""
-metric_list:
-  - metric: acc
-"""
-ROLLING = """task: steerlab_toy_ppl
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: word_perplexity
-"""
 
 
 @pytest.fixture(scope="module")
 def task_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tasks")
-    (folder / "mc.yaml").write_text(MC.format(data=TASKS / "toy_mc.jsonl"))
-    (folder / "ppl.yaml").write_text(ROLLING.format(data=TASKS / "toy_text.jsonl"))
-    return folder
+    """The toy world's multiple-choice and rolling-loglikelihood tasks (``steerlab.toy.tasks``)."""
+    return lm_eval_tasks(tmp_path_factory.mktemp("tasks"))
 
 
 def _loglikelihoods(results: dict, task: str) -> list[float]:
@@ -66,7 +37,7 @@ def _run(task_dir: Path, model: str, model_args: dict) -> dict:
     from lm_eval.tasks import TaskManager
 
     return simple_evaluate(
-        model=model, model_args=model_args, tasks=["steerlab_toy_mc", "steerlab_toy_ppl"],
+        model=model, model_args=model_args, tasks=list(TASKS),
         task_manager=TaskManager(include_path=str(task_dir)), log_samples=True, batch_size=1,
         device="cpu",
     )  # fmt: skip
@@ -106,7 +77,7 @@ def test_local_completions_against_the_server_equals_lm_evals_hf_model(
             "model": "steerlab-tiny", "base_url": f"{url}/v1/completions", "num_concurrent": 1,
             "max_retries": 1, **TOKENIZERS[tokenizer],
         })  # fmt: skip
-    for task in ("steerlab_toy_mc", "steerlab_toy_ppl"):
+    for task in TASKS:
         want, got = _loglikelihoods(oracle, task), _loglikelihoods(ours, task)
         assert len(got) == len(want) > 0, task
         assert got == pytest.approx(want, abs=1e-3), task
