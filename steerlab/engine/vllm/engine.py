@@ -52,6 +52,7 @@ class VLLMEngine:
         self.n_layers: int = text.num_hidden_layers
         self.d_model: int = text.hidden_size
         self.n_ctx: int | None = config.max_model_len
+        self.n_vocab: int = config.get_vocab_size()
         self.revision = revision or ""
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
@@ -106,6 +107,7 @@ class VLLMEngine:
                 )
             check_window(self.n_ctx, len(r.prompt), r.sampling.max_new_tokens,
                          hint=" (vLLM's max_model_len; load with a larger one)")  # fmt: skip
+            r.sampling.check_vocab(self.n_vocab)
             for steer in r.steers:
                 check_steer(steer.site, steer.vector, valid, self.d_model)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers

@@ -74,6 +74,13 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int]) -> 
         "stop_token_ids": sorted(eos_ids) if s.stop_at_eos else [],
         "logprobs": 0,  # the sampled token's log-probability, from the raw logits
         "skip_special_tokens": True,
+        # vLLM's own logit adjustments, the ones core.sampling.adjust_logits writes out; its
+        # min_tokens masks the EOS ids whether or not they stop the row, as steerlab's does
+        "repetition_penalty": s.repetition_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "presence_penalty": s.presence_penalty,
+        "min_tokens": s.min_tokens,
+        "logit_bias": dict(s.logit_bias) or None,
     }
     if steers:
         data = [st.to_data(vector_key=st.vector_key) for st in steers]
