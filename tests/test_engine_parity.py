@@ -75,3 +75,13 @@ def test_the_suite_steers_for_real(hf):
             ids = tok(p)["input_ids"]
             changed += greedy(hf, ids, [case.ref()], NEW, set()) != greedy(hf, ids, [], NEW, set())
     assert changed >= len(CASES)  # at least half the (case, prompt) pairs
+
+
+def test_penalties_bias_and_min_tokens_equal_hf_logits_processors(lm, hf):
+    from engine_parity import check_penalties, penalty_requests
+
+    check_penalties(lm, hf)
+    if lm.engine.compiled is not None:  # sampling is outside the graph: they stay compiled
+        assert lm.explain(penalty_requests(lm)).startswith("compiled"), lm.explain(
+            penalty_requests(lm)
+        )
