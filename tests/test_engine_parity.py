@@ -11,6 +11,8 @@ from engine_parity import (
     check_context_edge,
     check_feature_rows,
     check_mixed_rows,
+    check_penalties,
+    penalty_requests,
 )
 
 import steerlab as sl
@@ -78,8 +80,6 @@ def test_the_suite_steers_for_real(hf):
 
 
 def test_penalties_bias_and_min_tokens_equal_hf_logits_processors(lm, hf):
-    from engine_parity import check_penalties, penalty_requests
-
     check_penalties(lm, hf)
     if lm.engine.compiled is not None:  # sampling is outside the graph: they stay compiled
         assert lm.explain(penalty_requests(lm)).startswith("compiled"), lm.explain(

@@ -131,8 +131,8 @@ class Sampling:
                 raise SamplingError("logit_bias", "logit_bias maps token ids (ints >= 0) to "
                                     f"biases; got {pair!r}.")  # fmt: skip
             if not _is_real(bias) or not -100 <= bias <= 100:  # type: ignore[operator]
-                raise SamplingError("logit_bias", f"The bias of token {token} must be a number "
-                                    f"in [-100, 100]; got {bias!r}.")  # fmt: skip
+                raise SamplingError("logit_bias", f"logit_bias[{token}] must be a number in "
+                                    f"[-100, 100]; got {bias!r}.")  # fmt: skip
         if len({token for token, _ in self.logit_bias}) < len(self.logit_bias):
             raise SamplingError("logit_bias", "logit_bias names a token id twice.")
         m = self.min_tokens
