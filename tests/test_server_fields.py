@@ -6,7 +6,7 @@ HF's logits processors)."""
 from __future__ import annotations
 
 import pytest
-from server_helpers import post, served, sse
+from server_helpers import KEY, post, served, sse
 
 import steerlab as sl
 
@@ -157,3 +157,10 @@ def test_bad_penalty_bias_and_min_tokens_values_are_a_400_naming_the_field(url, 
         response = post(url, path, {**body, **fields})
         assert response.status_code == 400, (path, fields, response.text)
         assert response.json()["error"]["param"].startswith(param), response.text
+
+
+def test_connect_takes_them_as_lm_generate_does(url, lm):
+    kwargs = dict(max_new_tokens=24, repetition_penalty=1.3, presence_penalty=0.5,
+                  logit_bias={17: -100.0}, min_tokens=20)  # fmt: skip
+    remote = sl.connect(url, api_key=KEY).generate(["Once upon a time", "Hi"], **kwargs)
+    assert remote.tokens == lm.generate(["Once upon a time", "Hi"], **kwargs).tokens

@@ -52,10 +52,10 @@ class RowSteer:
 class Sampling:
     """How one row is decoded; checked on construction, so bad values fail before compute.
 
-    The logit adjustments are vLLM's, applied in vLLM's order by ``core.sampling.adjust``
-    on every engine, before temperature, top-k and top-p: ``min_tokens`` and
-    ``logit_bias``, then the repetition, frequency and presence penalties. Reported
-    log-probabilities are the model's own, before any of them.
+    The logit adjustments are vLLM's, made in vLLM's order by
+    ``core.sampling.adjust_logits`` on every engine, before temperature, top-k and top-p:
+    ``min_tokens`` and ``logit_bias``, then the repetition, frequency and presence
+    penalties. Reported log-probabilities are the model's own, before any of them.
 
     Attributes:
         repetition_penalty: > 0; every token in the prompt or the output so far has its
