@@ -71,7 +71,7 @@ class RowStates:
         if (
             sampling.stop
             and len(self.tokens[row]) > sampling.min_tokens
-            and (find_stop(self.decoded(row), sampling.stop, self.stop_floor(row)) is not None)
+            and find_stop(self.decoded(row), sampling.stop, self.stop_floor(row)) is not None
         ):
             self.done[row], self.reasons[row] = True, "stop"
         elif len(self.tokens[row]) >= sampling.max_new_tokens:

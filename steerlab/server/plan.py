@@ -36,11 +36,11 @@ from steerlab.server.schemas import (
 )
 from steerlab.server.vectors import VectorStore
 
-# Sampling fields a request names, each with its server name where the two differ.
+# Sampling's logit adjustments, named as on the wire; a null (or an absent one) is the default.
 _ADJUSTMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
                 "min_tokens")  # fmt: skip
 _SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", *_ADJUSTMENTS)
-_PARAMS = {"max_new_tokens": "max_tokens", "stop_at_eos": "ignore_eos"}
+_PARAMS = {"max_new_tokens": "max_tokens", "stop_at_eos": "ignore_eos"}  # Sampling's -> wire
 
 
 @dataclass(frozen=True)
