@@ -32,7 +32,7 @@ class AmplifiedBackend:
     def __init__(self, after: Backend, before: Backend, beta: float) -> None:
         self.after, self.before, self.beta = after, before, beta
         self.model = after.model  # steering hooks, and the hook count, live on ``after``
-        self.n_layers, self.d_model = after.n_layers, after.d_model
+        self.n_layers, self.d_model, self.n_vocab = after.n_layers, after.d_model, after.n_vocab
         limits = [n for n in (after.n_ctx, before.n_ctx) if n is not None]
         self.n_ctx = min(limits) if limits else None
         self.cache_ops = PairCacheOps(after.cache_ops, before.cache_ops)

@@ -12,11 +12,12 @@ activation capture and KV caches stay in-process. Needs ``httpx`` (the ``server`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from steerlab.core.prompts import Prompt, normalise
+from steerlab.core.request import Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import SteerArg, as_steers
 from steerlab.model import fresh_seed
@@ -69,6 +70,11 @@ class RemoteModel:
         seed: int | None = None,
         stop_at_eos: bool = True,
         stop: str | Sequence[str] | None = None,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        min_tokens: int = 0,
         chat: bool = False,
         capture: Sequence[str] = (),
         use_cache: bool = True,
@@ -92,6 +98,11 @@ class RemoteModel:
         seed: int | None = None,
         stop_at_eos: bool = True,
         stop: str | Sequence[str] | None = None,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        min_tokens: int = 0,
         chat: bool = False,
         capture: Sequence[str] = (),
         use_cache: bool = True,
@@ -154,6 +165,10 @@ class RemoteModel:
             "seed": seed, "ignore_eos": not args["stop_at_eos"], "stop": args["stop"],
             "chat": args["chat"], "steering": [s.to_data() for s in as_steers(steer)],
             "prompts": [p if isinstance(p, str) else {"prompt": p} for p in listed],
+            "repetition_penalty": args["repetition_penalty"],
+            "frequency_penalty": args["frequency_penalty"],
+            "presence_penalty": args["presence_penalty"], "min_tokens": args["min_tokens"],
+            "logit_bias": {str(t): b for t, b in Sampling.biases(args["logit_bias"])} or None,
         }  # fmt: skip
         if args["amplify"] is not None:
             body["amplify"] = {"beta": args["amplify"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -98,6 +98,11 @@ class SteerableModel:
     def n_ctx(self) -> int | None:
         return self.engine.n_ctx
 
+    @property
+    def n_vocab(self) -> int:
+        """Logits per position (the ids ``logit_bias`` may name are below it)."""
+        return self.engine.n_vocab
+
     def sites(self) -> list[str]:
         """Canonical TransformerLens site names available on this model, in forward order."""
         return list(self._sites)
@@ -181,6 +186,11 @@ class SteerableModel:
         seed: int | None = None,
         stop_at_eos: bool = True,
         stop: str | Sequence[str] | None = None,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        min_tokens: int = 0,
         chat: bool = False,
         capture: str | Sequence[str] = (),
         use_cache: bool = True,
@@ -198,7 +208,9 @@ class SteerableModel:
             raise ValueError("capture needs use_cache=True.")
         seed = fresh_seed() if seed is None else seed
         sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
-                            Sampling.stops(stop))  # fmt: skip
+                            Sampling.stops(stop), repetition_penalty=repetition_penalty,
+                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                            logit_bias=Sampling.biases(logit_bias), min_tokens=min_tokens)  # fmt: skip
         rows = self._rows(prompts, steer, chat, max_new_tokens, cache)
         progress = self.engine.stream(
             rows.requests(sampling), cache=cache, keep_cache=keep_cache, capture=site_names(capture),
@@ -237,6 +249,11 @@ class SteerableModel:
         seed: int | None = None,
         stop_at_eos: bool = True,
         stop: str | Sequence[str] | None = None,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        min_tokens: int = 0,
         chat: bool = False,
         capture: str | Sequence[str] = (),
         use_cache: bool = True,
@@ -258,6 +275,19 @@ class SteerableModel:
             seed: makes sampling reproducible; rows of the same prompt share random numbers.
             stop_at_eos: rows end at EOS; False gives fixed-length output.
             stop: strings that end a row; the text is cut before them.
+            repetition_penalty: > 0 (1 is off), as vLLM's: every token already in the prompt
+                or the output has its logit divided by it where positive, multiplied by it
+                otherwise.
+            frequency_penalty: in [-2, 2], as vLLM's and OpenAI's: subtracted from a
+                token's logit once for each time it occurs in the output so far.
+            presence_penalty: in [-2, 2]: subtracted once from the logit of every token
+                that occurs in the output so far.
+            logit_bias: ``{token_id: bias}``, biases in [-100, 100], added to the logits
+                (-100 all but bans a token, 100 all but forces it).
+            min_tokens: no end of sequence before this many new tokens: EOS ids cannot be
+                sampled and stop strings do not match until then (at most max_new_tokens).
+                These five adjust the logits a row samples from, in vLLM's order, before
+                temperature, top-k and top-p; reported logprobs are the model's own.
             chat: apply the tokenizer's chat template (a string is the user turn).
             capture: sites whose activations to keep over prompt and new tokens.
             use_cache: decode through the KV cache (False recomputes the whole sequence).
@@ -276,6 +306,8 @@ class SteerableModel:
         steps = self.stream(
             prompts, steer, max_new_tokens=max_new_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
+            repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, logit_bias=logit_bias, min_tokens=min_tokens,
             chat=chat, capture=capture, use_cache=use_cache, cache=cache, keep_cache=keep_cache,
             wait=wait,
             on_token=on_token,

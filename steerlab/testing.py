@@ -125,7 +125,7 @@ class FakeBackend:
 
     kind = "fake"
     site = "blocks.0.hook_resid_pre"
-    n_layers, d_model, n_ctx = 1, _VOCAB, 512
+    n_layers, d_model, n_ctx, n_vocab = 1, _VOCAB, 512, _VOCAB
     cache_ops = FakeCacheOps()
 
     def __init__(self) -> None:

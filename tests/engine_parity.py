@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference import RefSAE, RefSteer, greedy
+from reference import RefPenalties, RefSAE, RefSteer, greedy
 
 import steerlab as sl
 from steerlab.core.errors import ContextError
@@ -196,4 +196,48 @@ def check_context_edge(lm: sl.SteerableModel, hf: Any) -> None:
     too_long = Request(ids, (), sampling(n_ctx - len(ids) + 1), stream="over")
     with pytest.raises(ContextError, match="context window"):
         lm.engine.run([too_long])
+    assert lm.hook_count() == 0
+
+
+# EOS comes 23 tokens into this prompt's greedy completion: min_tokens has something to do.
+ENDS_EARLY = ("Once upon a time, there was a little cat called Finn. The sea was lovely and full "
+              "of joy. The sail was bright, and Lily laughed.")  # fmt: skip
+PENALTIES = [  # prompt, steer case or "", steerlab's settings
+    ("Once upon a time", "", {"repetition_penalty": 1.5}),
+    ("The happy fox", "", {"frequency_penalty": 1.0, "presence_penalty": 0.5}),
+    ("A dark forest", "", {"presence_penalty": 2.0}),
+    ("Once upon a time", "", {"frequency_penalty": -0.8, "repetition_penalty": 0.8}),
+    ("Once upon a time", "", {"logit_bias": ((17, -100.0), (262, 4.0))}),
+    (ENDS_EARLY, "", {"min_tokens": 28}),
+    (ENDS_EARLY, "", {}),
+    (
+        "The happy fox",
+        "add-all",
+        {"repetition_penalty": 1.3, "presence_penalty": 1.0, "logit_bias": ((19, 3.0),)},
+    ),
+]
+
+
+def penalty_requests(lm: sl.SteerableModel, new: int = 30) -> list[Request]:
+    """``PENALTIES`` as one batch of requests (each row its own settings)."""
+    return [Request(prompt_ids(lm, p), (CASES[case].row_steer(),) if case else (),
+                    Sampling(max_new_tokens=new, **settings), stream=f"{i}")
+            for i, (p, case, settings) in enumerate(PENALTIES)]  # fmt: skip
+
+
+def check_penalties(lm: sl.SteerableModel, hf: Any, new: int = 30) -> None:
+    """Rows with penalties, logit_bias and min_tokens (one steered too) in one batch, each
+    equal to the reference that applies them with HF's logits processors; EOS ends rows."""
+    eos = lm.eos_ids
+    got = [c.tokens for c in lm.engine.run(penalty_requests(lm, new))]
+    want = []
+    for p, case, settings in PENALTIES:
+        ref = RefPenalties(settings.get("repetition_penalty", 1.0),
+                           settings.get("frequency_penalty", 0.0),
+                           settings.get("presence_penalty", 0.0), settings.get("logit_bias", ()),
+                           settings.get("min_tokens", 0), tuple(eos))  # fmt: skip
+        steers = [CASES[case].ref()] if case else []
+        want.append(greedy(hf, list(prompt_ids(lm, p)), steers, new, eos, ref))
+    assert got == want
+    assert len(got[5]) >= 28 > len(got[6])  # min_tokens held EOS back past where it came
     assert lm.hook_count() == 0

@@ -150,9 +150,53 @@ def _install(model: Any, steers: list[RefSteer], n_prompt: int) -> list[Any]:
     return handles
 
 
+@dataclass(frozen=True)
+class RefPenalties:
+    """vLLM's logit adjustments, built from HF's logits processors and OpenAI's formula.
+
+    In vLLM's order: HF's ``MinNewTokensLengthLogitsProcessor`` (``eos`` banned before
+    ``min_tokens`` new tokens), ``SequenceBiasLogitsProcessor`` with one-token sequences,
+    ``RepetitionPenaltyLogitsProcessor`` over prompt and output (as vLLM counts them), then
+    ``logit[t] -= frequency * count(t) + presence`` for every token t of the output.
+    """
+
+    repetition: float = 1.0
+    frequency: float = 0.0
+    presence: float = 0.0
+    bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    eos: tuple[int, ...] = ()
+
+    def __call__(self, logits: torch.Tensor, prompt: list[int], output: list[int]) -> torch.Tensor:
+        """logits [vocab] for the next token after ``prompt + output``, adjusted."""
+        from transformers import (
+            MinNewTokensLengthLogitsProcessor,
+            RepetitionPenaltyLogitsProcessor,
+            SequenceBiasLogitsProcessor,
+        )
+
+        ids = torch.tensor([prompt + output])
+        scores = logits.float()[None].clone()  # [1, vocab]
+        if self.min_tokens:
+            ban = MinNewTokensLengthLogitsProcessor(len(prompt), self.min_tokens, list(self.eos))
+            scores = ban(ids, scores)
+        if self.bias:
+            scores = SequenceBiasLogitsProcessor([[[t], b] for t, b in self.bias])(ids, scores)
+        if self.repetition != 1.0:
+            scores = RepetitionPenaltyLogitsProcessor(self.repetition)(ids, scores)
+        for token in set(output):
+            scores[0, token] -= self.frequency * output.count(token) + self.presence
+        return scores[0]
+
+
 @torch.inference_mode()
 def greedy(
-    model: Any, prompt: list[int], steers: list[RefSteer], max_new_tokens: int, eos: set[int]
+    model: Any,
+    prompt: list[int],
+    steers: list[RefSteer],
+    max_new_tokens: int,
+    eos: set[int],
+    penalties: RefPenalties | None = None,
 ) -> list[int]:
     """Greedy tokens for one row, hooks on for every forward, EOS not included."""
     ids, out = list(prompt), []
@@ -160,6 +204,8 @@ def greedy(
     try:
         for _ in range(max_new_tokens):
             logits = model(torch.tensor([ids])).logits[0, -1]
+            if penalties is not None:
+                logits = penalties(logits, list(prompt), out)
             token = int(logits.argmax())
             if token in eos:
                 break

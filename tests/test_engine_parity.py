@@ -11,6 +11,8 @@ from engine_parity import (
     check_context_edge,
     check_feature_rows,
     check_mixed_rows,
+    check_penalties,
+    penalty_requests,
 )
 
 import steerlab as sl
@@ -75,3 +77,11 @@ def test_the_suite_steers_for_real(hf):
             ids = tok(p)["input_ids"]
             changed += greedy(hf, ids, [case.ref()], NEW, set()) != greedy(hf, ids, [], NEW, set())
     assert changed >= len(CASES)  # at least half the (case, prompt) pairs
+
+
+def test_penalties_bias_and_min_tokens_equal_hf_logits_processors(lm, hf):
+    check_penalties(lm, hf)
+    if lm.engine.compiled is not None:  # sampling is outside the graph: they stay compiled
+        assert lm.explain(penalty_requests(lm)).startswith("compiled"), lm.explain(
+            penalty_requests(lm)
+        )

@@ -10,7 +10,11 @@ from engine_parity import (
     check_context_edge,
     check_feature_rows,
     check_mixed_rows,
+    check_penalties,
+    penalty_requests,
 )
+
+import steerlab as sl
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -28,3 +32,14 @@ def test_feature_clamps_beside_other_rows_equal_plain_hooks(lm, hf):
 
 def test_the_context_window_at_its_edge(lm, hf):
     check_context_edge(lm, hf)
+
+
+def test_penalties_bias_and_min_tokens_equal_hf_and_the_local_engine(lm, hf):
+    """vLLM applies them itself (its SamplingParams): the same tokens as the reference
+    and as steerlab's local engine, which applies ``core.sampling.adjust_logits``."""
+    check_penalties(lm, hf)
+    local = sl.load("steerlab-tiny", backend="hf")
+    requests = penalty_requests(lm)
+    assert [c.tokens for c in lm.engine.run(requests)] == [
+        c.tokens for c in local.engine.run(requests)
+    ]

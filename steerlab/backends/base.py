@@ -27,6 +27,7 @@ class Backend(Protocol):
     n_layers: int
     d_model: int
     n_ctx: int | None
+    n_vocab: int  # logits per position
 
     @property
     def input_device(self) -> torch.device: ...

@@ -148,6 +148,7 @@ class HFBackend:
         self.residual_scale = _config_scale(config, self.layout.residual_scale)
         self.n_layers: int = len(self.blocks)
         self.d_model: int = config.hidden_size
+        self.n_vocab: int = config.vocab_size
         self.n_ctx: int | None = getattr(config, "max_position_embeddings", None) or getattr(
             config, "n_positions", None
         )

@@ -27,6 +27,7 @@ class _LensBackend:
         self.n_layers: int = model.cfg.n_layers
         self.d_model: int = model.cfg.d_model
         self.n_ctx: int | None = model.cfg.n_ctx
+        self.n_vocab: int = model.cfg.d_vocab_out
         self._hook_points: dict[str, nn.Module] | None = None
 
     def modules(self) -> list[nn.Module]:

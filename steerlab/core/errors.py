@@ -19,6 +19,14 @@ class ContextError(PromptError):
     """A call that would run past the model's context window."""
 
 
+class SamplingError(ValueError):
+    """A decoding setting out of its range; ``field`` names the ``Sampling`` field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ModelMismatchWarning(UserWarning):
     """A direction made on one model (a vector, an SAE feature) used on another."""
 

@@ -9,12 +9,13 @@ parameters, and refuses a custom operation with a message that says why.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from steerlab.core.errors import SamplingError
 from steerlab.core.ops import Operation, SteerError
 from steerlab.core.steer import Positions, Steer, steer_data, vector_fingerprint
 
@@ -49,7 +50,25 @@ class RowSteer:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How one row is decoded; checked on construction, so bad values fail before compute."""
+    """How one row is decoded; checked on construction, so bad values fail before compute.
+
+    The logit adjustments are vLLM's, made in vLLM's order by
+    ``core.sampling.adjust_logits`` on every engine, before temperature, top-k and top-p:
+    ``min_tokens`` and ``logit_bias``, then the repetition, frequency and presence
+    penalties. Reported log-probabilities are the model's own, before any of them.
+
+    Attributes:
+        repetition_penalty: > 0; every token in the prompt or the output so far has its
+            logit divided by it where positive, multiplied by it otherwise. 1 is off.
+        frequency_penalty: in [-2, 2]; subtracted from a token's logit once per time it
+            occurs in the output so far.
+        presence_penalty: in [-2, 2]; subtracted from the logit of every token that occurs
+            in the output so far.
+        logit_bias: (token id, bias in [-100, 100]) pairs added to the logits; the ids
+            sorted, each once (``Sampling.biases`` builds it from a dict).
+        min_tokens: until the output has this many tokens, end-of-sequence ids cannot be
+            sampled and stop strings do not match. At most ``max_new_tokens``.
+    """
 
     max_new_tokens: int = 40
     temperature: float = 0.0
@@ -60,32 +79,78 @@ class Sampling:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # per sampled token, its N most likely alternatives too
     prompt_logprobs: int | None = None  # score the prompt's tokens, each with N alternatives
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         n, least = self.max_new_tokens, 0 if self.prompt_logprobs is not None else 1
-        if isinstance(n, bool) or not isinstance(n, int) or n < least:
-            raise ValueError(f"max_new_tokens must be an int >= {least}; got {n!r}"
-                             + (" (0 only when the prompt is scored)." if least else "."))  # fmt: skip
+        if not _is_int(n) or n < least:
+            raise SamplingError("max_new_tokens", f"max_new_tokens must be an int >= {least}; "
+                                f"got {n!r}" + (" (0 only when the prompt is scored)." if least
+                                                else "."))  # fmt: skip
         for name in ("logprobs", "prompt_logprobs"):
             top = getattr(self, name)
-            if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
-                raise ValueError(f"{name} must be None or an int >= 0; got {top!r}.")
+            if top is not None and (not _is_int(top) or top < 0):
+                raise SamplingError(name, f"{name} must be None or an int >= 0; got {top!r}.")
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0; got {t!r}.")
+        if not _is_real(t) or t < 0:
+            raise SamplingError("temperature", "temperature must be a finite number >= 0; "
+                                f"got {t!r}.")  # fmt: skip
         p = self.top_p
-        if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0 < p <= 1):
-            raise ValueError(f"top_p must be in (0, 1]; got {p!r}.")
+        if not (_is_real(p) and 0 < p <= 1):
+            raise SamplingError("top_p", f"top_p must be in (0, 1]; got {p!r}.")
         k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1; got {k!r}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int; got {self.seed!r}.")
+        if k is not None and (not _is_int(k) or k < 1):
+            raise SamplingError("top_k", f"top_k must be None or an int >= 1; got {k!r}.")
+        if not _is_int(self.seed):
+            raise SamplingError("seed", f"seed must be an int; got {self.seed!r}.")
         if not isinstance(self.stop_at_eos, bool):
-            raise ValueError(f"stop_at_eos must be True or False; got {self.stop_at_eos!r}.")
+            raise SamplingError("stop_at_eos", "stop_at_eos must be True or False; got "
+                                f"{self.stop_at_eos!r}.")  # fmt: skip
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop strings must be non-empty strings; got {s!r}.")
+                raise SamplingError("stop", f"stop strings must be non-empty strings; got {s!r}.")
+        self._check_adjustments()
+
+    def _check_adjustments(self) -> None:
+        """vLLM's ranges for the logit adjustments (its ``SamplingParams`` checks)."""
+        r = self.repetition_penalty
+        if not _is_real(r) or r <= 0:
+            raise SamplingError("repetition_penalty", "repetition_penalty must be a finite "
+                                f"number > 0; got {r!r}.")  # fmt: skip
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not _is_real(v) or not -2 <= v <= 2:
+                raise SamplingError(name, f"{name} must be a number in [-2, 2]; got {v!r}.")
+        for pair in self.logit_bias:
+            token, bias = pair if isinstance(pair, tuple) and len(pair) == 2 else (None, None)
+            if not _is_int(token) or token < 0:  # type: ignore[operator]
+                raise SamplingError("logit_bias", "logit_bias maps token ids (ints >= 0) to "
+                                    f"biases; got {pair!r}.")  # fmt: skip
+            if not _is_real(bias) or not -100 <= bias <= 100:  # type: ignore[operator]
+                raise SamplingError("logit_bias", f"logit_bias[{token}] must be a number in "
+                                    f"[-100, 100]; got {bias!r}.")  # fmt: skip
+        if len({token for token, _ in self.logit_bias}) < len(self.logit_bias):
+            raise SamplingError("logit_bias", "logit_bias names a token id twice.")
+        m = self.min_tokens
+        if not _is_int(m) or m < 0:
+            raise SamplingError("min_tokens", f"min_tokens must be an int >= 0; got {m!r}.")
+        if m > self.max_new_tokens:
+            raise SamplingError("min_tokens", f"min_tokens ({m}) must be at most max_new_tokens "
+                                f"({self.max_new_tokens}).")  # fmt: skip
+
+    def check_vocab(self, n_vocab: int) -> None:
+        """Refuse ``logit_bias`` ids outside a model's ``n_vocab`` logits, before compute.
+
+        >>> Sampling(logit_bias=((7, 5.0),)).check_vocab(678)  # id 7 is in: nothing raised
+        """
+        outside = [token for token, _ in self.logit_bias if token >= n_vocab]
+        if outside:
+            raise SamplingError("logit_bias", "logit_bias has token ids outside this model's "
+                                f"vocabulary [0, {n_vocab}): {outside}.")  # fmt: skip
 
     @staticmethod
     def stops(stop: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -95,8 +160,43 @@ class Sampling:
         if isinstance(stop, str):
             return (stop,)
         if not isinstance(stop, (list, tuple)):
-            raise ValueError(f"stop must be a string or a list of strings; got {stop!r}.")
+            raise SamplingError("stop", "stop must be a string or a list of strings; got "
+                                f"{stop!r}.")  # fmt: skip
         return tuple(stop)
+
+    @staticmethod
+    def biases(
+        logit_bias: Mapping[int, float] | Mapping[str, float] | None,
+    ) -> tuple[tuple[int, float], ...]:
+        """``logit_bias=`` as sorted (id, bias) pairs; ids may be strings of digits (JSON's).
+
+        >>> Sampling.biases({"17": -100, 3: 2.5})
+        ((3, 2.5), (17, -100))
+        """
+        if logit_bias is None:
+            return ()
+        if not isinstance(logit_bias, Mapping):
+            raise SamplingError("logit_bias", "logit_bias must map token ids to biases; got "
+                                f"{logit_bias!r:.60}.")  # fmt: skip
+        pairs: list[tuple[int, float]] = []
+        for key, bias in logit_bias.items():
+            if isinstance(key, str) and key.strip().isdigit():
+                key = int(key)
+            if not _is_int(key):
+                raise SamplingError("logit_bias", "logit_bias keys must be token ids (ints, or "
+                                    f"strings of digits); got {key!r}.")  # fmt: skip
+            pairs.append((int(key), bias))
+        return tuple(sorted(pairs, key=lambda pair: pair[0]))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A finite int or float, never a bool (``True`` is not a number here)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
-"""Sampling as a pure function of logits and one uniform number per row."""
+"""Sampling as a pure function of logits and one uniform number per row, after the logit
+adjustments (penalties, bias, ``min_tokens``) that every engine applies as vLLM does."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
 from steerlab.core.errors import NonFiniteError
-from steerlab.core.request import Request
+from steerlab.core.request import Request, Sampling
 
 # Below this temperature decoding is greedy, on every engine (vLLM's sampler uses the same
 # floor). Dividing logits by a subnormal temperature overflows to inf and samples junk.
@@ -21,6 +22,74 @@ def is_greedy(temperature: float) -> bool:
     (True, True, False)
     """
     return temperature < GREEDY_BELOW
+
+
+def adjusts(sampling: Sampling) -> bool:
+    """Whether ``adjust_logits`` changes this row's logits at all.
+
+    >>> adjusts(Sampling()), adjusts(Sampling(repetition_penalty=1.2))
+    (False, True)
+    """
+    s = sampling
+    return bool(s.repetition_penalty != 1.0 or s.frequency_penalty or s.presence_penalty
+                or s.logit_bias or s.min_tokens)  # fmt: skip
+
+
+def adjust_logits(
+    logits: torch.Tensor,  # [batch, vocab]
+    settings: Sequence[Sampling],
+    prompts: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]],
+    eos_ids: Collection[int],
+) -> torch.Tensor:  # [batch, vocab], float32 where any row is adjusted
+    """THE logit adjustments, each row by its own settings, as vLLM v1's sampler makes them.
+
+    In vLLM's order, on float32 logits: ``min_tokens`` (``eos_ids`` get -inf while the
+    row's output is shorter), ``logit_bias`` (added), then the repetition penalty (on
+    every token of the prompt or the output: a positive logit times ``1 / p``, any other
+    times ``p``), the frequency penalty (minus ``f`` per occurrence in the output) and the
+    presence penalty (minus ``p`` once for a token in the output). ``prompts[i]`` is every
+    token before row i's output (a continued cache's included); ``outputs[i]`` its tokens
+    so far. Rows with none of these settings are left as they are; when no row has any,
+    ``logits`` itself is returned. Temperature, top-k and top-p come after, in
+    ``sample_next``.
+
+    >>> row = torch.tensor([[2.0, -1.0, 0.5]])
+    >>> adjust_logits(row, [Sampling(repetition_penalty=2.0)], [[0]], [[1]], eos_ids=())
+    tensor([[ 1.0000, -2.0000,  0.5000]])
+    """
+    rows = [i for i, s in enumerate(settings) if adjusts(s)]
+    if not rows:
+        return logits
+    out = logits.float().clone()  # vLLM adjusts in float32; the caller's logits stay raw
+    for i in rows:
+        out[i] = _adjusted_row(out[i], settings[i], prompts[i], outputs[i], eos_ids)
+    return out
+
+
+def _adjusted_row(row: torch.Tensor, s: Sampling, prompt: Sequence[int], output: Sequence[int],
+                  eos_ids: Collection[int]) -> torch.Tensor:  # fmt: skip
+    device, vocab = row.device, row.shape[-1]
+    if len(output) < s.min_tokens and eos_ids:
+        row[torch.tensor(sorted(eos_ids), device=device)] = float("-inf")
+    if s.logit_bias:
+        ids, biases = zip(*s.logit_bias)
+        row[torch.tensor(ids, device=device)] += torch.tensor(biases, dtype=row.dtype,
+                                                              device=device)  # fmt: skip
+    if s.repetition_penalty == 1.0 and not s.frequency_penalty and not s.presence_penalty:
+        return row
+    counts = torch.bincount(torch.tensor(output, dtype=torch.long, device=device), minlength=vocab)[
+        :vocab
+    ]  # [vocab]: occurrences in the output
+    in_output = counts > 0
+    if s.repetition_penalty != 1.0:
+        seen = in_output.clone()
+        seen[torch.tensor(prompt, dtype=torch.long, device=device)] = True
+        p = torch.tensor(s.repetition_penalty, dtype=row.dtype, device=device)
+        penalty = torch.where(seen, p, 1.0)
+        row = row * torch.where(row > 0, 1.0 / penalty, penalty)
+    row = row - torch.tensor(s.frequency_penalty, dtype=row.dtype, device=device) * counts
+    return row - torch.tensor(s.presence_penalty, dtype=row.dtype, device=device) * in_output
 
 
 def sample_next(

@@ -46,6 +46,7 @@ class Engine(Protocol):
     n_layers: int
     d_model: int
     n_ctx: int | None
+    n_vocab: int  # logits per position: what ``Sampling.logit_bias`` ids must be below
     capabilities: Capabilities
 
     def sites(self) -> list[str]: ...

@@ -31,7 +31,7 @@ from typing import Any
 from steerlab.core.request import Completion, Request
 from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.protocol import Engine
-from steerlab.engine.state import RowStates
+from steerlab.engine.state import RowStates, find_stop
 
 log = logging.getLogger("steerlab.scheduler")
 
@@ -311,7 +311,9 @@ def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
         text = (
             states.text(row)
             if done
-            else _settled(states.decoded(row), job.requests[k].sampling.stop)
+            else _settled(
+                states.decoded(row), job.requests[k].sampling.stop, states.stop_floor(row)
+            )
         )
         grown = text[len(job.emitted[k]) :] if text.startswith(job.emitted[k]) else ""
         tokens = states.tokens[row][job.sent[k] :]
@@ -323,12 +325,12 @@ def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
             job.closed[k] = done
 
 
-def _settled(text: str, stops: tuple[str, ...]) -> str:
+def _settled(text: str, stops: tuple[str, ...], floor: int = 0) -> str:
     """``text`` without a tail that may still change (a partial character or stop string),
-    and never past a whole stop string."""
-    ends = [text.find(stop) for stop in stops if stop in text]
-    if ends:
-        return text[: min(ends)]
+    and never past a whole stop string (one that ends after ``floor``, as ``find_stop``)."""
+    at = find_stop(text, stops, floor)
+    if at is not None:
+        return text[:at]
     cut = len(text.rstrip("\ufffd"))
     for stop in stops:
         for k in range(min(len(stop) - 1, len(text)), 0, -1):

@@ -45,9 +45,15 @@ class RowStates:
         """A row's completion (its first ``length`` tokens), cut before a stop string."""
         text = self.decoded(row, length)
         if (reason or self.reasons[row]) == "stop":
-            stops = self.requests[row].sampling.stop
-            text = text[: min((text.find(s) for s in stops if s in text), default=len(text))]
+            at = find_stop(text, self.requests[row].sampling.stop, self.stop_floor(row))
+            text = text if at is None else text[:at]
         return text
+
+    def stop_floor(self, row: int) -> int:
+        """Where a stop string may end, at the earliest: after the text of the row's first
+        ``min_tokens`` tokens (vLLM's stop checker skips them), else anywhere."""
+        least = self.requests[row].sampling.min_tokens
+        return len(self.decoded(row, least)) if least else 0
 
     def add(self, row: int, token: int, logprob: float, eos: set[int],
             score: TokenScore | None = None) -> None:  # fmt: skip
@@ -62,7 +68,11 @@ class RowStates:
             return
         self.tokens[row].append(token)
         self.logprobs[row].append(logprob)
-        if sampling.stop and any(s in self.decoded(row) for s in sampling.stop):
+        if (
+            sampling.stop
+            and len(self.tokens[row]) > sampling.min_tokens
+            and find_stop(self.decoded(row), sampling.stop, self.stop_floor(row)) is not None
+        ):
             self.done[row], self.reasons[row] = True, "stop"
         elif len(self.tokens[row]) >= sampling.max_new_tokens:
             self.done[row] = True
@@ -79,6 +89,16 @@ class RowStates:
 
     def completions(self) -> list[Completion]:
         return [self.completion(r) for r in range(len(self.requests))]
+
+
+def find_stop(text: str, stops: Sequence[str], floor: int = 0) -> int | None:
+    """Where the first stop string in ``text`` that ends after ``floor`` starts, or None.
+
+    >>> find_stop("a cat. a dog.", ["."], floor=6)
+    12
+    """
+    found = [text.find(s, max(floor - len(s) + 1, 0)) for s in stops]
+    return min((at for at in found if at >= 0), default=None)
 
 
 class RandomStreams:

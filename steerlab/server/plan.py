@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from steerlab.core.errors import ContextError
+from steerlab.core.errors import ContextError, SamplingError
 from steerlab.core.ops import Operation, SteerError, op_from_data
 from steerlab.core.prompts import Prompt, PromptError
 from steerlab.core.request import Request, Sampling
@@ -36,7 +36,11 @@ from steerlab.server.schemas import (
 )
 from steerlab.server.vectors import VectorStore
 
-_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+# Sampling's logit adjustments, named as on the wire; a null (or an absent one) is the default.
+_ADJUSTMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
+                "min_tokens")  # fmt: skip
+_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", *_ADJUSTMENTS)
+_PARAMS = {"max_new_tokens": "max_tokens", "stop_at_eos": "ignore_eos"}  # Sampling's -> wire
 
 
 @dataclass(frozen=True)
@@ -123,18 +127,24 @@ def _inline(values: list[float], d_model: int, param: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
-def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits, *,
+def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits, vocab: int, *,
                 logprobs: int | None = None, prompt_logprobs: int | None = None) -> Sampling:  # fmt: skip
-    """The engine's ``Sampling`` for these settings; ``max_tokens`` is checked against the cap."""
+    """The engine's ``Sampling`` for these settings; ``max_tokens`` is checked against the cap,
+    ``logit_bias`` against the model's vocabulary. A bad value is a 400 naming its field."""
     if max_tokens > limits.max_tokens:
         raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most "
                             f"{limits.max_tokens}.", "max_tokens")  # fmt: skip
+    given = {k: getattr(body, k) for k in _ADJUSTMENTS if getattr(body, k) is not None}
     try:
-        stops = Sampling.stops(body.stop)
-        return Sampling(max_tokens, body.temperature, body.top_k, body.top_p, seed,
-                        not body.ignore_eos, stops, logprobs, prompt_logprobs)  # fmt: skip
-    except ValueError as error:
-        raise ApiError(400, str(error), "stop") from None
+        if "logit_bias" in given:
+            given["logit_bias"] = Sampling.biases(given["logit_bias"])
+        sampling = Sampling(max_tokens, body.temperature, body.top_k, body.top_p, seed,
+                            not body.ignore_eos, Sampling.stops(body.stop), logprobs,
+                            prompt_logprobs, **given)  # fmt: skip
+        sampling.check_vocab(vocab)
+    except SamplingError as error:
+        raise ApiError(400, str(error), _PARAMS.get(error.field, error.field)) from None
+    return sampling
 
 
 def rows_of(lm: SteerableModel, prompts: Sequence[Prompt | list[int]], steers: list[Steer],
@@ -248,7 +258,7 @@ def _plan_one(body: CompletionRequest | ChatRequest, prompts: Sequence[Prompt | 
         raise ApiError(400, "alpha must be one number here; use /v1/batch for a list.",
                        "steering")  # fmt: skip
     seed = seed_of(body.seed)
-    sampling = sampling_of(body, new, seed, limits, logprobs=logprobs,
+    sampling = sampling_of(body, new, seed, limits, lm.n_vocab, logprobs=logprobs,
                            prompt_logprobs=prompt_logprobs)  # fmt: skip
     expanded = [p for p in prompts for _ in range(n)]
     rows, requests = rows_of(lm, expanded, steers, sampling, chat=chat, param=param)
@@ -265,7 +275,7 @@ def plan_batch(body: BatchRequest, lm: SteerableModel, store: VectorStore, limit
     shared = [*preset, *steers_of(body.steering, lm, store, body.alphas)]
     texts = [p for p in body.prompts if isinstance(p, str)]
     if len(texts) == len(body.prompts):
-        sampling = sampling_of(body, body.max_tokens or 64, seed, limits)
+        sampling = sampling_of(body, body.max_tokens or 64, seed, limits, lm.n_vocab)
         check_size(len(body.prompts) * max([len(s.alpha) for s in shared] or [1]), limits,
                    "prompts")  # fmt: skip
         rows, requests = rows_of(lm, [*texts], shared, sampling, chat=body.chat,
@@ -294,7 +304,8 @@ def _plan_items(body: BatchRequest, shared: list[Steer], preset: list[Steer], se
             )
         )
         sampling = sampling_of(merged, merged.max_tokens or 64,
-                               seed if item.seed is None else item.seed, limits)  # fmt: skip
+                               seed if item.seed is None else item.seed, limits,
+                               lm.n_vocab)  # fmt: skip
         rows, requests = rows_of(lm, [prompt], steers, sampling, chat=body.chat,
                                  param=f"prompts[{i}]")  # fmt: skip
         text = repr(prompt)  # the k-th repeat of a text draws from stream k, as in lay_out

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 Positions = Literal["all", "prompt", "generated"] | Annotated[int, Field(ge=0)]
+# A JSON number, never ``true``; ranges are ``core.request.Sampling``'s, checked in ``plan``.
+Number = Annotated[float, Strict()]
 
 
 class Steering(BaseModel):
@@ -43,9 +45,13 @@ class Sampled(BaseModel):
     """Decoding settings shared by every generation endpoint.
 
     Every field is honoured or refused: an unknown field (a typo such as ``"steer"``, or an
-    OpenAI field steerlab does not implement: penalties, ``logit_bias``, ``best_of``,
-    ``suffix``, ``response_format``, tools, ``stream_options``...) is a 400 naming it, never
-    silently dropped. ``user`` and ``metadata`` are accepted: they never change output.
+    OpenAI field steerlab does not implement: ``best_of``, ``suffix``, ``response_format``,
+    tools, ``stream_options``...) is a 400 naming it, never silently dropped. ``user`` and
+    ``metadata`` are accepted: they never change output.
+
+    The penalties, ``logit_bias`` (token ids as JSON keys) and ``min_tokens`` are vLLM's,
+    with its ranges (``core.request.Sampling``); null means the default. They adjust the
+    logits a row samples from; reported logprobs stay the model's own.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -59,6 +65,11 @@ class Sampled(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    repetition_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    presence_penalty: Number | None = None
+    logit_bias: dict[str, Number] | None = None
+    min_tokens: Annotated[int, Strict()] | None = None
     steering: list[Steering] = []
     amplify: Amplify | None = None
 
@@ -109,6 +120,11 @@ class BatchItem(BaseModel):
     top_k: Annotated[int, Field(ge=1)] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    repetition_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    presence_penalty: Number | None = None
+    logit_bias: dict[str, Number] | None = None
+    min_tokens: Annotated[int, Strict()] | None = None
     steering: list[Steering] | None = None
     alphas: list[float] | None = None
 

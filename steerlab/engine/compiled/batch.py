@@ -58,5 +58,8 @@ class StaticBatch:
         self.last, self.live = tokens.cpu(), live.cpu()
         self.count = self.count + self.live.long()
 
+    def context(self) -> list[list[int]]:
+        return self.eager.context()  # the prompts: decoded tokens are fed, never appended
+
     def keep(self, index: list[int]) -> None:
         raise RuntimeError("A static batch keeps its rows; decode it with compact=False.")

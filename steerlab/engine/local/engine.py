@@ -48,6 +48,7 @@ class LocalEngine:
         self.backend, self.tokenizer, self.pad_id = backend, tokenizer, pad_id
         self.kind = backend.kind
         self.n_layers, self.d_model, self.n_ctx = backend.n_layers, backend.d_model, backend.n_ctx
+        self.n_vocab = backend.n_vocab
         self._eos = eos_ids
         self.share_prefix = True  # rows of one prompt feed it once (``engine/prefix.py``)
         self.compiled: CompiledStep | None = None
@@ -92,6 +93,7 @@ class LocalEngine:
         for r in requests:  # a forward (prefill, logits) feeds its prompt and samples nothing
             new = r.sampling.max_new_tokens if generating else 0
             check_window(self.n_ctx, len(r.prompt) + cached, new)
+            r.sampling.check_vocab(self.n_vocab)
         check_row_steers(self.backend, [r.steers for r in requests])
         sites = self.sites()
         return [resolve(name, sites) for name in capture]

@@ -15,7 +15,7 @@ from steerlab.backends.base import Backend
 from steerlab.backends.cache import KVCache
 from steerlab.core.prompts import Batch as PromptBatch
 from steerlab.core.request import Request, TokenScore
-from steerlab.core.sampling import check_finite, sample_next
+from steerlab.core.sampling import adjust_logits, adjusts, check_finite, sample_next
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 from steerlab.engine.scoring import prompt_scores, token_scores
@@ -100,6 +100,11 @@ class Batch:
         if self.data is not None:
             self.data = self.backend.cache_ops.select(self.data, picked)
 
+    def context(self) -> list[list[int]]:
+        """Each row's real tokens so far, a continued cache's included (its whole prompt,
+        before decoding starts): what the repetition penalty counts as the prompt."""
+        return [row[real.bool()].tolist() for row, real in zip(self.tokens, self.mask)]
+
     def cache(self) -> KVCache:
         """The cache as it stands, with the tokens it holds."""
         return KVCache(self.data, self.backend.cache_ops, self.tokens, self.mask, self.generated)
@@ -133,6 +138,8 @@ class Stepper(Protocol):
 
     def keep(self, index: list[int]) -> None: ...
 
+    def context(self) -> list[list[int]]: ...
+
 
 def decode(
     batch: Stepper,
@@ -151,9 +158,13 @@ def decode(
     batch once half of it has finished; with ``keep_cache`` the last tokens are fed too,
     so the cache ends exactly at the end of the text. Rows whose sampling scores the prompt
     get their scores from the prefill's logits (the batch must start without a cache).
+    Penalties, bias and ``min_tokens`` adjust the logits a row samples from, never its
+    reported logprobs.
     """
     streams = RandomStreams(states.requests)
     requests = states.requests
+    # every token before the output, per call row (the batch has all rows at the start)
+    prompts = batch.context() if any(adjusts(r.sampling) for r in requests) else None
     tops = [r.sampling.prompt_logprobs for r in requests]
     if any(top is not None for top in tops):
         if not isinstance(batch, Batch) or batch.fed:
@@ -170,9 +181,15 @@ def decode(
         yield 0
         return
     for step in range(max(r.sampling.max_new_tokens for r in requests)):
-        check_finite(logits, step, [requests[r] for r in batch.rows])
+        rows = [requests[r] for r in batch.rows]
+        check_finite(logits, step, rows)
         live = torch.tensor([not states.done[r] for r in batch.rows])  # [batch]
-        token = sample(logits, streams.draw(batch.rows), [requests[r] for r in batch.rows])
+        adjusted = logits  # [batch, vocab]: what the rows sample from
+        if prompts is not None:
+            adjusted = adjust_logits(logits, [r.sampling for r in rows],
+                                     [prompts[r] for r in batch.rows],
+                                     [states.tokens[r] for r in batch.rows], eos_ids)  # fmt: skip
+        token = sample(adjusted, streams.draw(batch.rows), rows)
         logprobs = logits.float().log_softmax(-1)  # [batch, vocab]: the scores, unadjusted
         top = max((requests[r].sampling.logprobs or 0) for r in batch.rows)
         scores = token_scores(logprobs, token, top)

@@ -130,7 +130,7 @@ class _Decoding:
         for i, request in enumerate(requests, start):
             row = f"steerlab-{self.call}-{i}"
             vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos,
-                         vocab=engine.vocab)  # fmt: skip
+                         vocab=engine.n_vocab)  # fmt: skip
             params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
             sent.append((row, vr.prompt, params))
         new = self.states.extend(requests)

@@ -52,9 +52,9 @@ class VLLMEngine:
         self.n_layers: int = text.num_hidden_layers
         self.d_model: int = text.hidden_size
         self.n_ctx: int | None = config.max_model_len
-        self.vocab: int = config.get_vocab_size()
+        self.n_vocab: int = config.get_vocab_size()
         # How many alternatives a score may list (vLLM's -1: all of them).
-        self.max_logprobs: int = self.vocab if config.max_logprobs < 0 else config.max_logprobs
+        self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
@@ -102,11 +102,11 @@ class VLLMEngine:
             if not r.prompt:
                 raise PromptError("The vLLM engine needs at least one prompt token per request.")
             top = max(r.sampling.logprobs or 0, r.sampling.prompt_logprobs or 0)
-            if min(top, self.vocab) > self.max_logprobs:
+            if min(top, self.n_vocab) > self.max_logprobs:
                 raise ValueError(
                     f"{top} most likely tokens asked for, but this vLLM engine lists at most "
                     f"{self.max_logprobs} (its max_logprobs): load with vllm_args="
-                    f"{{'max_logprobs': {min(top, self.vocab)}}}."
+                    f"{{'max_logprobs': {min(top, self.n_vocab)}}}."
                 )
             # vLLM samples a token even for a row that only scores its prompt (one dropped)
             scoring_only = r.sampling.max_new_tokens == 0
@@ -114,6 +114,7 @@ class VLLMEngine:
                          hint=" (vLLM's max_model_len; load with a larger one"
                          + ("; vLLM samples one token even where only the prompt is scored)"
                             if scoring_only else ")"))  # fmt: skip
+            r.sampling.check_vocab(self.n_vocab)
             for steer in r.steers:
                 check_steer(steer.site, steer.vector, valid, self.d_model)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers

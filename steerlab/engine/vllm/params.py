@@ -84,6 +84,13 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
         "logprobs": _capped(s.logprobs or 0, vocab),  # 0: the sampled token's own
         "prompt_logprobs": prompt_top,
         "detokenize": False,  # steerlab decodes the text itself; vLLM would decode every top
+        # vLLM's own logit adjustments, the ones core.sampling.adjust_logits writes out; its
+        # min_tokens masks the EOS ids whether or not they stop the row, as steerlab's does
+        "repetition_penalty": s.repetition_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "presence_penalty": s.presence_penalty,
+        "min_tokens": s.min_tokens,
+        "logit_bias": dict(s.logit_bias) or None,
     }
     if steers:
         data = [st.to_data(vector_key=st.vector_key) for st in steers]
