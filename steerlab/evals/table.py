@@ -19,7 +19,7 @@ class Table:
 
     >>> Table("demo", ["a", "b"], [{"a": 1.0, "b": 2.0, "b_low": 1.5, "b_high": 2.5}])
     demo
-      a               b
+      a             b
       1  2 [1.5, 2.5]
     """
 

@@ -31,13 +31,6 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 log = logging.getLogger("steerlab.server")
 
 
-def looks_pickled(data: bytes) -> bool:
-    """Pickle protocol 2-5 opcodes, or a zip archive (``torch.save``)."""
-    return data.startswith(b"PK\x03\x04") or (
-        data[:1] == b"\x80" and data[1:2] in b"\x02\x03\x04\x05"
-    )
-
-
 def describe(name: str, vector: SteeringVector) -> dict[str, object]:
     """A held vector as the API shows it (upload response and listing)."""
     return {"id": name, "object": "vector", "sha256": vector.sha256, "sites": vector.sites,
@@ -68,7 +61,7 @@ class VectorStore:
         """
         if not _NAME.match(name):
             raise ApiError(400, "A vector name is 1-64 letters, digits, '_', '.' or '-'.", "name")
-        if looks_pickled(data[:8]):
+        if io.looks_pickled(data[:8]):
             raise ApiError(400, "Refusing the upload: it is a pickle / torch.save file, which can "
                                 "run code. Upload a steerlab .safetensors vector.", "file")  # fmt: skip
         with tempfile.TemporaryDirectory() as folder:

@@ -217,7 +217,12 @@ def _write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-def _looks_pickled(head: bytes) -> bool:
+def looks_pickled(head: bytes) -> bool:
+    """Pickle protocol 2-5 opcodes, or a zip archive (``torch.save``): files that can run code.
+
+    >>> looks_pickled(b"\\x80\\x04K\\x01."), looks_pickled(b"{}")
+    (True, False)
+    """
     return head.startswith(b"PK\x03\x04") or (
         head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05"
     )
@@ -242,7 +247,7 @@ def read_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
         body = f.read(size) if 0 < size <= min(_MAX_HEADER, path.stat().st_size - 8) else b""
     if not body.startswith(b"{"):
-        kind = "a pickle / torch.save file" if _looks_pickled(head) else "not a safetensors file"
+        kind = "a pickle / torch.save file" if looks_pickled(head) else "not a safetensors file"
         raise VectorFileError(f"Refusing {path.name}: it is {kind}.")
     try:
         header = json.loads(body, object_pairs_hook=_unique_keys)
