@@ -27,7 +27,7 @@ def url():
         ("best_of", 2), ("suffix", "!"), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
         ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}), ("min_tokens", 3),
         ("response_format", {"type": "json_object"}), ("tools", []),
-        ("stream_options", {"include_usage": True}), ("chat_template_kwargs", {}),
+        ("chat_template_kwargs", {}),
     ],
 )  # fmt: skip
 def test_fields_steerlab_does_not_do_exactly_are_a_400_naming_them(url, field, value):
