@@ -5,7 +5,7 @@ the stop string stays in ``text``. Logprobs, usage and the stream agree, in-proc
 from __future__ import annotations
 
 import pytest
-from server_helpers import post, sse, served
+from server_helpers import post, served, sse
 
 import steerlab as sl
 
@@ -22,7 +22,8 @@ def url(toy_lm):
 @pytest.fixture(scope="module")
 def free(url):
     """The greedy completion with no stop, and where each of its tokens' text begins."""
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
     choice = post(url, "/v1/completions", body).json()["choices"][0]
     return body, choice["text"], choice["token_ids"]
 
