@@ -44,7 +44,8 @@ class Sampled(BaseModel):
 
     Every field is honoured or refused: an unknown field (a typo such as ``"steer"``, or an
     OpenAI field steerlab does not implement: penalties, ``logit_bias``, ``best_of``,
-    ``suffix``, ``response_format``, tools...) is a 400 naming it, never silently dropped. ``user`` and ``metadata`` are accepted: they never change output.
+    ``suffix``, ``response_format``, tools...) is a 400 naming it, never silently dropped.
+    ``user`` and ``metadata`` are accepted: they never change output.
     """
 
     model_config = ConfigDict(extra="forbid")
