@@ -5,9 +5,16 @@ served on loopback in this process. 32 ``/v1/completions`` requests of 64 tokens
 prompt, seeded sampling, every other one steered at layer 6) are sent all at once, then one at
 a time; the ratio of the two wall times is the batching gain. The server's overhead is one
 request through HTTP against in-process ``lm.generate`` for the same request (medians of 3,
-interleaved). Appends (or replaces) a "Server benchmark" section of ``RESULTS.md``.
+interleaved). Writes the "Server benchmark" section of ``RESULTS.md``.
 
-    .venv/bin/python benchmarks/bench_server.py
+A second case measures how one huge request holds up everyone else: ``STALL_CLIENTS`` clients
+send short ``/v1/completions`` requests (one new token, steerlab-tiny) one after another while
+another client posts an 8 MB prompt (refused as longer than the context window, after the
+server has parsed and tokenized it), against the same clients with no big prompt, in the same
+run. It writes the "Server: short requests beside an 8 MB prompt" section.
+
+    .venv/bin/python benchmarks/bench_server.py           # both cases
+    .venv/bin/python benchmarks/bench_server.py --stall   # the second case alone (about a minute)
 
 The load generator sends at most ``N_REQUESTS`` requests per phase, only to 127.0.0.1, and
 stops sending when ``DEADLINE_S`` has passed (the report then says how many were measured).
@@ -30,9 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from sections import replace_section  # noqa: E402
+
 import steerlab as sl  # noqa: E402
 from steerlab.server import ServedModels, create_app  # noqa: E402
 from steerlab.server.background import serve_in_background  # noqa: E402
+from steerlab.server.cli import settle_heap  # noqa: E402
 
 N_REQUESTS = 32
 NEW = 64
@@ -57,8 +67,12 @@ class Phase:
         return len(self.latencies) * NEW / self.wall_s
 
     def percentile(self, q: float) -> float:
-        ordered = sorted(self.latencies)  # nearest rank
-        return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+        return _nearest_rank(self.latencies, q)
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def bodies(vector: list[float]) -> list[dict]:
@@ -165,7 +179,7 @@ def section(figures: dict) -> str:
     before, after = figures["load"]
     overhead = figures["server_s"] - figures["local_s"]
     lines = [
-        "# Server benchmark",
+        "## Server benchmark",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with "
         f"`benchmarks/bench_server.py` on {figures['threads']} CPU threads "
@@ -201,20 +215,105 @@ def section(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def write(text: str, path: Path) -> None:
-    """Append ``text`` to ``path``, replacing an earlier server section."""
-    old = path.read_text() if path.exists() else ""
-    start = old.find("# Server benchmark")
-    if start >= 0:
-        end = old.find("\n# ", start + 1)
-        old = old[:start] + (old[end + 1 :] if end >= 0 else "")
-    path.write_text(old.rstrip("\n") + "\n\n" + text if old.strip() else text)
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    texts = [] if "--stall" in args else [section(run())]
+    texts.append(stall_section(stall_run()))
+    for text in texts:
+        print(text)
+        replace_section(text.splitlines())
 
 
-def main() -> None:
-    text = section(run())
-    print(text)
-    write(text, Path(__file__).parent / "RESULTS.md")
+STALL_CLIENTS = 8
+STALL_MIN = 20  # short requests per client at least, in each phase
+STALL_ROUNDS = 2
+BIG_BYTES = 8_000_000
+
+
+async def _short_client(client: httpx.AsyncClient, body: dict, stop: asyncio.Event) -> list[float]:
+    """One client's short requests, one after another, until ``stop`` (and ``STALL_MIN`` sent)."""
+    latencies: list[float] = []
+    while len(latencies) < STALL_MIN or not stop.is_set():
+        start = time.perf_counter()
+        response = await client.post("/v1/completions", json=body)
+        response.raise_for_status()
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+async def _stall_phase(url: str, big: bytes | None, seconds: float) -> dict:
+    """Short requests from every client while ``big`` is posted (or for ``seconds``)."""
+    short = {"model": "bench", "prompt": "Once upon a time", "max_tokens": 1, "temperature": 0}
+    limits = httpx.Limits(max_connections=STALL_CLIENTS + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=DEADLINE_S, limits=limits) as client:
+        stop = asyncio.Event()
+        start = time.perf_counter()
+        clients = [asyncio.create_task(_short_client(client, short, stop))
+                   for _ in range(STALL_CLIENTS)]  # fmt: skip
+        status, big_s = None, 0.0
+        if big is None:
+            await asyncio.sleep(seconds)
+        else:
+            await asyncio.sleep(0.2)  # the short clients are under way
+            sent = time.perf_counter()
+            reply = await client.post("/v1/completions", content=big,
+                                      headers={"content-type": "application/json"})  # fmt: skip
+            status, big_s = reply.status_code, time.perf_counter() - sent
+        stop.set()
+        latencies = [t for lat in await asyncio.gather(*clients) for t in lat]
+        return {"latencies": latencies, "wall_s": time.perf_counter() - start, "status": status,
+                "big_s": big_s}  # fmt: skip
+
+
+def stall_run() -> dict:
+    """The short clients beside an 8 MB prompt, then alone for as long."""
+    lm = sl.load("steerlab-tiny", backend="hf")
+    words = "Once upon a time, there was a little fox who lived in the woods. "
+    big = ('{"model": "bench", "max_tokens": 1, "prompt": "' + words * (BIG_BYTES // len(words))
+           + '"}').encode()  # fmt: skip
+    loaded, alone = [], []
+    app = create_app(ServedModels(lm), name="bench")
+    settle_heap()  # as `steerlab serve` does once its model is loaded
+    with serve_in_background(app) as url:
+        asyncio.run(_stall_phase(url, None, 0.5))  # warm-up
+        for _ in range(STALL_ROUNDS):  # interleaved, so a change in the machine's load hits both
+            loaded.append(asyncio.run(_stall_phase(url, big, 0.0)))
+            alone.append(asyncio.run(_stall_phase(url, None, loaded[-1]["wall_s"])))
+            print(f"8 MB prompt: {loaded[-1]['status']} after {loaded[-1]['big_s']:.1f} s",
+                  flush=True)  # fmt: skip
+    return {"loaded": loaded, "alone": alone, "bytes": len(big), "threads": torch.get_num_threads(),
+            "load": os.getloadavg()}  # fmt: skip
+
+
+def stall_section(figures: dict) -> str:
+    """The markdown section for the short-requests-beside-a-big-prompt case."""
+    loaded, alone = figures["loaded"], figures["alone"]
+    pooled = {name: [t for phase in phases for t in phase["latencies"]]
+              for name, phases in (("beside the 8 MB prompt", loaded), ("alone", alone))}  # fmt: skip
+    p99 = [_nearest_rank(lat, 99) for lat in pooled.values()]
+    big = ", ".join(f"{phase['status']} after {phase['big_s']:.1f} s" for phase in loaded)
+    lines = [
+        "## Server: short requests beside an 8 MB prompt",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with "
+        f"`benchmarks/bench_server.py --stall` on {figures['threads']} CPU threads "
+        f"({platform.machine()}, torch {torch.__version__}), load average "
+        f"{figures['load'][0]:.1f} after. steerlab-tiny served on loopback in the same process; "
+        f"{STALL_CLIENTS} clients each send `/v1/completions` requests of one new token one after "
+        f"another while another client posts a {figures['bytes'] / 1e6:.1f} MB prompt, then for "
+        f"as long with no big prompt; {STALL_ROUNDS} rounds of both, interleaved, pooled. The big "
+        f"prompt was answered {big}: a 400, longer than the context window, found once the "
+        "server has parsed and tokenized it (in worker threads). The heap is frozen once the "
+        "model is loaded, as `steerlab serve` does (`settle_heap`).",
+        "",
+        "| phase | short requests | p50 latency (ms) | p99 latency (ms) | max (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, lat in pooled.items():
+        lines.append(f"| {name} | {len(lat)} | {_nearest_rank(lat, 50) * 1000:.0f} "
+                     f"| {_nearest_rank(lat, 99) * 1000:.0f} | {max(lat) * 1000:.0f} |")  # fmt: skip
+    lines += ["", f"p99 beside the big prompt over p99 alone: {p99[0] / p99[1]:.2f}x.", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,11 @@ HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 @contextmanager
 def served(lm: sl.SteerableModel, before: sl.SteerableModel | None = None,
-           beta: float | None = None, **options):  # fmt: skip
+           beta: float | None = None, idle_timeout: float = 5.0, **options):  # fmt: skip
     """A server for ``lm`` on 127.0.0.1 with ``KEY``; yields its URL."""
     options.setdefault("limits", Limits(max_n=4, max_rows=32, max_body_bytes=256 << 10))
     app = create_app(ServedModels(lm, before, beta), api_key=KEY, **options)
-    with serve_in_background(app) as url:
+    with serve_in_background(app, idle_timeout=idle_timeout) as url:
         yield url
 
 

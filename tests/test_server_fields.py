@@ -32,7 +32,7 @@ def url(lm):
     [
         ("steer", [{"site": "blocks.2.hook_resid_pre", "vector": [0.0] * 128}]),  # a typo
         ("best_of", 2), ("suffix", "!"), ("response_format", {"type": "json_object"}),
-        ("tools", []), ("stream_options", {"include_usage": True}), ("chat_template_kwargs", {}),
+        ("tools", []), ("chat_template_kwargs", {}),
     ],
 )  # fmt: skip
 def test_fields_steerlab_does_not_do_exactly_are_a_400_naming_them(url, field, value):

@@ -108,11 +108,9 @@ def test_text_prompts_echo_and_offsets(url, toy_lm):
     ("change", "param"),
     [
         ({"max_tokens": 0, "echo": False}, "max_tokens"),
-        ({"logprobs": 2, "stream": True}, "stream"),
         ({"logprobs": 21}, "logprobs"),
         ({"prompt": [[1, 2], "text"]}, "prompt"),
         ({"prompt": [10**9]}, "prompt"),
-        ({"echo": True, "stream": True}, "stream"),
     ],
 )
 def test_what_scoring_cannot_do_is_a_400_naming_the_field(url, change, param):

@@ -16,12 +16,13 @@ class Generation:
 
     Attributes:
         text: completion of each row (new tokens only, special tokens dropped).
-        tokens: new token ids of each row, without padding.
+        tokens: new token ids of each row, without padding; a row that ended at a stop
+            string keeps the tokens wholly before it (``RowStates.kept``).
         prompt_tokens: the token ids actually fed for each row's prompt.
         finish_reasons: ``"eos"``, ``"stop"`` (a stop string) or ``"length"``.
         prompt_index: which input prompt each row came from.
         alphas: the alpha of each steer on each row (empty tuple when unsteered).
-        logprobs: log-probability of each new token under the (steered) model.
+        logprobs: log-probability of each token in ``tokens`` under the (steered) model.
         seed: the sampling seed (drawn fresh when none was given), to repeat the run.
         activations: site -> [row, pos, d_model] over prompt and new tokens, when captured.
         cache: the KV cache at the end of the text, with ``keep_cache=True`` or ``cache=``.

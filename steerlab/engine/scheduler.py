@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from steerlab.core.request import Completion, Request
+from steerlab.core.request import Completion, Request, TokenScore
 from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.protocol import Engine
 from steerlab.engine.state import RowStates, find_stop
@@ -38,7 +38,13 @@ log = logging.getLogger("steerlab.scheduler")
 
 @dataclass
 class Delta:
-    """New output of one row of a streaming job."""
+    """New output of one row of a streaming job.
+
+    ``tokens`` are those whose text lies wholly within the text streamed so far (a row's
+    tokens then join to its completion's, a stop string's left out). ``scores`` (where the
+    row's sampling asks for logprobs) are theirs, plus the EOS token's that ended the row;
+    ``prompt_scores`` (where it scores the prompt) come once, on the row's first delta.
+    """
 
     step: int
     row: int
@@ -47,6 +53,8 @@ class Delta:
     logprobs: list[float]
     done: bool = False
     reason: str = "length"
+    scores: list[TokenScore] = field(default_factory=list)
+    prompt_scores: list[TokenScore | None] = field(default_factory=list)
 
 
 @dataclass
@@ -77,11 +85,13 @@ class Job:
     finished: bool = False
     emitted: list[str] = field(default_factory=list)  # per row: text already streamed
     sent: list[int] = field(default_factory=list)  # per row: tokens already streamed
+    opened: list[bool] = field(default_factory=list)  # per row: a delta was streamed
     closed: list[bool] = field(default_factory=list)  # per row: its end was streamed
 
     def __post_init__(self) -> None:
         self.emitted = [""] * len(self.requests)
         self.sent = [0] * len(self.requests)
+        self.opened = [False] * len(self.requests)
         self.closed = [False] * len(self.requests)
 
     def answer(self, event: Done | Failed) -> None:
@@ -305,7 +315,7 @@ class Scheduler:
 
 
 def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
-    """Post each row's new tokens, and its text so far minus what might yet change."""
+    """Post each row's new text, minus what might yet change, and the tokens within it."""
     for k, row in enumerate(rows):
         done = states.done[row]
         text = (
@@ -316,13 +326,16 @@ def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
             )
         )
         grown = text[len(job.emitted[k]) :] if text.startswith(job.emitted[k]) else ""
-        tokens = states.tokens[row][job.sent[k] :]
-        if grown or tokens or (done and not job.closed[k]):
-            logprobs = list(states.logprobs[row][job.sent[k] :])
-            job.post(Delta(step, k, grown, list(tokens), logprobs, done, states.reasons[row]))
+        start, length = job.sent[k], len(states.tokens[row])
+        upto = states.kept(row) if done else states.within(row, text, length, start)
+        if grown or upto > start or (done and not job.closed[k]):
+            scores = (states.scores_kept(row, upto) if done else states.scores[row][:upto])[start:]
+            prompt = [] if job.opened[k] else list(states.prompt_scores[row])
+            job.post(Delta(step, k, grown, states.tokens[row][start:upto],
+                           states.logprobs[row][start:upto], done, states.reasons[row], scores,
+                           prompt))  # fmt: skip
             job.emitted[k] += grown
-            job.sent[k] += len(tokens)
-            job.closed[k] = done
+            job.sent[k], job.opened[k], job.closed[k] = upto, True, done
 
 
 def _settled(text: str, stops: tuple[str, ...], floor: int = 0) -> str:

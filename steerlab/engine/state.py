@@ -55,6 +55,32 @@ class RowStates:
         least = self.requests[row].sampling.min_tokens
         return len(self.decoded(row, least)) if least else 0
 
+    def kept(self, row: int, length: int | None = None, reason: str | None = None) -> int:
+        """How many of a row's first ``length`` tokens its result keeps: all of them, unless
+        the row ended at a stop string; then those wholly before it.
+
+        A token whose text runs into the stop string is dropped with every token after it,
+        though ``text`` keeps the part of its text before the stop string: a row's
+        ``tokens`` then decode to a prefix of its ``text``, never to text past it.
+        """
+        length = len(self.tokens[row]) if length is None else length
+        if (reason or self.reasons[row]) != "stop":
+            return length
+        return self.within(row, self.text(row, length, reason), length)
+
+    def within(self, row: int, text: str, length: int, start: int = 0) -> int:
+        """The most of a row's first ``length`` tokens (at least ``start``) whose decoded
+        text is a prefix of ``text``; the row's last tokens are tried first."""
+        for n in range(length, start, -1):
+            if text.startswith(self.decoded(row, n)):
+                return n
+        return start
+
+    def scores_kept(self, row: int, kept: int) -> list[TokenScore]:
+        """The scores of a row's first ``kept`` tokens, and of the EOS token that ended it."""
+        scores = self.scores[row]
+        return scores[:kept] + scores[len(self.tokens[row]) :]
+
     def add(self, row: int, token: int, logprob: float, eos: set[int],
             score: TokenScore | None = None) -> None:  # fmt: skip
         """Record one sampled token for a live row, and whether it ends the row.
@@ -83,8 +109,9 @@ class RowStates:
             self.done[row], self.reasons[row] = True, "cancelled"
 
     def completion(self, row: int) -> Completion:
-        return Completion(self.text(row), list(self.tokens[row]), list(self.logprobs[row]),
-                          self.reasons[row], list(self.scores[row]),
+        kept = self.kept(row)
+        return Completion(self.text(row), self.tokens[row][:kept], self.logprobs[row][:kept],
+                          self.reasons[row], self.scores_kept(row, kept),
                           list(self.prompt_scores[row]))  # fmt: skip
 
     def completions(self) -> list[Completion]:

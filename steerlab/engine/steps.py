@@ -36,12 +36,13 @@ def steps(progress: Iterator[Progress], rows: Rows, seed: int,
 def _step(p: Progress, rows: Rows, seed: int) -> Step:
     def result(lengths: list[int] | None) -> Generation:
         states, n = p.states, lengths or p.lengths
+        kept = [states.kept(r, n[r], why) for r, why in enumerate(p.reasons)]  # stop cut off
         return Generation(
             text=[states.text(r, n[r], why) for r, why in enumerate(p.reasons)],
-            tokens=[t[: n[r]] for r, t in enumerate(states.tokens)],
+            tokens=[t[: kept[r]] for r, t in enumerate(states.tokens)],
             prompt_tokens=[list(ids) for ids in rows.encoded],
             finish_reasons=list(p.reasons),
-            logprobs=[lp[: n[r]] for r, lp in enumerate(states.logprobs)],
+            logprobs=[lp[: kept[r]] for r, lp in enumerate(states.logprobs)],
             activations=p.recorder.stacked() if p.recorder else None,
             cache=p.cache(),
             prompt_index=rows.prompt_index,

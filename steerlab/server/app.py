@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steerlab.engine.scheduler import Scheduler
 from steerlab.server import tokens
-from steerlab.server.errors import ApiError, field_name
+from steerlab.server.errors import ApiError, invalid
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits
 from steerlab.server.presets import Preset, PresetError
@@ -131,10 +131,7 @@ async def _api_error(request: Request, error: ApiError) -> JSONResponse:
 
 
 async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-    first = error.errors()[0]
-    param = field_name(first.get("loc", ()))
-    message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
-    return JSONResponse(ApiError(400, message, param or None).body(), status_code=400)
+    return JSONResponse(invalid(error.errors()).body(), status_code=400)
 
 
 async def _http_error(request: Request, error: HTTPException) -> JSONResponse:

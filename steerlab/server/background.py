@@ -10,13 +10,17 @@ from contextlib import contextmanager
 
 from fastapi import FastAPI
 
+from steerlab.server.connections import DEFAULT_IDLE_TIMEOUT, uvicorn_config
+
 
 @contextmanager
 def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
-                        timeout: float = 30.0) -> Iterator[str]:  # fmt: skip
+                        timeout: float = 30.0,
+                        idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> Iterator[str]:  # fmt: skip
     """Serve ``app`` with uvicorn in a thread; yields its base URL, and stops it on exit.
 
-    ``port=0`` picks a free port.
+    ``port=0`` picks a free port. Connections idle past ``idle_timeout`` seconds are closed,
+    as ``steerlab serve --idle-timeout`` closes them (``connections.IdleTimeoutH11``).
 
     >>> with serve_in_background(create_app(ServedModels(lm))) as url:  # doctest: +SKIP
     ...     sl.connect(url).generate("Once", max_new_tokens=5)
@@ -26,7 +30,8 @@ def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    config = uvicorn_config(app, host=host, port=sock.getsockname()[1], idle_timeout=idle_timeout,
+                            log_level="warning")  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

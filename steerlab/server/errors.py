@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from steerlab.engine.guard import CallInFlightError
@@ -46,6 +47,14 @@ def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
         elif not _type_tag(str(part)):
             out += f".{part}" if out else str(part)
     return out
+
+
+def invalid(errors: Sequence[Mapping[str, Any]]) -> ApiError:
+    """A 400 for the first field pydantic refused, named (``body`` when the body as a whole
+    is wrong: not JSON, or not an object)."""
+    first = errors[0]
+    param = field_name(first.get("loc", ())) or "body"
+    return ApiError(400, f"{param}: {first.get('msg', 'invalid')}", param)
 
 
 def _type_tag(part: str) -> bool:

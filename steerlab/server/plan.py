@@ -210,9 +210,7 @@ def plan_completion(body: CompletionRequest, lm: SteerableModel, store: VectorSt
     if new == 0 and not body.echo:
         raise ApiError(400, "max_tokens 0 generates nothing: add echo=true to score the prompt.",
                        "max_tokens")  # fmt: skip
-    if body.stream and (body.echo or body.logprobs):
-        raise ApiError(400, "A stream sends the sampled tokens' own logprobs only: set "
-                            "stream=false for echo or logprobs >= 1.", "stream")  # fmt: skip
+    check_stream_options(body)
     scored = body.echo and (body.logprobs is not None or new == 0)
     plan = _plan_one(body, prompts, body.n, new, False, lm, store, limits, beta, preset,
                      logprobs=body.logprobs,
@@ -224,6 +222,18 @@ def plan_completion(body: CompletionRequest, lm: SteerableModel, store: VectorSt
     return plan
 
 
+def check_stream_options(body: CompletionRequest | ChatRequest) -> None:
+    """``stream_options`` asks for something a stream can do: refused without one."""
+    options = body.stream_options
+    if options is None:
+        return
+    if not body.stream:
+        raise ApiError(400, "stream_options needs stream=true.", "stream_options")
+    if options.continuous_usage_stats and not options.include_usage:
+        raise ApiError(400, "continuous_usage_stats needs include_usage=true.",
+                       "stream_options.continuous_usage_stats")  # fmt: skip
+
+
 def _ids(prompt: object) -> bool:
     return isinstance(prompt, list) and bool(prompt) and all(type(t) is int for t in prompt)
 
@@ -233,9 +243,7 @@ def plan_chat(body: ChatRequest, lm: SteerableModel, store: VectorStore, limits:
     """``/v1/chat/completions``: ``lm.generate([messages] * n, steer, chat=True, ...)``."""
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs=true.", "top_logprobs")
-    if body.stream and body.top_logprobs:
-        raise ApiError(400, "Streaming sends the sampled tokens' own logprobs only: drop "
-                            "stream for top_logprobs >= 1.", "stream")  # fmt: skip
+    check_stream_options(body)
     messages = [m.model_dump() for m in body.messages]
     if not messages:
         raise ApiError(400, "messages is empty.", "messages")

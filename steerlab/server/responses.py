@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from steerlab.core.request import Completion, TokenScore
-from steerlab.engine.scheduler import Delta
 from steerlab.server.plan import Plan
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "length"}
@@ -18,7 +18,9 @@ def head(kind: str, model: str, object_: str) -> dict[str, Any]:
             "created": int(time.time()), "model": model}  # fmt: skip
 
 
-def _usage(plan: Plan, completions: list[Completion], n: int) -> dict[str, int]:
+def usage(plan: Plan, completions: list[Completion], n: int) -> dict[str, int]:
+    """OpenAI's ``usage``: each prompt counted once (rows come ``n`` to a prompt), every row's
+    new tokens."""
     prompt = sum(len(t) for t in plan.prompt_tokens[::n])
     new = sum(len(c.tokens) for c in completions)
     return {"prompt_tokens": prompt, "completion_tokens": new, "total_tokens": prompt + new}
@@ -29,17 +31,29 @@ def _extra(plan: Plan, row: int, c: Completion) -> dict[str, Any]:
             "steerlab": {"finish_reason": c.finish_reason, "alphas": list(plan.alphas[row])}}  # fmt: skip
 
 
-def legacy_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float | None],
-                    tops: list[dict[str, float] | None] | None, start: int = 0) -> dict[str, Any]:  # fmt: skip
-    """OpenAI's legacy ``logprobs`` object; ``text_offset`` counts from ``start``, each token
-    taking the characters of its text with special tokens left out, as the text leaves them."""
-    offsets, at = [], start
+def text_offsets(tokenizer: Any, tokens: Sequence[int], start: int = 0) -> list[int]:
+    """Where each token's text begins, counting from ``start``, then where the last one ends:
+    each token takes the characters of its text with special tokens left out, as the
+    completion's text leaves them.
+
+    >>> text_offsets(tokenizer, [5, 6], start=3)  # doctest: +SKIP
+    [3, 7, 12]
+    """
+    offsets = [start]
     for t in tokens:
-        offsets.append(at)
-        at += len(tokenizer.decode([t], skip_special_tokens=True))
-    values = [None if lp is None else json_logprob(lp) for lp in logprobs]
-    return {"tokens": [tokenizer.decode([t]) for t in tokens], "token_logprobs": values,
-            "top_logprobs": tops, "text_offset": offsets}  # fmt: skip
+        offsets.append(offsets[-1] + len(tokenizer.decode([t], skip_special_tokens=True)))
+    return offsets
+
+
+def legacy_logprobs(tokenizer: Any, tokens: Sequence[int], scores: Sequence[TokenScore | None],
+                    n: int, start: int = 0) -> dict[str, Any]:  # fmt: skip
+    """OpenAI's legacy ``logprobs`` object: each token with its logprob and its ``n`` likeliest
+    alternatives (null for a first prompt token, which nothing predicts); ``text_offset``
+    counts from ``start``."""
+    return {"tokens": [tokenizer.decode([t]) for t in tokens],
+            "token_logprobs": [None if s is None else json_logprob(s.logprob) for s in scores],
+            "top_logprobs": [None if s is None else top_dict(tokenizer, s, n) for s in scores],
+            "text_offset": text_offsets(tokenizer, tokens, start)[:-1]}  # fmt: skip
 
 
 def json_logprob(logprob: float) -> float:
@@ -56,28 +70,17 @@ def top_dict(tokenizer: Any, score: TokenScore, n: int) -> dict[str, float]:
     return out
 
 
+def scored_tokens(plan: Plan, row: int, prompt_scores: Sequence[TokenScore | None],
+                  scores: Sequence[TokenScore]) -> tuple[list[int], list[TokenScore | None]]:  # fmt: skip
+    """The tokens a completion's logprobs list, with their scores: the echoed prompt's
+    (when echoing and it was scored), then the new ones, an EOS token that ended the row too."""
+    prompt = plan.prompt_tokens[row] if plan.echo and prompt_scores else []
+    return [*prompt, *(s.token for s in scores)], [*prompt_scores[: len(prompt)], *scores]
+
+
 def completion_logprobs(tokenizer: Any, plan: Plan, row: int, c: Completion,
                         n: int) -> dict[str, Any]:  # fmt: skip
-    """The echoed prompt's tokens (the first one null) when echoing, then the sampled ones;
-    an end-of-sequence token that ended the row is listed too."""
-    tokens: list[int] = []
-    logprobs: list[float | None] = []
-    tops: list[dict[str, float] | None] = []
-    if plan.echo:
-        tokens += plan.prompt_tokens[row]
-        for score in c.prompt_scores:
-            logprobs.append(None if score is None else score.logprob)
-            tops.append(None if score is None else top_dict(tokenizer, score, n))
-    tokens += [s.token for s in c.scores]
-    logprobs += [s.logprob for s in c.scores]
-    tops += [top_dict(tokenizer, s, n) for s in c.scores]
-    return legacy_logprobs(tokenizer, tokens, logprobs, tops)
-
-
-def stream_logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) -> dict[str, Any]:
-    tops: list[dict[str, float] | None] = [{tokenizer.decode([t]): lp}
-                                           for t, lp in zip(tokens, logprobs)]  # fmt: skip
-    return legacy_logprobs(tokenizer, tokens, list(logprobs), tops)
+    return legacy_logprobs(tokenizer, *scored_tokens(plan, row, c.prompt_scores, c.scores), n)
 
 
 def _chat_token(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:
@@ -100,7 +103,7 @@ def completion(plan: Plan, completions: list[Completion], model: str, n: int,
                 else completion_logprobs(tokenizer, plan, i, c, logprobs),
                 **_extra(plan, i, c)} for i, c in enumerate(completions)]  # fmt: skip
     return {**head("cmpl", model, "text_completion"), "choices": choices,
-            "usage": _usage(plan, completions, n), "seed": plan.seed}  # fmt: skip
+            "usage": usage(plan, completions, n), "seed": plan.seed}  # fmt: skip
 
 
 def chat(plan: Plan, completions: list[Completion], model: str, n: int,
@@ -112,23 +115,7 @@ def chat(plan: Plan, completions: list[Completion], model: str, n: int,
                 else chat_logprobs(tokenizer, c.scores[: len(c.tokens)], top_logprobs),
                 **_extra(plan, i, c)} for i, c in enumerate(completions)]  # fmt: skip
     return {**head("chatcmpl", model, "chat.completion"), "choices": choices,
-            "usage": _usage(plan, completions, 1), "seed": plan.seed}  # fmt: skip
-
-
-def text_chunk(base: dict[str, Any], delta: Delta, logprobs: bool, tokenizer: Any,
-               finish: str | None = None) -> dict[str, Any]:  # fmt: skip
-    lp = stream_logprobs(tokenizer, delta.tokens, delta.logprobs) if logprobs else None
-    return {**base, "choices": [{"index": delta.row, "text": delta.text, "logprobs": lp,
-                                 "finish_reason": finish, "token_ids": delta.tokens}]}  # fmt: skip
-
-
-def chat_chunk(base: dict[str, Any], delta: Delta, logprobs: bool, tokenizer: Any,
-               finish: str | None = None, role: bool = False) -> dict[str, Any]:  # fmt: skip
-    scores = [TokenScore(t, lp) for t, lp in zip(delta.tokens, delta.logprobs)]
-    lp = chat_logprobs(tokenizer, scores, 0) if logprobs else None
-    content = {"role": "assistant", "content": ""} if role else {"content": delta.text}
-    return {**base, "choices": [{"index": delta.row, "delta": content, "logprobs": lp,
-                                 "finish_reason": finish, "token_ids": delta.tokens}]}  # fmt: skip
+            "usage": usage(plan, completions, n), "seed": plan.seed}  # fmt: skip
 
 
 def batch(plan: Plan, completions: list[Completion], model: str,
@@ -143,4 +130,4 @@ def batch(plan: Plan, completions: list[Completion], model: str,
                                "alphas": list(plan.alphas[row]),
                                "logprobs": c.logprobs if logprobs else None})  # fmt: skip
     return {**head("batch", model, "batch.result"), "results": list(results.values()),
-            "seed": plan.seed, "usage": _usage(plan, completions, 1)}  # fmt: skip
+            "seed": plan.seed, "usage": usage(plan, completions, 1)}  # fmt: skip

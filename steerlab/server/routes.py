@@ -7,17 +7,18 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from steerlab.core.request import Completion
 from steerlab.core.steer import Steer
 from steerlab.engine.scheduler import Delta, Done, Event, Failed, Job, Scheduler
-from steerlab.server import responses
+from steerlab.server import responses, streams
+from steerlab.server.bodies import body_of
 from steerlab.server.errors import ApiError, api_error
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits, Plan, beta_of, plan_batch, plan_chat, plan_completion
@@ -82,49 +83,46 @@ async def models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [card, *presets]}
 
 
+CompletionBody = Annotated[CompletionRequest, Depends(body_of(CompletionRequest))]
+ChatBody = Annotated[ChatRequest, Depends(body_of(ChatRequest))]
+BatchBody = Annotated[BatchRequest, Depends(body_of(BatchRequest))]
+
+
 @router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request) -> Response:
+async def completions(body: CompletionBody, request: Request) -> Response:
     state = _state(request)
     preset = state.check_model(body.model)
     plan = await run_in_threadpool(plan_completion, body, state.models.lm, state.store,
                                    state.limits, _beta(state, body), preset)  # fmt: skip
-    tokenizer, logprobs = state.models.lm.tokenizer, body.logprobs is not None
+    tokenizer = state.models.lm.tokenizer
     job, events = _submit(state, plan, body.stream)
     if not body.stream:
         done = await _finish(job, events, request)
-        return JSONResponse(responses.completion(plan, done, state.name, body.n, body.logprobs,
-                                                 tokenizer))  # fmt: skip
-    base = responses.head("cmpl", state.name, "text_completion")
-
-    def chunk(delta: Delta, finish: str | None = None) -> dict[str, Any]:
-        return responses.text_chunk(base, delta, logprobs, tokenizer, finish)
-
-    return EventSourceResponse(_sse(job, events, [], chunk, _finishes(chunk)))
+        return await _json(responses.completion, plan, done, state.name, body.n, body.logprobs,
+                           tokenizer)  # fmt: skip
+    chunks = streams.TextChunks(plan, state.name, body.n, body.stream_options, tokenizer,
+                                body.logprobs)  # fmt: skip
+    return EventSourceResponse(_sse(job, events, chunks.head(), chunks.delta, chunks.finish))
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatRequest, request: Request) -> Response:
+async def chat_completions(body: ChatBody, request: Request) -> Response:
     state = _state(request)
     preset = state.check_model(body.model)
     plan = await run_in_threadpool(plan_chat, body, state.models.lm, state.store, state.limits,
                                    _beta(state, body), preset)  # fmt: skip
     tokenizer = state.models.lm.tokenizer
+    top = (body.top_logprobs or 0) if body.logprobs else None
     job, events = _submit(state, plan, body.stream)
     if not body.stream:
         done = await _finish(job, events, request)
-        top = (body.top_logprobs or 0) if body.logprobs else None
-        return JSONResponse(responses.chat(plan, done, state.name, body.n, top, tokenizer))
-    base = responses.head("chatcmpl", state.name, "chat.completion.chunk")
-
-    def chunk(delta: Delta, finish: str | None = None, role: bool = False) -> dict[str, Any]:
-        return responses.chat_chunk(base, delta, body.logprobs, tokenizer, finish, role)
-
-    first = [chunk(Delta(0, k, "", [], []), role=True) for k in range(len(plan.requests))]
-    return EventSourceResponse(_sse(job, events, first, chunk, _finishes(chunk)))
+        return await _json(responses.chat, plan, done, state.name, body.n, top, tokenizer)
+    chunks = streams.ChatChunks(plan, state.name, body.n, body.stream_options, tokenizer, top)
+    return EventSourceResponse(_sse(job, events, chunks.head(), chunks.delta, chunks.finish))
 
 
 @router.post("/v1/batch")
-async def batch(body: BatchRequest, request: Request) -> Response:
+async def batch(body: BatchBody, request: Request) -> Response:
     state = _state(request)
     preset = state.check_model(body.model)
     plan = await run_in_threadpool(plan_batch, body, state.models.lm, state.store, state.limits,
@@ -132,17 +130,26 @@ async def batch(body: BatchRequest, request: Request) -> Response:
     job, events = _submit(state, plan, body.stream)
     if not body.stream:
         done = await _finish(job, events, request)
-        return JSONResponse(responses.batch(plan, done, state.name, body.logprobs))
+        return await _json(responses.batch, plan, done, state.name, body.logprobs)
     head = {"object": "batch.plan", "prompt_token_ids": plan.prompt_tokens,
             "prompt_index": plan.prompt_index, "alphas": plan.alphas, "seed": plan.seed}  # fmt: skip
 
     def delta(d: Delta) -> dict[str, Any]:
-        return {"object": "batch.delta", **asdict(d)}
+        return {"object": "batch.delta", **{k: getattr(d, k) for k in _BATCH_DELTA}}
 
     def result(d: Done) -> list[dict[str, Any]]:
         return [responses.batch(plan, d.completions, state.name, body.logprobs)]
 
     return EventSourceResponse(_sse(job, events, [head], delta, result))
+
+
+_BATCH_DELTA = ("step", "row", "text", "tokens", "logprobs", "done", "reason")
+
+
+async def _json(build: Callable[..., dict[str, Any]], *args: Any) -> JSONResponse:
+    """``build(*args)`` as a JSON response, built and serialised in a worker thread (decoding
+    every token of a long echo for its logprobs is no work for the event loop)."""
+    return await run_in_threadpool(lambda: JSONResponse(build(*args)))
 
 
 @router.post("/v1/vectors")
@@ -200,18 +207,17 @@ async def _sse(job: Job, events: asyncio.Queue[Event], head: list[dict[str, Any]
                delta: Callable[[Delta], dict[str, Any]],
                done: Callable[[Done], list[dict[str, Any]]]) -> AsyncIterator[bytes]:  # fmt: skip
     """Server-sent events: ``head``, one per delta, those ``done`` makes of the result (or
-    the error), then ``[DONE]``. Closing the response (the client went away) cancels the
-    job's rows between steps."""
+    the error), then ``[DONE]``. Events are shaped in a worker thread (they decode tokens).
+    Closing the response (the client went away) cancels the job's rows between steps."""
     try:
         for item in head:
             yield _data(item)
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                yield _data(delta(event))
+                yield await run_in_threadpool(_shaped, delta, event)
             elif isinstance(event, Done):
-                for item in done(event):
-                    yield _data(item)
+                yield await run_in_threadpool(_shaped, done, event)
                 yield _DONE
                 return
             else:
@@ -221,13 +227,13 @@ async def _sse(job: Job, events: asyncio.Queue[Event], head: list[dict[str, Any]
         job.cancelled = not job.finished
 
 
-def _finishes(chunk: Callable[..., dict[str, Any]]) -> Callable[[Done], list[dict[str, Any]]]:
-    """OpenAI's last chunks: an empty delta with each row's finish reason."""
-    return lambda done: [chunk(Delta(0, k, "", [], []), responses.FINISH[c.finish_reason])
-                         for k, c in enumerate(done.completions)]  # fmt: skip
-
-
 _DONE = b"data: [DONE]\n\n"
+
+
+def _shaped(shape: Callable[[Any], dict[str, Any] | list[dict[str, Any]]], event: Event) -> bytes:
+    """The events ``shape`` makes of ``event`` (one, or a list), as server-sent events."""
+    items = shape(event)
+    return b"".join(_data(item) for item in (items if isinstance(items, list) else [items]))
 
 
 def _data(payload: dict[str, Any]) -> bytes:

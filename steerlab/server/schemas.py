@@ -46,8 +46,8 @@ class Sampled(BaseModel):
 
     Every field is honoured or refused: an unknown field (a typo such as ``"steer"``, or an
     OpenAI field steerlab does not implement: ``best_of``, ``suffix``, ``response_format``,
-    tools, ``stream_options``...) is a 400 naming it, never silently dropped. ``user`` and
-    ``metadata`` are accepted: they never change output.
+    tools...) is a 400 naming it, never silently dropped. ``user`` and ``metadata`` are
+    accepted: they never change output.
 
     The penalties, ``logit_bias`` (token ids as JSON keys) and ``min_tokens`` are vLLM's,
     with its ranges (``core.request.Sampling``); null means the default. They adjust the
@@ -74,6 +74,21 @@ class Sampled(BaseModel):
     amplify: Amplify | None = None
 
 
+class StreamOptions(BaseModel):
+    """``stream_options`` (with ``stream: true`` only), as OpenAI and vLLM define it.
+
+    ``include_usage`` (true when left out, as in vLLM): one more chunk before ``[DONE]``,
+    with no choices and the request's ``usage``; every other chunk has ``"usage": null``.
+    ``continuous_usage_stats`` (vLLM's; needs ``include_usage``): every chunk's ``usage`` is
+    its row's so far instead.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
 class CompletionRequest(Sampled):
     """``POST /v1/completions``."""
 
@@ -82,6 +97,7 @@ class CompletionRequest(Sampled):
     max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0 with echo: score the prompt only
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
+    stream_options: StreamOptions | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
 
@@ -103,6 +119,7 @@ class ChatRequest(Sampled):
     messages: list[Message]
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
+    stream_options: StreamOptions | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None

@@ -2,17 +2,19 @@
 
 With them a client needs no tokenizer of its own: lm-evaluation-harness's remote tokenizer
 (``local-completions`` with ``tokenizer_backend=remote``, or ``auto``) uses exactly these.
-Each runs in a worker thread, so a long text never holds up the event loop.
+Each parses its body and runs in a worker thread, so a long text never holds up the event
+loop.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from steerlab.core.prompts import PromptError, encode
+from steerlab.server.bodies import body_of
 from steerlab.server.errors import ApiError
 from steerlab.server.schemas import Message
 
@@ -52,7 +54,8 @@ def _check_model(request: Request, model: str | None) -> None:
 
 
 @router.post("/tokenize")
-def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+def tokenize(body: Annotated[TokenizeRequest, Depends(body_of(TokenizeRequest))],
+             request: Request) -> dict[str, Any]:  # fmt: skip
     """``{"count", "max_model_len", "tokens"}`` (and ``token_strs`` when asked)."""
     _check_model(request, body.model)
     tokenizer, lm = _tokenizer(request), request.app.state.steerlab.models.lm
@@ -73,7 +76,8 @@ def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
 
 
 @router.post("/detokenize")
-def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+def detokenize(body: Annotated[DetokenizeRequest, Depends(body_of(DetokenizeRequest))],
+               request: Request) -> dict[str, Any]:  # fmt: skip
     """``{"prompt": text}``, special tokens included, as vLLM decodes them."""
     _check_model(request, body.model)
     tokenizer = _tokenizer(request)

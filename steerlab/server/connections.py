@@ -1,0 +1,99 @@
+"""Connections that send nothing are closed: uvicorn's HTTP/1.1 protocol with idle deadlines.
+
+uvicorn (its h11 protocol) closes a kept-alive connection ``timeout_keep_alive`` seconds
+after its last response, and refuses a request head over ``h11_max_incomplete_event_size``
+bytes (16 KiB) with a 400. It sets no deadline for a client that opens a connection and
+sends nothing, or sends part of a request head and stalls (slowloris), or stops halfway
+through a body. ``IdleTimeoutH11`` adds them, all with one timeout:
+
+- a request's head (request line and headers) must be whole within ``idle_timeout``
+  seconds of when the server began waiting for it (the connection opened, or the response
+  before it ended); bytes trickled in do not extend it;
+- while a body arrives, ``idle_timeout`` seconds without a byte close the connection.
+
+Not covered: a body trickled in without such a pause (bounded by the body limit, not by
+time), and a client that reads a streamed response slowly (writes wait on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+DEFAULT_IDLE_TIMEOUT = 5.0  # seconds: uvicorn's own keep-alive default
+
+
+class IdleTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing connections idle past ``idle_timeout`` seconds."""
+
+    idle_timeout = DEFAULT_IDLE_TIMEOUT
+
+    _timer: asyncio.TimerHandle | None = None
+    _waiting_since: float | None = None  # when the server began waiting for a request head
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        super().connection_lost(exc)
+
+    def _waiting(self) -> str | None:
+        """What the server waits on the client for: a request's ``"head"``, its ``"body"``."""
+        state = self.conn.their_state
+        if state is h11.IDLE and (self.cycle is None or self.cycle.response_complete):
+            return "head"
+        return "body" if state is h11.SEND_BODY else None
+
+    def _arm(self) -> None:
+        self._cancel()
+        waiting, now = self._waiting(), self.loop.time()
+        if waiting != "head":
+            self._waiting_since = None
+        if waiting is None or self.transport.is_closing():
+            return
+        if waiting == "head" and self._waiting_since is None:
+            self._waiting_since = now
+        start = self._waiting_since if waiting == "head" else now
+        assert start is not None
+        self._timer = self.loop.call_later(max(start + self.idle_timeout - now, 0), self._expire)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
+                   idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                   log_level: str = "info") -> uvicorn.Config:  # fmt: skip
+    """A ``uvicorn.Config`` serving ``app`` over ``IdleTimeoutH11`` with ``idle_timeout``
+    (uvicorn's keep-alive timer, a whole number of seconds, is set at or just past it).
+
+    >>> uvicorn.Server(uvicorn_config(app, port=8000, idle_timeout=5)).run()  # doctest: +SKIP
+    """
+    if not (math.isfinite(idle_timeout) and idle_timeout > 0):
+        raise ValueError(f"The idle timeout must be a positive number of seconds; got "
+                         f"{idle_timeout!r}.")  # fmt: skip
+    protocol = type("IdleTimeoutH11", (IdleTimeoutH11,), {"idle_timeout": float(idle_timeout)})
+    return uvicorn.Config(app, host=host, port=port, http=protocol, lifespan="on",
+                          timeout_keep_alive=math.ceil(idle_timeout), log_level=log_level)  # fmt: skip
