@@ -9,7 +9,7 @@ README = Path(__file__).parents[1] / "README.md"
 def test_quickstart_blocks_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     runnable = [b for b in blocks if "meta-llama" not in b]  # needs a hub and 8 GPUs
-    assert len(runnable) == 4
+    assert len(runnable) == 5
     monkeypatch.chdir(tmp_path)  # the quickstart writes happy.safetensors and norms.pdf
     namespace: dict = {}
     for block in runnable:
@@ -19,3 +19,4 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     assert (tmp_path / "happy.safetensors").stat().st_size > 0
     assert (tmp_path / "norms.pdf").read_bytes().startswith(b"%PDF-")
     assert namespace["acts"].sae is namespace["sae"]  # the SAE block ran
+    assert [r["alpha"] for r in namespace["res"].summary] == [-8, -4, 0, 4, 8]  # evaluations
