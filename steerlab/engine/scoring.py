@@ -87,12 +87,16 @@ def next_token_distributions(
 ) -> torch.Tensor:  # [rows, vocab]
     """Each request's log-probabilities over its first new token (steered as it is).
 
-    One decode step with every token listed in the score of the token it samples: the
-    distribution of the prefill's last position, as the engine samples from it.
+    An engine with full logits runs one forward; another (vLLM) one decode step with every
+    token listed in the score of the token it samples: the distribution of the prefill's
+    last position, as the engine samples from it.
 
     >>> next_token_distributions(lm.engine, [Request((0, 17, 4))]).shape  # doctest: +SKIP
     torch.Size([1, 98])
     """
+    if engine.capabilities.forward:  # the logits in hand: one forward, no per-token listing
+        logits = engine.forward(requests, last_only=True, wait=wait)[0]
+        return logits[:, -1].float().log_softmax(-1).cpu()
     sampling = Sampling(max_new_tokens=1, stop_at_eos=False, logprobs=EVERY_TOKEN)
     done = engine.run([replace(r, sampling=sampling) for r in requests], wait=wait)
     tops = [c.scores[0].top for c in done]
