@@ -248,3 +248,22 @@ def test_stop_strings_do_not_match_within_the_first_min_tokens():
     assert held.finish_reasons == ["stop"] and len(held.tokens[0]) > n
     assert held.text[0] == full[: full.index(".", len(plain.text[0]) + 1)]
     assert held.text[0].count(".") == 1  # the first "." is kept, the second cuts
+
+
+def test_chat_turns_take_the_penalties_over_the_whole_conversation(toy_lm, toy_hf):
+    """A second turn reuses the first's KV cache; its repetition penalty still sees every
+    token of the conversation, as HF ``generate`` on the whole conversation does."""
+    chat = toy_lm.chat()
+    chat.say("Tell me a story.", max_new_tokens=16)
+    reply = chat.say("Another one.", max_new_tokens=16, repetition_penalty=1.5, min_tokens=12)
+    fresh = toy_lm.generate([chat.history[:-1]], chat=True, max_new_tokens=16,
+                            repetition_penalty=1.5, min_tokens=12)  # fmt: skip
+    assert reply.tokens == fresh.tokens
+    want = _hf_generate(toy_hf, fresh.prompt_tokens[0], 16, repetition_penalty=1.5,
+                        min_new_tokens=12)  # fmt: skip
+    assert reply.tokens[0] == want and len(want) >= 12
+    plain = toy_lm.generate([chat.history[:-1]], chat=True, max_new_tokens=16)
+    assert plain.tokens != reply.tokens  # the settings changed the reply
+    with pytest.raises(SamplingError, match="repetition_penalty"):
+        chat.say("Again.", repetition_penalty=0.0)
+    assert len(chat.history) == 4  # the refused turn left the conversation as it was

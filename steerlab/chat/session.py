@@ -20,7 +20,7 @@ from __future__ import annotations
 import html
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -129,7 +129,10 @@ class ChatSession:
             temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
             seed: int | None = None, stop_at_eos: bool = True,
             stop: str | Sequence[str] | None = None, capture: str | Sequence[str] = (),
-            on_token: OnToken | None = None) -> Generation:  # fmt: skip
+            on_token: OnToken | None = None, repetition_penalty: float = 1.0,
+            frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+            logit_bias: Mapping[int, float] | None = None,
+            min_tokens: int = 0) -> Generation:  # fmt: skip
         """Add ``message`` and generate the reply: a ``Generation`` with one row.
 
         Args:
@@ -137,6 +140,9 @@ class ChatSession:
                 and a question, say); assistant messages are refused.
             max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, stop, capture:
                 as in ``lm.generate``. ``capture`` covers the tokens fed this turn.
+            repetition_penalty, frequency_penalty, presence_penalty, logit_bias, min_tokens:
+                as in ``lm.generate``; the repetition penalty counts the whole conversation
+                before the reply as its prompt.
             on_token: called with each ``Step``; an exception in it ends the turn cleanly
                 (the partial reply is kept, see the module docs) and propagates.
 
@@ -145,7 +151,9 @@ class ChatSession:
         steps = self.stream(
             message, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
             top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop, capture=capture,
-            on_token=on_token,
+            on_token=on_token, repetition_penalty=repetition_penalty,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            logit_bias=logit_bias, min_tokens=min_tokens,
         )  # fmt: skip
         (last,) = deque(steps, maxlen=1)
         return last.result()
@@ -154,7 +162,10 @@ class ChatSession:
                temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
                seed: int | None = None, stop_at_eos: bool = True,
                stop: str | Sequence[str] | None = None, capture: str | Sequence[str] = (),
-               on_token: OnToken | None = None) -> Iterator[Step]:  # fmt: skip
+               on_token: OnToken | None = None, repetition_penalty: float = 1.0,
+               frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+               logit_bias: Mapping[int, float] | None = None,
+               min_tokens: int = 0) -> Iterator[Step]:  # fmt: skip
         """``say``, one ``Step`` at a time, as ``lm.stream``; checks run before it returns.
 
         The turn is recorded when the stream ends; closing it early keeps the partial reply.
@@ -165,12 +176,14 @@ class ChatSession:
 
         seed = fresh_seed() if seed is None else seed
         sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
-                            Sampling.stops(stop))  # fmt: skip
+                            Sampling.stops(stop), repetition_penalty=repetition_penalty,
+                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                            logit_bias=Sampling.biases(logit_bias), min_tokens=min_tokens)  # fmt: skip
         steers = self._row_steers()
         plan = plan_turn(self.lm, self._conversation, new, steers, self._key, max_new_tokens,
                          self.overflow)  # fmt: skip
         capture = site_names(capture)
-        self.lm.engine.check([Request(tuple(plan.target[-1:]), steers)], capture)
+        self.lm.engine.check([Request(tuple(plan.target[-1:]), steers, sampling)], capture)
         return self._turn(plan, sampling, capture, on_token)
 
     def _turn(self, plan: Plan, sampling: Sampling, capture: Sequence[str],
