@@ -201,10 +201,18 @@ def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
         return lm
 
     monkeypatch.setattr(sl, "load", load)
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: apps.append((app, kw)))
+    class Server:  # records what `steerlab serve` would run, instead of serving on a port
+        def __init__(self, config):
+            apps.append((config.app, {"host": config.host, "port": config.port}))
+
+        def run(self):
+            pass
+
     argv = ["serve", MODEL, "--backend", "vllm", "--tensor-parallel-size", "1",
             "--max-model-len", "128", "--api-key", KEY]  # fmt: skip
-    assert server_cli.main(argv) == 0
+    with pytest.MonkeyPatch.context() as patch:  # the real Server again for serve_in_background
+        patch.setattr("uvicorn.Server", Server)
+        assert server_cli.main(argv) == 0
     assert loads == [(MODEL, {"backend": "vllm", "device": None, "dtype": None,
                               "tensor_parallel_size": 1, "max_model_len": 128})]  # fmt: skip
     ((app, kw),) = apps
