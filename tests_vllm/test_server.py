@@ -201,6 +201,7 @@ def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
         return lm
 
     monkeypatch.setattr(sl, "load", load)
+
     class Server:  # records what `steerlab serve` would run, instead of serving on a port
         def __init__(self, config):
             apps.append((config.app, {"host": config.host, "port": config.port}))
