@@ -15,7 +15,8 @@ alpha then gets, with bootstrap intervals (``evals.intervals``):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+import numbers
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -183,11 +184,13 @@ def _put(record: dict[str, Any], name: str, estimate: Any) -> None:
 
 
 def _alphas(alphas: Sequence[float]) -> list[float]:
-    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence):
+    """A list, tuple, numpy array or tensor of finite numbers, each once."""
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Iterable):
         raise ValueError(f"alphas must be a list of numbers; got {alphas!r:.60}.")
+    alphas = alphas.tolist() if hasattr(alphas, "tolist") else list(alphas)
     out = []
     for a in alphas:
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a):
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a):
             raise ValueError(f"alphas must be finite numbers; got {a!r} in {list(alphas)}.")
         out.append(float(a))
     if not out:
