@@ -13,7 +13,7 @@ from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
 from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.core.steer import Steer, check_steer, warn_other_model
-from steerlab.core.window import check_window
+from steerlab.core.window import check_text_window, check_window
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -110,6 +110,10 @@ def lay_out(
     prompts = normalise(prompts)
     steers = checked_steers(lm, steer)
     prompt_index, alphas = expand_rows(len(prompts), steers)
+    room = None if lm.n_ctx is None else lm.n_ctx - continuing
+    for i, p in enumerate(prompts):  # a text far past the window is refused untokenized
+        text = p if isinstance(p, str) else "".join(str(m.get("content", "")) for m in p)
+        check_text_window(lm.tokenizer, text, room, prompt=f"Prompt {i}")
     if continuing:
         encoded = [_continuation(lm.tokenizer, p) for p in prompts]
     else:

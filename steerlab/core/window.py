@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+import weakref
+from typing import Any
+
 from steerlab.core.errors import ContextError
+
+_SPACE = re.compile(r"\s+")
 
 
 def fits(n_ctx: int | None, prompt: int, new: int) -> bool:
@@ -32,4 +39,52 @@ def check_window(n_ctx: int | None, prompt: int, new: int, *, what: str = "max_n
         raise ContextError(
             f"{prompt} prompt tokens + {what}={new} = {prompt + new}, beyond this model's "
             f"context window of {n_ctx}{hint}."
+        )
+
+
+_LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def longest_token(tokenizer: Any) -> int:
+    """The most characters one token stands for: the longest vocabulary entry (byte-level
+    entries are one character per byte, sentencepiece's ``▁`` is the space it decodes to,
+    WordPiece's ``##`` is dropped when decoded: each is at least its decoded length)."""
+    try:
+        return _LONGEST[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    longest = max(map(len, tokenizer.get_vocab()), default=1)
+    with contextlib.suppress(TypeError):  # an object that takes no weak reference: recount
+        _LONGEST[tokenizer] = longest
+    return longest
+
+
+def least_tokens(tokenizer: Any, text: str) -> int:
+    """A lower bound on the tokens ``text`` encodes to, without tokenizing it.
+
+    Each token stands for at most ``longest_token`` characters. Whitespace is not counted
+    (some normalizers collapse it), and the rest at half weight (some drop accents), so the
+    bound holds for every tokenizer that keeps the text's other characters.
+
+    >>> class Chars:
+    ...     def get_vocab(self): return {"a": 0, "bc": 1}
+    >>> least_tokens(Chars(), "abcabc  abc")  # 9 non-space characters, 2 per token, halved
+    2
+    """
+    visible = len(text) - sum(map(len, _SPACE.findall(text)))
+    return visible // (2 * longest_token(tokenizer))
+
+
+def check_text_window(tokenizer: Any, text: str, n_ctx: int | None, *, prompt: str = "") -> None:
+    """Refuse, before tokenizing it, a text that cannot fit in ``n_ctx`` tokens whatever
+    its tokens turn out to be: so a multi-megabyte prompt for a small window costs a count,
+    not seconds of tokenizing. Texts within ``2 * n_ctx`` characters are never counted."""
+    if n_ctx is None or len(text) <= 2 * n_ctx:
+        return
+    least = least_tokens(tokenizer, text)
+    if least > n_ctx:
+        raise ContextError(
+            f"{prompt or 'The prompt'} has {len(text)} characters, at least {least} tokens for "
+            f"this tokenizer (its longest token is {longest_token(tokenizer)} characters), "
+            f"beyond this model's context window of {n_ctx}; refused before tokenizing."
         )
