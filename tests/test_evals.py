@@ -227,7 +227,7 @@ def test_judge_errors_name_what_went_wrong():
         with pytest.raises(JudgeError, match="answered 404"):
             Judge(f"{url}/v2", "m").ask("hi")
     with pytest.raises(JudgeError, match="did not answer"):
-        Judge(url + "/v1", "m", timeout=2).ask("hi")  # the server is gone
+        Judge(url + "/v1", "m", timeout=2, max_retries=0).ask("hi")  # the server is gone
     with pytest.raises(ValueError, match="http"):
         Judge("localhost:8000", "m")
     with pytest.raises(ValueError, match="non-empty"):
@@ -249,3 +249,38 @@ def test_judge_speaks_to_a_steerlab_server(toy_lm):
             parse_rating(reply)
         with pytest.raises(JudgeError, match="answered 400.*context window"):
             judge.rate("p", "Mia smiled.", "happiness")
+
+
+def test_judge_retries_rate_limits_and_passing_errors_but_not_refusals():
+    from fastapi.responses import JSONResponse
+
+    from steerlab.server.background import serve_in_background
+
+    answers: list[int] = []  # the statuses to answer with, in order; then 200
+    calls: list[int] = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        calls.append(1)
+        if answers:
+            return JSONResponse({"error": "busy"}, status_code=answers.pop(0),
+                                headers={"Retry-After": "0"})  # fmt: skip
+        return {"choices": [{"message": {"role": "assistant", "content": "Rating: 1"}}]}
+
+    with serve_in_background(app) as url:
+        judge = Judge(f"{url}/v1", "m", max_retries=2)
+        answers[:] = [429, 503]
+        assert judge.ask("q") == "Rating: 1" and len(calls) == 3  # two retries, then the answer
+        calls.clear()
+        answers[:] = [429, 429, 429]
+        with pytest.raises(JudgeError, match="answered 429"):
+            judge.ask("q")
+        assert len(calls) == 3  # the first try and max_retries more
+        calls.clear()
+        answers[:] = [400]
+        with pytest.raises(JudgeError, match="answered 400"):
+            judge.ask("q")
+        assert len(calls) == 1  # a refusal is final
+    with pytest.raises(ValueError, match="max_retries"):
+        Judge(url, "m", max_retries=-1)

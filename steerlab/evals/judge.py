@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +48,17 @@ _ASK = {
 }
 _FORMAT = "\n\nExplain in one or two sentences, then end with a last line of the form 'Rating: N'."
 _RATING = re.compile(r"rating\s*[:=]\s*\**\s*\[*\s*([0-2])\b", re.IGNORECASE)
+
+
+_RETRY = (429, 500, 502, 503, 504)  # rate limits and a server's passing trouble
+
+
+def _wait(response: Any, attempt: int) -> float:
+    """Seconds before the next try: the server's ``Retry-After`` (in seconds), else 1, 2, 4..."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "")), 0.0), 60.0)
+    except ValueError:
+        return 2.0**attempt
 
 
 class JudgeError(RuntimeError):
@@ -94,12 +106,16 @@ class Judge:
         timeout: seconds per request.
         max_workers: requests in flight at once.
         max_tokens: the most tokens a judge may spend on one rating.
+        max_retries: tries after the first for a request that failed to connect or was
+            answered 429 or 5xx, waiting 1, 2, 4 ... s (or the server's ``Retry-After``, at
+            most 60 s) between them. Any other answer is final.
 
     Ratings are asked at temperature 0. Needs ``httpx`` (the ``server`` extra).
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
-                 timeout: float = 60.0, max_workers: int = 8, max_tokens: int = 256) -> None:  # fmt: skip
+                 timeout: float = 60.0, max_workers: int = 8, max_tokens: int = 256,
+                 max_retries: int = 3) -> None:  # fmt: skip
         import httpx
 
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
@@ -109,7 +125,9 @@ class Judge:
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.base_url, self.model = base_url.rstrip("/"), model
-        self.max_workers, self.max_tokens = max_workers, max_tokens
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0; got {max_retries!r}.")
+        self.max_workers, self.max_tokens, self.max_retries = max_workers, max_tokens, max_retries
         self._http = httpx.Client(headers=headers, timeout=timeout)
 
     def __repr__(self) -> str:
@@ -128,10 +146,19 @@ class Judge:
 
         body = {"model": self.model, "messages": [{"role": "user", "content": question}],
                 "temperature": 0, "max_tokens": self.max_tokens}  # fmt: skip
-        try:
-            response = self._http.post(f"{self.base_url}/chat/completions", json=body)
-        except httpx.HTTPError as error:
-            raise JudgeError(f"The judge at {self.base_url} did not answer: {error}") from error
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self._http.post(f"{self.base_url}/chat/completions", json=body)
+            except httpx.HTTPError as error:
+                if last:
+                    raise JudgeError(f"The judge at {self.base_url} did not answer: {error}"
+                                     ) from error  # fmt: skip
+                time.sleep(2.0**attempt)
+                continue
+            if response.status_code not in _RETRY or last:
+                break
+            time.sleep(_wait(response, attempt))
         if response.status_code != 200:
             raise JudgeError(f"The judge at {self.base_url} answered {response.status_code}: "
                              f"{response.text[:300]}")  # fmt: skip
