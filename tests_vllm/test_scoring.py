@@ -201,3 +201,19 @@ def test_the_server_echoes_prompt_scores_with_max_tokens_0(lm, hf, steered):
             for i, value in zip(top.indices.tolist(), top.values.tolist()):
                 assert got["top_logprobs"][t][lm.tokenizer.decode([i])] == pytest.approx(
                     value, abs=TOL)  # fmt: skip
+
+
+def test_steerability_on_vllm_equals_the_local_engine(lm, local):
+    """``sl.evals.steerability`` on vLLM: the same completions (greedy), and the same
+    perplexity and first-token KL within fp32 tolerance, as on the local engine."""
+    from steerlab.evals import steerability
+
+    steer = sl.Steer(SITE, _vec(3), alpha=1.0)
+    options = dict(max_new_tokens=8, temperature=0.0, n_boot=50, progress=False)
+    ours = steerability(lm, steer, TEXTS[:2], [-4.0, 0.0, 4.0], **options)
+    theirs = steerability(local, steer, TEXTS[:2], [-4.0, 0.0, 4.0], **options)
+    assert [r["text"] for r in ours.rows] == [r["text"] for r in theirs.rows]
+    for a, b in zip(ours.rows, theirs.rows):
+        assert a["nll"] == pytest.approx(b["nll"], abs=TOL * max(1, a["tokens"]))
+        assert a["kl"] == pytest.approx(b["kl"], abs=TOL)
+    assert [r["kl"] for r in ours.summary][1] == pytest.approx(0.0, abs=TOL)
