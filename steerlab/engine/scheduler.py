@@ -318,16 +318,14 @@ def _emit(job: Job, rows: range, states: RowStates, step: int) -> None:
     """Post each row's new text, minus what might yet change, and the tokens within it."""
     for k, row in enumerate(rows):
         done = states.done[row]
-        text = (
-            states.text(row)
-            if done
-            else _settled(
-                states.decoded(row), job.requests[k].sampling.stop, states.stop_floor(row)
-            )
-        )
-        grown = text[len(job.emitted[k]) :] if text.startswith(job.emitted[k]) else ""
         start, length = job.sent[k], len(states.tokens[row])
-        upto = states.kept(row) if done else states.within(row, text, length, start)
+        if done:
+            text, upto = states.text(row), states.kept(row)
+        else:  # one decode per row and step: every token is within text that has settled
+            decoded = states.decoded(row)
+            text = _settled(decoded, job.requests[k].sampling.stop, states.stop_floor(row))
+            upto = length if text == decoded else states.within(row, text, length, start)
+        grown = text[len(job.emitted[k]) :] if text.startswith(job.emitted[k]) else ""
         if grown or upto > start or (done and not job.closed[k]):
             scores = (states.scores_kept(row, upto) if done else states.scores[row][:upto])[start:]
             prompt = [] if job.opened[k] else list(states.prompt_scores[row])
