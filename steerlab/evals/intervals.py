@@ -44,7 +44,8 @@ def _percentiles(stats: np.ndarray, level: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _check(level: float, n_boot: int) -> None:
+def check_bootstrap(level: float, n_boot: int) -> None:
+    """Refuse a confidence level outside (0, 1) or a resample count below 1."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1); got {level!r}.")
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
@@ -60,7 +61,7 @@ def mean_interval(
     >>> e.value, e.low <= e.value <= e.high
     (2.0, True)
     """
-    _check(level, n_boot)
+    check_bootstrap(level, n_boot)
     x = np.asarray(values, dtype=float)
     x = x[~np.isnan(x)]
     if x.size == 0:
@@ -81,7 +82,7 @@ def perplexity_interval(
     >>> perplexity_interval([(0.0, 3), (0.0, 2)], n_boot=10).value
     1.0
     """
-    _check(level, n_boot)
+    check_bootstrap(level, n_boot)
     nll = np.asarray([x for x, _ in nlls], dtype=float)
     count = np.asarray([n for _, n in nlls], dtype=float)
     if count.sum() == 0:

@@ -24,7 +24,7 @@ from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.rows import SteerArg, as_steers
 from steerlab.core.steer import Steer, at_alphas
-from steerlab.evals.intervals import mean_interval, perplexity_interval
+from steerlab.evals.intervals import check_bootstrap, mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, prompt_text
 from steerlab.evals.table import Table
 from steerlab.vectors.scoring import completion_nll, kl_divergence, next_token_logprobs
@@ -142,7 +142,7 @@ def steerability(
     scorer = _scorer(concept)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an int >= 1; got {samples!r}.")
-    mean_interval([], level=level, n_boot=n_boot)  # checks level and n_boot before compute
+    check_bootstrap(level, n_boot)
 
     rows_in = [p for p in prompts for _ in range(samples)]  # repeats get streams of their own
     gen = lm.generate(rows_in, at_alphas(base, alphas), max_new_tokens=max_new_tokens,
