@@ -136,12 +136,11 @@ class SteerableModel:
 
         >>> lm = steerlab.load("steerlab-tiny", backend="hf").compile()  # doctest: +SKIP
         """
-        compile_step = getattr(self.engine, "compile", None)
-        if compile_step is None:
+        if not self.engine.capabilities.compile:
             raise TypeError(
                 f"compile() needs the in-process engine; this model decodes on {self.engine.kind!r}."
             )
-        compile_step(mode=mode, backend=backend)
+        self.engine.compile(mode=mode, backend=backend)
         return self
 
     def explain(
@@ -169,10 +168,7 @@ class SteerableModel:
         else:
             rows = lay_out(self, given, steer, chat=chat, new_tokens=max_new_tokens)
             requests = rows.requests(Sampling(max_new_tokens))
-        explain = getattr(self.engine, "explain", None)
-        if explain is None:
-            return f"{self.engine.kind}: the {self.engine.kind} engine decodes every call"
-        return explain(requests, **options)
+        return self.engine.explain(requests, **options)
 
     def stream(
         self,

@@ -171,9 +171,24 @@ def test_bad_clamp_requests_fail_before_any_compute(toy_lm):
     wide = sae.clamp(1, 1.0).op
     with pytest.raises(SteerError, match="the SAE and the vector do not match"):
         sl.Steer(sae.site, torch.ones(64), op=wide)
+    with pytest.raises(SteerError, match="SAE trained at blocks.2.hook_resid_pre; it cannot"):
+        sl.Steer("blocks.9.hook_resid_pre", sae.W_dec[1], op=wide)
     with pytest.raises(sl.SiteError):
-        toy_lm.generate("Hi", steer=sl.Steer("blocks.9.hook_resid_pre", sae.W_dec[1], op=wide),
-                      max_new_tokens=2)  # fmt: skip
+        toy_lm.generate("Hi", steer=sl.Steer("blocks.9.hook_resid_pre", sae.W_dec[1]),
+                        max_new_tokens=2)  # fmt: skip
+    assert toy_lm.hook_count() == 0
+
+
+def test_a_feature_clamp_at_another_site_is_refused_everywhere(toy_lm):
+    """The op knows its SAE's site: a Steer, a data form and a request elsewhere are refused."""
+    sae = toy_sae("standard")
+    op = sae.clamp(3, 20.0).op
+    assert op.site == sae.site
+    for site in ("blocks.1.hook_resid_pre", "blocks.2.hook_resid_post"):
+        with pytest.raises(SteerError, match=f"cannot steer at {site}"):
+            sl.Steer(site, sae.W_dec[3], op=op)
+        with pytest.raises(SteerError, match=f"cannot steer at {site}"):
+            sl.Steer(site, sae.W_dec[3], op=op_from_data(op.to_data()))
     assert toy_lm.hook_count() == 0
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 
 class SteerError(ValueError):
-    """A steer that cannot be applied to this model or input."""
+    """A steer that cannot be applied to this model or input; ``field`` names the key of
+    the steer's data form at fault, when it was read from data (``steer_from_data``)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class SiteError(ValueError):

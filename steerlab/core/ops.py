@@ -25,7 +25,7 @@ from steerlab.core.errors import SteerError
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 
 __all__ = [
-    "OPS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "FeatureRead", "Form", "Op", "Operation",
+    "OPS", "STRENGTHS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
     "SteerError", "tensor_fingerprint",
 ]  # fmt: skip
 
@@ -55,45 +55,56 @@ class Operation(Protocol):
     ) -> torch.Tensor: ...
 
 
-class FeatureRead(NamedTuple):
-    """A single SAE feature as table data: ``f = relu(p)·[p > threshold]`` with
-    ``p = act · encoder + bias``; the steer adds ``α·(value - f)·v``."""
-
-    encoder: torch.Tensor  # [d_model]
-    bias: float  # b_enc[i], less what subtracting b_dec from the input takes off
-    threshold: float
-    value: float
-
-
 class Form(NamedTuple):
-    """An operation as table data: ``act + add·α·v + (1 - add)·α·(clip(a, low, high) - a)·u``.
+    """An operation as table data: one number (or ``[d_model]`` tensor) per term.
 
-    ``a = act · u`` is the projection on the unit direction ``u``. Add sets ``add``; the
-    projection operations leave it off and say where the projection goes. A feature clamp
-    leaves the projection alone (``low, high = -inf, inf``) and reads its ``feature``.
+    At a steered token, with ``v`` the steer's vector, ``u = v / |v|``, ``a = act · u`` and
+    ``α`` the row's alpha::
+
+        act + add·α·v
+            + proj·α·(clip(a, low, high) - a)·u
+            + feat·α·(value - f)·v,   f = relu(p)·[p > threshold],  p = act · encoder + bias
+
+    Every field is a column of the compiled step's table (``engine/compiled/tables.py``
+    derives them from these fields; the fields named in ``STRENGTHS`` are stored times α),
+    so a new term is new fields here and its arithmetic in the step, and nothing else.
+    Add sets ``add``; the projection operations set ``proj`` and say where the projection
+    goes; a feature clamp sets ``feat`` and reads its SAE feature (``encoder`` ``[d_model]``,
+    ``bias`` with ``b_dec`` folded in, ``threshold``, ``value``).
     """
 
-    add: bool
-    low: float
-    high: float
-    feature: FeatureRead | None = None
+    add: float = 0.0
+    proj: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    feat: float = 0.0
+    encoder: torch.Tensor | None = None
+    bias: float = 0.0
+    threshold: float = 0.0
+    value: float = 0.0
+
+
+STRENGTHS = ("add", "proj", "feat")  # Form's terms that alpha multiplies
 
 
 OPS: dict[str, type[Op]] = {}
 
 
-def unit(direction: torch.Tensor) -> torch.Tensor:
+def unit(direction: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``direction / |direction|``, computed in float32 (at least) after scaling by the
     largest entry, so that norms near float32's limits (1e±20 and beyond) neither overflow
-    nor underflow; returned in ``direction``'s dtype.
+    nor underflow; returned in ``dtype`` (``direction``'s own when None). Normalise first,
+    then cast: a float16 copy of a 1e20 vector is all inf.
 
     >>> unit(torch.tensor([3e20, 4e20])).tolist()
     [0.6000000238418579, 0.800000011920929]
+    >>> unit(torch.tensor([3e-20, 4e-20]), torch.float16).tolist()
+    [0.60009765625, 0.7998046875]
     """
     wide = direction.to(torch.promote_types(direction.dtype, torch.float32))
     peak = wide.abs().amax()
     scaled = wide / peak
-    return (scaled / scaled.norm()).to(direction.dtype)
+    return (scaled / scaled.norm()).to(dtype or direction.dtype)
 
 
 def project(act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor,
@@ -104,15 +115,47 @@ def project(act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor,
     return act + alpha * (along.clamp(low, high) - along)[:, None] * u
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Op:
-    """Base of steerlab's operations: subclassing registers the name for ``op_from_data``."""
+    """Base of steerlab's operations: subclassing registers the name for ``op_from_data``.
+
+    An operation is a frozen dataclass declared with ``eq=False``: equality and hashing
+    come from here, by the operation's data form with tensors by content
+    (``tensor_fingerprint``), so two ops with equal tensors are equal whatever objects hold
+    them. Fields annotated as tensors get, from the base alone:
+
+    - conversion: nested lists of numbers become tensors (float32, or ``dtype=`` in the
+      data form), and every tensor field takes the first one's dtype; each must be dense,
+      real and finite;
+    - ``on(device)``: the tensors moved to a device, once per device;
+    - the data form: lists of floats, or content keys where tensors travel once by key
+      (``op_tensors``), plus their ``dtype``.
+
+    A subclass gives its ``name``, its fields, a ``form()`` (or ``__call__`` when it has
+    none) and, where it needs them, ``check`` (against a steer's site and width) and
+    ``__post_init__`` checks (call ``super().__post_init__()`` first).
+    """
 
     name: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         OPS[cls.name] = cls
+
+    def __post_init__(self) -> None:
+        kind: torch.dtype | None = None
+        for name in self.tensor_fields():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            tensor = _tensor(value, f"{self.name} {name}", kind)
+            kind = kind or tensor.dtype
+            object.__setattr__(self, name, tensor)
+
+    @classmethod
+    def tensor_fields(cls) -> tuple[str, ...]:
+        """The fields that hold tensors (annotated ``torch.Tensor``), in declaration order."""
+        return tuple(f.name for f in fields(cls) if "Tensor" in str(f.type))
 
     def form(self) -> Form | None:
         """The operation as table data, or None when it is not of that shape (it then runs
@@ -127,24 +170,57 @@ class Op:
             return act + alpha * direction
         return project(act, direction, alpha, form.low, form.high)
 
-    def check_width(self, d_model: int) -> None:
-        """Refuse a steer whose vector width does not fit the operation's own data."""
+    def check(self, site: str, d_model: int) -> None:
+        """Refuse a steer at ``site`` with a vector of width ``d_model`` that this operation's
+        own data does not fit (raise ``SteerError`` saying why)."""
 
     def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
         """Parameters by name; tensors as nested lists, or as ``tensor_key(t)`` where
-        tensors travel once by key."""
+        tensors travel once by key, with their ``dtype``."""
         data: dict[str, Any] = {"name": self.name}
+        kind = None
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):
+                kind = kind or str(value.dtype).removeprefix("torch.")
                 value = tensor_key(value) if tensor_key is not None else value.tolist()
             data[f.name] = value
+        if kind is not None:
+            data["dtype"] = kind
         return data
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The operation's tensor parameters, by name (none for the projection ops)."""
         return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name),
                                                                torch.Tensor)}  # fmt: skip
+
+    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The tensor parameters on ``device``, moved once per device."""
+        moved = self._moved
+        if device not in moved:
+            moved[device] = {n: t.to(device) for n, t in self.tensors().items()}
+        return moved[device]
+
+    @cached_property
+    def _moved(self) -> dict[torch.device, dict[str, torch.Tensor]]:
+        return {}
+
+    @cached_property
+    def _identity(self) -> tuple[Any, ...]:
+        data = self.to_data(tensor_fingerprint if self.tensor_fields() else None)
+        return tuple(sorted((k, _hashable(v)) for k, v in data.items()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Op):
+            return NotImplemented
+        return type(self) is type(other) and self._identity == other._identity
+
+    def __hash__(self) -> int:
+        return hash(self._identity)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
 
 
 def _number(value: Any, what: str, *, finite: bool = True) -> float:
@@ -155,27 +231,27 @@ def _number(value: Any, what: str, *, finite: bool = True) -> float:
     return float(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Add(Op):
     """``act + alpha * v``: activation addition (ActAdd / CAA)."""
 
     name: ClassVar[str] = "add"
 
     def form(self) -> Form:
-        return Form(True, -math.inf, math.inf)
+        return Form(add=1.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Ablate(Op):
     """Remove ``alpha`` times the component along ``v`` (alpha 1 projects it out)."""
 
     name: ClassVar[str] = "ablate"
 
     def form(self) -> Form:
-        return Form(False, 0.0, 0.0)
+        return Form(proj=1.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Clamp(Op):
     """Move the projection on ``v`` towards ``value`` (alpha 1 sets it exactly)."""
 
@@ -183,13 +259,14 @@ class Clamp(Op):
     value: float
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _number(self.value, "Clamp value")
 
     def form(self) -> Form:
-        return Form(False, float(self.value), float(self.value))
+        return Form(proj=1.0, low=float(self.value), high=float(self.value))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Cap(Op):
     """Cap the projection on ``v`` into ``[low, high]`` (either bound may be None).
 
@@ -206,6 +283,7 @@ class Cap(Op):
     high: float | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         low = None if self.low is None else _number(self.low, "Cap low")
         high = None if self.high is None else _number(self.high, "Cap high")
         if low is None and high is None:
@@ -216,7 +294,7 @@ class Cap(Op):
     def form(self) -> Form:
         low = -math.inf if self.low is None else float(self.low)
         high = math.inf if self.high is None else float(self.high)
-        return Form(False, low, high)
+        return Form(proj=1.0, low=low, high=high)
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,11 +312,11 @@ class FeatureClamp(Op):
     ``encoder`` is ``W_enc[:, index]`` ``[d_in]`` and ``bias`` ``b_enc[index]``. A ``topk``
     feature depends on every feature, so ``encoder`` is the whole ``W_enc [d_in, d_sae]``
     and ``bias`` the whole ``b_enc``. ``b_dec_in`` is what the SAE subtracts from its input
-    (``b_dec``, or zeros). Build one with ``sae.clamp(i, value)``; ``sae`` is the SAE's
-    content hash, for provenance. Tensors travel by content key where an engine keeps them
-    (vLLM's workers), and as lists of floats in a request body. Its table form reads the
-    feature (``FeatureRead``), so the compiled step holds standard and jumprelu clamps;
-    a topk clamp has none and runs eagerly.
+    (``b_dec``, or zeros). ``site`` is the SAE's site, when known: the feature means
+    nothing elsewhere, so a steer at another site is refused. Build one with
+    ``sae.clamp(i, value)``; ``sae`` is the SAE's content hash, for provenance. Its table
+    form reads the feature, so the compiled step holds standard and jumprelu clamps; a
+    topk clamp has none and runs eagerly.
     """
 
     name: ClassVar[str] = "feature_clamp"
@@ -252,87 +330,85 @@ class FeatureClamp(Op):
     k: int | None = None
     decoder_norms: torch.Tensor | None = None
     sae: str = ""
+    site: str = ""
 
-    def __init__(self, value: float, index: int, encoder: Any, bias: Any, b_dec_in: Any,
-                 architecture: str = "standard", threshold: float = 0.0, k: int | None = None,
-                 decoder_norms: Any = None, sae: str = "",
-                 dtype: str | None = None) -> None:  # fmt: skip
-        if architecture not in ARCHITECTURE_NAMES:
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURE_NAMES:
             raise SteerError(
                 f"feature_clamp architecture must be one of {list(ARCHITECTURE_NAMES)}; "
-                f"got {architecture!r}."
+                f"got {self.architecture!r}."
             )
+        index = self.index
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise SteerError(f"feature_clamp index must be an int >= 0; got {index!r}.")
-        encoder = _tensor(encoder, "encoder", None if dtype is None else _dtype(dtype))
-        kind = encoder.dtype
-        bias, b_dec_in = _tensor(bias, "bias", kind), _tensor(b_dec_in, "b_dec_in", kind)
-        whole = architecture == "topk"
+        super().__post_init__()
+        for name in ("sae", "site"):
+            if not isinstance(getattr(self, name), str):
+                raise SteerError(f"feature_clamp {name} must be a string.")
+        object.__setattr__(self, "value", _number(self.value, "feature_clamp value"))
+        object.__setattr__(self, "threshold", _number(self.threshold, "feature_clamp threshold"))
+        self._check_shapes()
+
+    def _check_shapes(self) -> None:
+        encoder, bias, b_dec_in = self.encoder, self.bias, self.b_dec_in
+        whole = self.architecture == "topk"
         want = {"encoder": 2 if whole else 1, "bias": 1 if whole else 0, "b_dec_in": 1}
         for label, t in (("encoder", encoder), ("bias", bias), ("b_dec_in", b_dec_in)):
             if t.ndim != want[label]:
                 raise SteerError(
-                    f"feature_clamp {label} must be {want[label]}-D for a {architecture} SAE; "
-                    f"got shape {tuple(t.shape)}."
+                    f"feature_clamp {label} must be {want[label]}-D for a {self.architecture} "
+                    f"SAE; got shape {tuple(t.shape)}."
                 )
         if b_dec_in.shape[0] != encoder.shape[0]:
             raise SteerError(
                 f"feature_clamp b_dec_in has {b_dec_in.shape[0]} entries; the encoder reads "
                 f"{encoder.shape[0]}."
             )
-        if whole:
-            d_sae = encoder.shape[1]
-            if bias.shape[0] != d_sae or not 0 <= index < d_sae:
-                raise SteerError(
-                    f"feature_clamp: encoder has {d_sae} features, bias {bias.shape[0]}, "
-                    f"index {index}."
-                )
-            if type(k) is not int or not 1 <= k <= d_sae:
-                raise SteerError(f"feature_clamp of a topk SAE needs k in [1, {d_sae}]; got {k!r}.")
-            if decoder_norms is not None:
-                decoder_norms = _tensor(decoder_norms, "decoder_norms", kind)
-                if tuple(decoder_norms.shape) != (d_sae,) or not (decoder_norms > 0).all():
-                    raise SteerError(f"feature_clamp decoder_norms must be [{d_sae}], positive.")
-        elif k is not None or decoder_norms is not None:
-            raise SteerError(f"k and decoder_norms are topk settings, not {architecture}.")
-        values = {
-            "value": _number(value, "feature_clamp value"), "index": index,
-            "encoder": encoder, "bias": bias, "b_dec_in": b_dec_in, "architecture": architecture,
-            "threshold": _number(threshold, "feature_clamp threshold"), "k": k,
-            "decoder_norms": decoder_norms, "sae": str(sae),
-        }  # fmt: skip
-        for name, v in values.items():
-            object.__setattr__(self, name, v)
+        if not whole:
+            if self.k is not None or self.decoder_norms is not None:
+                raise SteerError(f"k and decoder_norms are topk settings, not {self.architecture}.")
+            return
+        d_sae, k, norms = encoder.shape[1], self.k, self.decoder_norms
+        if bias.shape[0] != d_sae or not 0 <= self.index < d_sae:
+            raise SteerError(
+                f"feature_clamp: encoder has {d_sae} features, bias {bias.shape[0]}, "
+                f"index {self.index}."
+            )
+        if type(k) is not int or not 1 <= k <= d_sae:
+            raise SteerError(f"feature_clamp of a topk SAE needs k in [1, {d_sae}]; got {k!r}.")
+        if norms is not None and (tuple(norms.shape) != (d_sae,) or not (norms > 0).all()):
+            raise SteerError(f"feature_clamp decoder_norms must be [{d_sae}], positive.")
 
     def form(self) -> Form | None:
-        """A standard or jumprelu feature as a ``FeatureRead`` (``b_dec`` folded into the
-        bias); None for topk, whose feature depends on every other (it runs eagerly)."""
+        """A standard or jumprelu feature as table data (``b_dec`` folded into the bias);
+        None for topk, whose feature depends on every other (it runs eagerly)."""
         if self.architecture == "topk":
             return None
         wide = torch.promote_types(self.encoder.dtype, torch.float32)
         bias = self.bias.to(wide) - self.b_dec_in.to(wide) @ self.encoder.to(wide)
         threshold = self.threshold if self.architecture == "jumprelu" else 0.0
-        read = FeatureRead(self.encoder, float(bias), threshold, self.value)
-        return Form(False, -math.inf, math.inf, read)
+        return Form(feat=1.0, low=-math.inf, high=math.inf, encoder=self.encoder,
+                    bias=float(bias), threshold=threshold, value=self.value)  # fmt: skip
 
-    def check_width(self, d_model: int) -> None:
+    def check(self, site: str, d_model: int) -> None:
+        if self.site and site != self.site:
+            raise SteerError(
+                f"This feature clamp reads a feature of an SAE trained at {self.site}; it cannot "
+                f"steer at {site}. Use the SAE's site, or add its decoder row with sl.Add()."
+            )
         if self.encoder.shape[0] != d_model:
             raise SteerError(
                 f"feature_clamp's encoder reads {self.encoder.shape[0]} dimensions, but the "
                 f"steer's vector has {d_model}: the SAE and the vector do not match."
             )
 
-    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
-        return {
-            **super().to_data(tensor_key),
-            "dtype": str(self.encoder.dtype).removeprefix("torch."),
-        }
-
     def feature(self, act: torch.Tensor) -> torch.Tensor:
         """The feature's activation at each row of ``act [n, d_in]``: ``[n]``."""
-        encoder, bias, b_dec_in, norms = self._on(act.device)
+        t = self.on(act.device)
+        encoder, bias, b_dec_in = t["encoder"], t["bias"], t["b_dec_in"]
         if self.architecture == "topk":
-            f = encode(act, encoder, bias, b_dec_in, "topk", k=self.k, decoder_norms=norms)
+            f = encode(act, encoder, bias, b_dec_in, "topk", k=self.k,
+                       decoder_norms=t.get("decoder_norms"))  # fmt: skip
             return f[:, self.index]
         threshold = torch.tensor(self.threshold, dtype=encoder.dtype, device=act.device)
         return encode(act, encoder[:, None], bias[None], b_dec_in, self.architecture,
@@ -341,48 +417,26 @@ class FeatureClamp(Op):
     def __call__(self, act: torch.Tensor, direction: torch.Tensor,
                  alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
         shift = self.value - self.feature(act)  # [n], in the SAE's dtype
-        norms = self._on(act.device)[3]
+        norms = self.on(act.device).get("decoder_norms")
         if norms is not None:  # a rescaling topk SAE decodes f / |W_dec[i]|
             shift = shift / norms[self.index]
         shift = shift.to(act.dtype)
         return act + alpha * shift[:, None] * direction
-
-    def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """The encoder's tensors on ``device``, moved once per device."""
-        moved = self._moved
-        if device not in moved:
-            moved[device] = tuple(
-                t.to(device) if t is not None else None
-                for t in (self.encoder, self.bias, self.b_dec_in, self.decoder_norms)
-            )
-        return moved[device]
-
-    @cached_property
-    def _moved(self) -> dict[torch.device, tuple[Any, ...]]:
-        return {}
-
-    @cached_property
-    def _identity(self) -> tuple[Any, ...]:
-        return tuple(sorted(self.to_data(tensor_fingerprint).items(), key=lambda kv: kv[0]))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, FeatureClamp):
-            return NotImplemented
-        return self._identity == other._identity
-
-    def __hash__(self) -> int:
-        return hash(self._identity)
 
     def __repr__(self) -> str:
         sae = f", sae={self.sae[:12]}" if self.sae else ""
         return f"FeatureClamp({self.architecture} feature {self.index} -> {self.value:g}{sae})"
 
 
-def _dtype(name: str) -> torch.dtype:
-    kind = getattr(torch, str(name), None)
-    if not isinstance(kind, torch.dtype) or not kind.is_floating_point:
-        raise SteerError(f"dtype must name a torch floating dtype such as 'float32'; got {name!r}.")
-    return kind
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _dtype(name: object) -> torch.dtype:
+    """A tensor dtype named in data: one a model computes in (not float8, not integers)."""
+    if not isinstance(name, str) or name not in _DTYPES:
+        raise SteerError(f"dtype must name a torch floating dtype, one of {list(_DTYPES)}; got "
+                         f"{name!r:.60}.")  # fmt: skip
+    return getattr(torch, name)
 
 
 def _tensor(value: Any, what: str, dtype: torch.dtype | None) -> torch.Tensor:
@@ -390,17 +444,18 @@ def _tensor(value: Any, what: str, dtype: torch.dtype | None) -> torch.Tensor:
     from a tensor or nested lists of numbers; finite, dense and real."""
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided or value.device.type == "meta":
-            raise SteerError(f"feature_clamp {what} must be a dense tensor with values.")
-        if not value.is_floating_point():
-            raise SteerError(f"feature_clamp {what} must be floating point; got {value.dtype}.")
+            raise SteerError(f"{what} must be a dense tensor with values.")
+        if not value.is_floating_point() or value.dtype.itemsize == 1:
+            raise SteerError(f"{what} must be float16, bfloat16, float32 or float64; got "
+                             f"{value.dtype}.")  # fmt: skip
         tensor = value.detach() if dtype is None else value.detach().to(dtype)
     else:
         try:
             tensor = torch.tensor(value, dtype=dtype or torch.float32)
-        except (TypeError, ValueError, RuntimeError):
-            raise SteerError(f"feature_clamp {what} must be numbers; got {value!r:.80}.") from None
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise SteerError(f"{what} must be numbers; got {value!r:.80}.") from None
     if not torch.isfinite(tensor).all():
-        raise SteerError(f"feature_clamp {what} has NaN or inf values.")
+        raise SteerError(f"{what} has NaN or inf values.")
     return tensor
 
 
@@ -442,14 +497,34 @@ def op_from_data(data: dict[str, Any] | str,
         data = {"name": data}
     if not isinstance(data, dict) or data.get("name") not in OPS:
         raise SteerError(f"op must name one of {sorted(OPS)}; got {data!r}.")
+    cls = OPS[data["name"]]
     params = {k: v for k, v in data.items() if k != "name"}
+    held = cls.tensor_fields()
     if tensors is not None:
-        params = {k: tensors[v] if isinstance(v, str) and v in tensors else v
+        params = {k: tensors[v] if k in held and isinstance(v, str) and v in tensors else v
+                  for k, v in params.items()}  # fmt: skip
+    if held and "dtype" in params:  # every tensor parameter in the dtype the data names
+        kind = _dtype(params.pop("dtype"))
+        params = {k: _tensor(v, f"{cls.name} {k}", kind) if k in held and v is not None else v
                   for k, v in params.items()}  # fmt: skip
     try:
-        return OPS[data["name"]](**params)
+        return cls(**params)
     except TypeError as err:
-        raise SteerError(f"Bad parameters for op {data['name']!r}: {params!r}.") from err
+        raise SteerError(f"Bad parameters for op {data['name']!r}: {params!r:.200}.") from err
+
+
+def operand(op: Operation, vector: torch.Tensor, dtype: torch.dtype,
+            device: torch.device | str | None = None) -> torch.Tensor:  # fmt: skip
+    """A steer's vector as ``op`` uses it, in ``dtype`` on ``device``, for every engine.
+
+    A projection operation needs only the unit direction, so it gets ``unit(vector)``
+    normalised in float32 before the cast: a 1e20 or 1e-20 vector would be inf or 0 in
+    float16. Every other operation gets the vector itself, cast.
+    """
+    form = form_of(op)
+    if form is not None and form.proj:
+        return unit(vector, dtype).to(device)
+    return vector.to(device, dtype)
 
 
 def form_of(op: Operation) -> Form | None:

@@ -10,15 +10,23 @@ import hashlib
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 from typing import Any, Literal, Protocol
 
 import torch
 
 from steerlab.core.errors import ModelMismatchWarning
-from steerlab.core.ops import Add, Op, Operation, SteerError, op_to_data, tensor_fingerprint
+from steerlab.core.ops import (
+    Add,
+    Op,
+    Operation,
+    SteerError,
+    op_from_data,
+    op_to_data,
+    tensor_fingerprint,
+)
 from steerlab.core.sites import resolve
 
 Positions = Literal["all", "prompt", "generated"] | int
@@ -98,6 +106,9 @@ class DirectionSource(Protocol):
     @property
     def scale(self) -> float: ...
 
+    @property
+    def sites(self) -> list[str]: ...
+
     def direction_at(self, site: str) -> torch.Tensor: ...
 
 
@@ -118,7 +129,43 @@ def direction_of(vector: torch.Tensor | DirectionSource, site: str) -> tuple[tor
     )
 
 
-def made_for(vector: object) -> str:
+def steers_at(
+    source: torch.Tensor | DirectionSource,
+    site: str | None,
+    alpha: float | Sequence[float] = 1.0,
+    positions: Positions = "all",
+    op: Operation | None = None,
+    *,
+    lend: bool = True,
+) -> list[Steer]:
+    """THE rule from a vector to steers, for every caller (vectors, the server, the panel).
+
+    ``site`` None steers at every site the source has; a site it has uses that direction;
+    with ``lend``, a source with one site lends its direction to any other site. A
+    ``SteeringVector``'s scale joins ``alpha`` (``direction_of``); a tensor needs a site.
+
+    >>> v = torch.ones(2)
+    >>> [s.site for s in steers_at(v, "blocks.0.hook_resid_pre")]
+    ['blocks.0.hook_resid_pre']
+    """
+    if isinstance(source, torch.Tensor):
+        if site is None:
+            raise SteerError("A plain tensor has no site of its own: give the site to steer at.")
+        return [Steer(site, source, alpha, positions, op)]
+    sites = list(source.sites)
+    if site is None:
+        return [Steer(s, source, alpha, positions, op) for s in sites]
+    if site not in sites:
+        if not (lend and len(sites) == 1):
+            raise SteerError(f"This vector has no direction at {site}; it has {sites}.")
+        direction, scale = direction_of(source, sites[0])
+        steer = Steer(site, direction, [scale * a for a in _as_alphas(alpha)], positions, op,
+                      made_for=_made_for(source))  # fmt: skip
+        return [steer]
+    return [Steer(site, source, alpha, positions, op)]
+
+
+def _made_for(vector: object) -> str:
     """The model a vector or feature was made on, from its provenance ("" when unknown)."""
     return str(getattr(getattr(vector, "provenance", None), "model", "") or "")
 
@@ -189,10 +236,11 @@ class Steer:
         alpha: float | Sequence[float] | torch.Tensor = 1.0,
         positions: Positions = "all",
         op: Operation | None = None,
+        made_for: str | None = None,
     ) -> None:
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
-        source = made_for(vector)
+        source = _made_for(vector) if made_for is None else str(made_for)
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:
@@ -205,7 +253,7 @@ class Steer:
         if not isinstance(op, Add) and float(vector.float().abs().amax()) == 0.0:
             raise SteerError(f"{type(op).__name__} needs a non-zero direction.")
         if isinstance(op, Op):
-            op.check_width(vector.shape[0])
+            op.check(site, vector.shape[0])
         object.__setattr__(self, "site", site)
         object.__setattr__(self, "vector", vector)
         object.__setattr__(self, "alpha", alphas)
@@ -272,10 +320,7 @@ def at_alphas(steers: Sequence[Steer], alphas: Sequence[float]) -> list[Steer]:
         if len(s.alpha) != 1:
             raise SteerError(f"{s!r} already carries a list of alphas; give it one alpha "
                              "(or none) and pass the list on its own.")  # fmt: skip
-        scaled = Steer(s.site, s.vector, [s.alpha[0] * float(a) for a in alphas], s.positions,
-                       s.op)  # fmt: skip
-        object.__setattr__(scaled, "made_for", s.made_for)
-        out.append(scaled)
+        out.append(replace(s, alpha=tuple(s.alpha[0] * float(a) for a in alphas)))
     return out
 
 
@@ -337,3 +382,66 @@ def steer_data(site: str, vector: torch.Tensor, alpha: float | list[float], posi
     by_key = tensor_fingerprint if vector_key is not None else None  # op tensors travel alike
     return {"site": site, "vector": values, "alpha": alpha, "positions": positions,
             "op": op_to_data(op, by_key)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SteerData:
+    """One steer as read from the wire format, with the vector as the data gave it: a key
+    or a name (a string, resolved by whoever holds the vectors) or floats. ``site`` and
+    ``alpha`` may be None where the reader allows (a named vector's every site; a
+    request-wide alpha list)."""
+
+    site: str | None
+    vector: str | list[float]
+    alpha: float | list[float] | None
+    positions: Positions
+    op: Op
+
+
+_WIRE_KEYS = ("site", "vector", "alpha", "positions", "op")
+
+
+def steer_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None,
+                    *, partial: bool = False) -> SteerData:  # fmt: skip
+    """THE reader of the wire format that ``steer_data`` writes: the server's requests and
+    vLLM's workers both read steers here. The op is ``op_from_data``'s (its tensors looked
+    up in ``tensors`` by key); positions and alphas are checked by the rules ``Steer``
+    uses. ``partial`` lets ``site`` and ``alpha`` be absent (a request body's named vector).
+
+    Raises:
+        SteerError: a key is missing or unknown, or a value is not valid; ``field`` on the
+            error names the key.
+
+    >>> steer_from_data(steer_data("blocks.0.hook_resid_pre", torch.ones(2), 4.0, 2, Add())).positions
+    2
+    """
+    if not isinstance(data, Mapping):
+        raise SteerError(field="", message=f"a steer must be an object with keys {list(_WIRE_KEYS)}.")
+    unknown = sorted(set(data) - set(_WIRE_KEYS))
+    if unknown:
+        raise SteerError(field=unknown[0], message=f"unknown key {unknown[0]!r} in a steer; the keys are "
+                                       f"{list(_WIRE_KEYS)}.")  # fmt: skip
+    required = ("vector",) if partial else ("site", "vector", "alpha")
+    for key in required:
+        if data.get(key) is None:
+            raise SteerError(field=key, message=f"a steer needs {key!r}.")
+    site, vector, alpha = data.get("site"), data["vector"], data.get("alpha")
+    if site is not None and not isinstance(site, str):
+        raise SteerError(field="site", message=f"site must be a string; got {site!r:.60}.")
+    if not isinstance(vector, (str, list)):
+        raise SteerError(field="vector", message="vector must be a name, a key or a list of floats.")
+    try:
+        alphas = None if alpha is None else _as_alphas(alpha)
+    except SteerError as error:
+        raise SteerError(field="alpha", message=str(error)) from None
+    try:
+        positions = _as_positions(data.get("positions", "all"))
+    except SteerError as error:
+        raise SteerError(field="positions", message=str(error)) from None
+    try:
+        op = op_from_data(data.get("op", "add"), tensors)
+    except SteerError as error:
+        raise SteerError(field="op", message=str(error)) from None
+    if alphas is not None and not isinstance(alpha, (list, tuple)):
+        return SteerData(site, vector, alphas[0], positions, op)
+    return SteerData(site, vector, None if alphas is None else list(alphas), positions, op)

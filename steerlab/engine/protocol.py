@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -32,6 +32,7 @@ class Capabilities:
         capture: activations are recorded during a call (``capture=``).
         forward: full logits of one forward pass (``logits``, ``run_with_cache``).
         join: a running stream takes more requests (``stream(...).add``).
+        compile: it can decode through a compiled step (``compile()``).
     """
 
     custom_ops: bool = False
@@ -39,6 +40,7 @@ class Capabilities:
     capture: bool = False
     forward: bool = False
     join: bool = False
+    compile: bool = False
 
 
 class Engine(Protocol):
@@ -59,6 +61,14 @@ class Engine(Protocol):
 
     def check(self, requests: Sequence[Request], capture: Sequence[str] = ()) -> object:
         """Everything about ``requests`` that can fail, before any compute."""
+        ...
+
+    def compile(self, *, mode: str | None = None, backend: str = "inductor") -> None:
+        """Decode through a compiled step from now on (``capabilities.compile`` engines)."""
+        ...
+
+    def explain(self, requests: Sequence[Request], **options: Any) -> str:
+        """One line: which path these requests take, and why."""
         ...
 
     def prefill(

@@ -261,7 +261,7 @@ class Scheduler:
                         job.answer(done)
                 if last is not None:
                     break
-                if self.join_running and hasattr(steps, "add"):
+                if self.join_running and engine.capabilities.join:
                     self._admit(steps, jobs, spans, progress.states)
         finally:
             steps.close()  # type: ignore[attr-defined]

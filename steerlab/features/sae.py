@@ -230,7 +230,7 @@ class SAE:
             encoder=self.W_enc if topk else self.W_enc[:, index],
             bias=self.b_enc if topk else self.b_enc[index],
             b_dec_in=self._b_dec_in, architecture=self.architecture, threshold=threshold,
-            k=self.k, decoder_norms=self._decoder_norms, sae=self.content_hash,
+            k=self.k, decoder_norms=self._decoder_norms, sae=self.content_hash, site=self.site,
         )  # fmt: skip
         return Steer(self.site, self.feature(index), alpha=alpha, positions=positions, op=op)
 

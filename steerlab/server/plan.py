@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from steerlab.core.errors import ContextError, SamplingError
-from steerlab.core.ops import Operation, SteerError, op_from_data
+from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError
 from steerlab.core.request import Request, Sampling
 from steerlab.core.rows import Rows, lay_out, lay_out_ids
 from steerlab.core.sites import SiteError, resolve
-from steerlab.core.steer import Steer
+from steerlab.core.steer import Steer, steer_from_data, steers_at
 from steerlab.core.window import check_window
 from steerlab.model import SteerableModel, fresh_seed
 from steerlab.server.errors import ApiError
@@ -35,6 +35,7 @@ from steerlab.server.schemas import (
     Steering,
 )
 from steerlab.server.vectors import VectorStore
+from steerlab.vectors.vector import SteeringVector
 
 # Sampling's logit adjustments, named as on the wire; a null (or an absent one) is the default.
 _ADJUSTMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
@@ -79,15 +80,19 @@ def steers_of(items: Sequence[Steering], lm: SteerableModel, store: VectorStore,
 
 def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
             alphas: Sequence[float] | None, param: str) -> list[Steer]:  # fmt: skip
-    alpha = _alphas(item.alpha if item.alpha is not None else (alphas or 1.0), f"{param}.alpha")
-    op = _op(item.op, f"{param}.op")
+    try:  # the core's one reader of a steer's data form
+        data = steer_from_data(item.model_dump(exclude={"sha256"}), partial=True)
+    except SteerError as error:
+        raise ApiError(400, str(error), f"{param}.{error.field}" if error.field else param) from None
+    alpha = data.alpha if data.alpha is not None else _alphas(alphas or 1.0, f"{param}.alpha")
     if item.site is not None:
         try:
             resolve(item.site, lm.sites())
         except SiteError as error:
             raise ApiError(400, str(error), f"{param}.site") from None
+    source: torch.Tensor | SteeringVector
     if isinstance(item.vector, str):
-        pairs = store.directions(item.vector, item.site, f"{param}.vector", item.sha256)
+        source = store.vector(item.vector, f"{param}.vector", item.sha256)
     else:
         if item.site is None:
             raise ApiError(400, "An inline vector needs a site.", f"{param}.site")
@@ -95,10 +100,9 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
             raise ApiError(
                 400, "sha256 pins a named vector; this one is inline.", f"{param}.sha256"
             )
-        pairs = [(item.site, 1.0, _inline(item.vector, lm.d_model, f"{param}.vector"))]
+        source = _inline(item.vector, lm.d_model, f"{param}.vector")
     try:
-        return [Steer(site, direction, [scale * a for a in alpha], item.positions, op)
-                for site, scale, direction in pairs]  # fmt: skip
+        return steers_at(source, item.site, alpha, data.positions, data.op)
     except SteerError as error:
         raise ApiError(400, str(error), param) from None
 
@@ -109,13 +113,6 @@ def _alphas(alpha: float | Sequence[float], param: str) -> list[float]:
         raise ApiError(400, f"alpha must be a finite number or a non-empty list; got {alpha!r}.",
                        param)  # fmt: skip
     return [float(a) for a in values]
-
-
-def _op(op: str | dict, param: str) -> Operation:
-    try:
-        return op_from_data(op)
-    except SteerError as error:
-        raise ApiError(400, str(error), param) from None
 
 
 def _inline(values: list[float], d_model: int, param: str) -> torch.Tensor:

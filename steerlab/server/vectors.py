@@ -20,8 +20,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-import torch
-
 from steerlab.model import SteerableModel
 from steerlab.server.errors import ApiError
 from steerlab.vectors import io
@@ -106,13 +104,9 @@ class VectorStore:
             items = sorted(self._vectors.items())
         return [describe(name, v) for name, v in items]
 
-    def directions(self, name: str, site: str | None, param: str,
-                   sha256: str | None = None) -> list[tuple[str, float, torch.Tensor]]:  # fmt: skip
-        """``(site, scale, direction)`` to steer with: at ``site``, or every site when None.
-
-        A vector with one site lends its direction to any site (as the panel does). With
-        ``sha256``, the named vector must have that fingerprint (409 otherwise).
-        """
+    def vector(self, name: str, param: str, sha256: str | None = None) -> SteeringVector:
+        """The vector held as ``name``; with ``sha256``, it must have that fingerprint (409
+        otherwise). Which sites it steers is ``core.steer.steers_at``'s rule."""
         with self._lock:
             vector = self._vectors.get(name)
         if vector is None:
@@ -121,11 +115,4 @@ class VectorStore:
         if sha256 is not None and sha256 != vector.sha256:
             raise ApiError(409, f"Vector {name!r} has sha256 {vector.sha256}, not the pinned "
                                 f"{sha256}: it was replaced since you uploaded it.", param)  # fmt: skip
-        if site is None:
-            return [(s, vector.scale, d) for s, d in vector.directions.items()]
-        if site in vector.directions:
-            return [(site, vector.scale, vector.directions[site])]
-        if len(vector.sites) == 1:
-            return [(site, vector.scale, vector.directions[vector.sites[0]])]
-        raise ApiError(400, f"Vector {name!r} has no direction at {site}; it has {vector.sites}.",
-                       param)  # fmt: skip
+        return vector

@@ -28,6 +28,7 @@ import torch
 
 from steerlab.core import Operation, Positions, Steer, SteerError
 from steerlab.core.sites import Site
+from steerlab.core.steer import steers_at
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -266,13 +267,7 @@ class SteeringVector:
 
         >>> lm.generate("Once", steer=vec.steers(alpha=[0, 4]))  # doctest: +SKIP
         """
-        alphas = [1.0] if alpha is None else alpha
-        alphas = [float(alphas)] if isinstance(alphas, (int, float)) else list(alphas)
-        strengths = [self.scale * a for a in alphas]
-        return [
-            Steer(site, d, strengths if len(strengths) > 1 else strengths[0], positions, op)
-            for site, d in self.directions.items()
-        ]
+        return steers_at(self, None, 1.0 if alpha is None else alpha, positions, op)
 
     def steer(
         self,

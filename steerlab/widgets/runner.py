@@ -10,6 +10,7 @@ import torch
 from steerlab.core import Positions, Steer, SteerError
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
+from steerlab.core.steer import steers_at
 from steerlab.features import SAE
 from steerlab.model import SteerableModel
 from steerlab.vectors import SteeringVector
@@ -131,18 +132,10 @@ def panel_steer(
     if request.vector not in vectors:
         raise SteerError(f"No vector named {request.vector!r}; the panel has {sorted(vectors)}.")
     vector, site = vectors[request.vector], request.site
-    lent_from = None
+    (steer,) = steers_at(vector, site, list(alphas), request.positions)
     if isinstance(vector, SteeringVector) and site not in vector.directions:
-        if len(vector.sites) != 1:
-            raise SteerError(f"This vector has no direction at {site}; it has {vector.sites}.")
-        lent_from = vector.sites[0]
-        vector = SteeringVector(
-            {site: vector.direction_at(lent_from)},
-            scale=vector.scale,
-            provenance=vector.provenance,
-        )
-    steer = Steer(site, vector, alpha=list(alphas), positions=request.positions)
-    return PanelSteer(steer, lent_from, request.vector)
+        return PanelSteer(steer, vector.sites[0], request.vector)
+    return PanelSteer(steer, None, request.vector)
 
 
 def _feature_steer(request: PanelRequest, sae: SAE, alphas: Sequence[float]) -> PanelSteer:

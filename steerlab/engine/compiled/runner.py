@@ -92,8 +92,9 @@ class StepRunner:
         first = self.compile_seconds is None
         start = time.perf_counter()
         with torch.no_grad():
-            logits = compiled_step(self.mode, self.backend)(self.family, *self.inputs(), self.cache.tensors(),
-                                              self.table.tensors())  # fmt: skip
+            logits = compiled_step(self.mode, self.backend)(
+                self.family, *self.inputs(), self.cache.tensors(), self.table.columns
+            )
         if first:
             self.compile_seconds = time.perf_counter() - start
         return logits[:rows]

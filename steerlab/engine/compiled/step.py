@@ -17,23 +17,23 @@ from steerlab.engine.compiled.tables import slot_of
 def steer(
     h: torch.Tensor,  # [B, 1, d]
     at: int,
-    table: tuple[torch.Tensor, ...],
+    table: dict[str, torch.Tensor],
     live: torch.Tensor,  # [B] bool
     pos: torch.Tensor,  # [B] long
 ) -> torch.Tensor:
-    """The steering table's row ``at`` applied to ``h``; untouched rows stay bit-identical."""
-    (vector, unit, add, proj, low, high, on_prompt, on_generated, from_pos, encoder, feat,
-     bias, threshold, value) = (t[at] for t in table)  # fmt: skip
+    """The steering table's row ``at`` applied to ``h``: ``core.ops.Form``'s terms, each
+    with its column; untouched rows stay bit-identical."""
+    c = {name: t[at] for name, t in table.items()}
     act = h[:, 0]  # [B, d]
     # every token a decode step feeds was generated: live rows' are, dead rows' are pads
-    where = touched(on_prompt, on_generated, from_pos, pos, live)
-    gate = live & where & ((add != 0) | (proj != 0) | (feat != 0))  # [B]
-    along = (act * unit).sum(-1)  # [B]
-    moved = torch.clamp(along, min=low, max=high) - along  # [B], 0 for Add rows
-    pre = (act * encoder).sum(-1) + bias  # [B]: an SAE feature's pre-activation
-    f = torch.relu(pre) * (pre > threshold).to(act.dtype)
-    new = (act + add[:, None] * vector + (proj * moved)[:, None] * unit
-           + (feat * (value - f))[:, None] * vector)  # fmt: skip
+    where = touched(c["on_prompt"], c["on_generated"], c["from_pos"], pos, live)
+    gate = live & where & ((c["add"] != 0) | (c["proj"] != 0) | (c["feat"] != 0))  # [B]
+    along = (act * c["unit"]).sum(-1)  # [B]
+    moved = torch.clamp(along, min=c["low"], max=c["high"]) - along  # [B]
+    pre = (act * c["encoder"]).sum(-1) + c["bias"]  # [B]: an SAE feature's pre-activation
+    f = torch.relu(pre) * (pre > c["threshold"]).to(act.dtype)
+    new = (act + c["add"][:, None] * c["vector"] + (c["proj"] * moved)[:, None] * c["unit"]
+           + (c["feat"] * (c["value"] - f))[:, None] * c["vector"])  # fmt: skip
     return torch.where(gate[:, None], new, act)[:, None]
 
 
@@ -60,7 +60,7 @@ def decode_step(
     live: torch.Tensor,  # [B] bool
     column: torch.Tensor,  # [1] long: the cache column the new tokens go to
     cache: tuple[torch.Tensor, ...],  # keys per layer, values per layer, mask [B, S]
-    table: tuple[torch.Tensor, ...],
+    table: dict[str, torch.Tensor],
 ) -> torch.Tensor:  # [B, vocab]
     """Feed one token per row through the static cache; writes the cache in place."""
     n = family.n_layers

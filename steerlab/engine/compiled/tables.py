@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from steerlab.core.ops import form_of, unit
+from steerlab.core.ops import STRENGTHS, Form, form_of, operand, unit
 from steerlab.core.request import Request
 from steerlab.core.sites import EMBED, Site
 from steerlab.core.steer import position_form
@@ -31,71 +31,67 @@ def slot_of(layer: int, kind: str) -> int:
 
 
 class SteerTable:
-    """Every steer of a call as data, one row per (site, batch row).
+    """Every steer of a call as data, one row per (site, batch row), in named columns.
 
-    Each steer is its operation's ``Form`` and its positions rule's data form, so any
-    operation of ``core/ops.py`` fits: ``act + add * vector + proj * (clip(a, low, high) - a)
-    * unit`` with ``a = act . unit``, on the tokens ``core.steer.touched`` picks. At most one
-    steer per site per row.
-
-    A feature clamp reads its feature through ``encoder`` (``FeatureRead``) and adds
-    ``feat·(value - f)·vector``.
+    The columns are ``core.ops.Form``'s fields (a ``[d_model]`` column for a tensor field,
+    a number otherwise; the ``STRENGTHS`` stored times the row's alpha), plus what every
+    steer has: its ``vector``, its unit direction ``unit`` (normalised before the cast to
+    the model's dtype) and its positions rule's data form (``on_prompt``, ``on_generated``,
+    ``from_pos``). So any operation with a form fits, and a new ``Form`` term is a new
+    column here without code. At most one steer per site per row.
 
     Attributes:
-        vector, unit, encoder: [sites, batch, d_model].
-        add, proj, low, high, feat, bias, threshold, value: [sites, batch].
-        on_prompt, on_generated: [sites, batch] bool; from_pos: [sites, batch] long.
+        columns: name -> ``[sites, batch, d_model]`` or ``[sites, batch]`` tensor.
     """
 
     def __init__(self, n_sites: int, batch: int, d_model: int, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
         shape = (n_sites, batch)
-        self.vector = torch.zeros(*shape, d_model, dtype=dtype, device=device)
-        self.unit = torch.zeros(*shape, d_model, dtype=dtype, device=device)
-        self.encoder = torch.zeros(*shape, d_model, dtype=dtype, device=device)
-        self.add, self.proj, self.low, self.high = (
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(4)
-        )
-        self.feat, self.bias, self.threshold, self.value = (
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(4)
-        )
-        self.on_prompt = torch.zeros(shape, dtype=torch.bool, device=device)
-        self.on_generated = torch.zeros(shape, dtype=torch.bool, device=device)
-        self.from_pos = torch.zeros(shape, dtype=torch.long, device=device)
+        wide = ("vector", "unit", *(f for f in Form._fields if _is_tensor(f)))
+        numbers = [f for f in Form._fields if not _is_tensor(f)]
+        self.columns: dict[str, torch.Tensor] = {
+            **{n: torch.zeros(*shape, d_model, dtype=dtype, device=device) for n in wide},
+            **{n: torch.zeros(shape, dtype=dtype, device=device) for n in numbers},
+            "on_prompt": torch.zeros(shape, dtype=torch.bool, device=device),
+            "on_generated": torch.zeros(shape, dtype=torch.bool, device=device),
+            "from_pos": torch.zeros(shape, dtype=torch.long, device=device),
+        }
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.vector, self.unit, self.add, self.proj, self.low, self.high,
-                self.on_prompt, self.on_generated, self.from_pos, self.encoder, self.feat,
-                self.bias, self.threshold, self.value)  # fmt: skip
+        return tuple(self.columns.values())
 
     def fill(self, requests: Sequence[Request]) -> None:
         """Write each row's steers (rows past ``len(requests)`` stay unsteered)."""
-        for t in self.tensors():
+        columns = self.columns
+        for t in columns.values():
             t.zero_()
-        dtype = self.vector.dtype
+        dtype, device = columns["vector"].dtype, columns["vector"].device
         for row, request in enumerate(requests):
             for steer in request.steers:
                 at = slot(Site.parse(steer.site))
                 form = form_of(steer.op)
                 assert form is not None, "fit.steer_reason keeps custom operations eager"
-                vector = steer.vector.to(self.vector.device, dtype)
                 alpha = torch.tensor(steer.alpha, dtype=dtype).item()  # eager casts alpha too
-                self.vector[at, row] = vector
-                if form.add:
-                    self.add[at, row] = alpha
-                elif form.feature is not None:
-                    read = form.feature
-                    self.feat[at, row] = alpha
-                    self.encoder[at, row] = read.encoder.to(self.vector.device, dtype)
-                    self.bias[at, row], self.threshold[at, row] = read.bias, read.threshold
-                    self.value[at, row] = read.value
-                else:
-                    self.unit[at, row] = unit(vector)
-                    self.proj[at, row] = alpha
-                self.low[at, row], self.high[at, row] = form.low, form.high
+                columns["vector"][at, row] = steer.vector.to(device, dtype)
+                if form.proj:  # what the eager op computes from its operand
+                    columns["unit"][at, row] = unit(operand(steer.op, steer.vector, dtype, device))
+                for name, value in form._asdict().items():
+                    if isinstance(value, torch.Tensor):
+                        value = value.to(device, dtype)
+                    elif value is None:
+                        continue
+                    elif name in STRENGTHS:
+                        value = value * alpha
+                    columns[name][at, row] = value
                 on_prompt, on_generated, from_pos = position_form(steer.positions)
-                self.on_prompt[at, row], self.on_generated[at, row] = on_prompt, on_generated
-                self.from_pos[at, row] = from_pos
+                columns["on_prompt"][at, row] = on_prompt
+                columns["on_generated"][at, row] = on_generated
+                columns["from_pos"][at, row] = from_pos
+
+
+def _is_tensor(field: str) -> bool:
+    """A ``Form`` field that holds a ``[d_model]`` tensor (its annotation says so)."""
+    return "Tensor" in str(Form.__annotations__[field])
 
 
 class StaticCache:

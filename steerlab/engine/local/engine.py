@@ -41,7 +41,8 @@ class LocalEngine:
     >>> engine.run([Request((0, 17, 4), sampling=Sampling(max_new_tokens=5))])  # doctest: +SKIP
     """
 
-    capabilities = Capabilities(custom_ops=True, cache_reuse=True, capture=True, forward=True)
+    capabilities = Capabilities(custom_ops=True, cache_reuse=True, capture=True, forward=True,
+                                compile=True)  # fmt: skip
 
     def __init__(self, backend: Backend, tokenizer: Any, *, pad_id: int,
                  eos_ids: set[int] | None = None) -> None:  # fmt: skip

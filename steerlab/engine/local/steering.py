@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from steerlab.backends.base import Backend
-from steerlab.core.ops import Operation
+from steerlab.core.ops import Operation, operand
 from steerlab.core.request import RowSteer
 from steerlab.core.sites import Site
 from steerlab.core.steer import Positions, check_steer, position_mask
@@ -67,7 +67,8 @@ def attach_steer(backend: Backend, steer: AttachedSteer, call: Call) -> None:
             return None
         key = (act.device, act.dtype)
         if key not in moved:  # move the vector to wherever this layer lives, once
-            moved[key] = (steer.vector.to(*key), steer.alphas.to(*key))
+            moved[key] = (operand(steer.op, steer.vector, act.dtype, act.device),
+                          steer.alphas.to(*key))  # fmt: skip
         vector, row_alphas = moved[key]
         rows, pos, generated = context.on(act.device)
         alphas = row_alphas[rows]  # [batch]

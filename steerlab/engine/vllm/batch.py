@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from steerlab.core.ops import Operation, op_from_data
-from steerlab.core.steer import position_mask
+from steerlab.core.ops import Add, Operation
+from steerlab.core.steer import position_mask, steer_from_data
 
 DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args
 
@@ -30,16 +30,17 @@ class RowPlan:
     steers: tuple[tuple[tuple, float], ...]
 
 
-def parse_plan(extra_args: dict[str, Any] | None) -> RowPlan | None:
-    """The steers a request carries, or None for an unsteered request."""
+def parse_plan(extra_args: dict[str, Any] | None,
+               tensors: Mapping[str, torch.Tensor] | None = None) -> RowPlan | None:  # fmt: skip
+    """The steers a request carries (read by ``core.steer.steer_from_data``; an op's
+    tensors looked up in ``tensors`` by key), or None for an unsteered request."""
     data = (extra_args or {}).get(DATA_KEY)
     if not data:
         return None
     steers = []
-    for s in data["steers"]:
-        op = s["op"]
-        key = (s["site"], s["vector"], s["positions"], tuple(sorted(op.items())))
-        steers.append((key, float(s["alpha"])))
+    for item in data["steers"]:
+        s = steer_from_data(item, tensors)
+        steers.append(((s.site, s.vector, s.positions, s.op), float(s.alpha)))  # type: ignore[arg-type]
     return RowPlan(str(data["row"]), tuple(steers))
 
 
@@ -101,9 +102,7 @@ class Composition:
     every_position: bool  # every steer touches all positions: no per-step rule to apply
 
     @classmethod
-    def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None],
-           tensors: Mapping[str, torch.Tensor] | None = None) -> Composition:  # fmt: skip
-        """``tensors``: the operation tensors sent so far, by key (``core.ops.op_tensors``)."""
+    def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None]) -> Composition:
         n = len(req_ids)
         row_ids = [p.row if (p := plans.get(rid)) is not None else None for rid in req_ids]
         chains: dict[str, dict[tuple, list[tuple[int, tuple[float, ...]]]]] = {}
@@ -119,19 +118,19 @@ class Composition:
                 chains.setdefault(site, {}).setdefault(chain, []).append(
                     (i, tuple(a for _, a in steers)))  # fmt: skip
         appliers = [a for site, by_chain in chains.items()
-                     for a in _site(site, by_chain, n, tensors)]  # fmt: skip
+                     for a in _site(site, by_chain, n)]  # fmt: skip
         every = all(a.where == "all" for a in appliers)
         return cls(tuple(req_ids), appliers, row_ids, every)
 
 
-def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]], n: int,
-          tensors: Mapping[str, torch.Tensor] | None) -> list[_Applier]:  # fmt: skip
+def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
+          n: int) -> list[_Applier]:  # fmt: skip
     """One site's ops: each distinct order of steers for its own requests, and single Add
     steers fused per positions rule. Different orders touch different tokens."""
     out: list[_Applier] = []
     fusable: dict[Any, list[tuple[tuple, list[tuple[int, float]]]]] = {}
     for chain, members in chains.items():
-        if len(chain) == 1 and dict(chain[0][3])["name"] == "add":
+        if len(chain) == 1 and type(chain[0][3]) is Add:
             fusable.setdefault(chain[0][2], []).append(
                 (chain[0], [(i, alphas[0]) for i, alphas in members]))  # fmt: skip
             continue
@@ -139,8 +138,7 @@ def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]], n
             per_request = np.zeros(n, dtype=np.float32)
             for i, alphas in members:
                 per_request[i] = alphas[k]
-            out.append(_Applier(site, (key[1],), op_from_data(dict(key[3]), tensors), key[2],
-                                per_request, None))  # fmt: skip
+            out.append(_Applier(site, (key[1],), key[3], key[2], per_request, None))
     for where, group in fusable.items():
         per_request = np.zeros(n, dtype=np.float32)
         index = np.zeros(n, dtype=np.int64)
@@ -148,7 +146,7 @@ def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]], n
             for i, alpha in singles:
                 per_request[i], index[i] = alpha, v
         keys = tuple(key[1] for key, _ in group)
-        out.append(_Applier(site, keys, op_from_data(dict(group[0][0][3])), where, per_request,
+        out.append(_Applier(site, keys, group[0][0][3], where, per_request,
                             index if len(keys) > 1 else None))  # fmt: skip
     return out
 
@@ -203,12 +201,12 @@ class Layouts:
         self._last: tuple[tuple, ForwardBatch] | None = None
 
     def forward(self, req_ids: list[str], starts: list[int], positions: torch.Tensor,
-                plans: dict[str, RowPlan | None], prompt_lens: Callable[[], dict[str, int]],
-                tensors: Mapping[str, torch.Tensor] | None = None) -> ForwardBatch:  # fmt: skip
+                plans: dict[str, RowPlan | None],
+                prompt_lens: Callable[[], dict[str, int]]) -> ForwardBatch:  # fmt: skip
         members = tuple(req_ids)
         comp = self._composition
         if comp is None or comp.req_ids != members:
-            comp = self._composition = Composition.of(req_ids, plans, tensors)
+            comp = self._composition = Composition.of(req_ids, plans)
             self._last = None
         key = (tuple(starts), positions.shape[0])
         if comp.every_position and self._last is not None and self._last[0] == key:

@@ -159,6 +159,15 @@ class VLLMEngine:
             "Use backend='hf' or 'bridge' for lm.logits and lm.run_with_cache."
         )
 
+    def compile(self, **_: Any) -> None:
+        raise NotImplementedError(
+            "vLLM runs eagerly so that its workers' hooks run (enforce_eager=True); steerlab's "
+            "compiled step is for the in-process engine."
+        )
+
+    def explain(self, requests: Sequence[Request], **_: Any) -> str:
+        return "vllm: the vLLM engine decodes every call, eagerly, in its workers"
+
     def prefill(self, requests: Sequence[Request], **_: Any) -> KVCache:
         raise NotImplementedError(
             "The vLLM engine keeps its KV cache inside vLLM; use backend='hf' for prefill."

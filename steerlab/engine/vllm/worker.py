@@ -19,6 +19,7 @@ from safetensors.torch import load as load_safetensors
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from steerlab.core.ops import operand
 from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.vllm import hooks
 from steerlab.engine.vllm.batch import ForwardBatch, Layouts, RowPlan, SiteSteer, parse_plan
@@ -29,7 +30,7 @@ from steerlab.engine.vllm.sites import layout_for
 class _State:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
     # vectors (one key, or a stack for fused steers) on the device and in the dtype they act in
-    moved: dict[tuple[tuple[str, ...], torch.device, torch.dtype], torch.Tensor] = field(
+    moved: dict[tuple[tuple[str, ...], torch.device, torch.dtype, Any], torch.Tensor] = field(
         default_factory=dict
     )
     layouts: Layouts = field(default_factory=Layouts)
@@ -171,7 +172,9 @@ class SteerWorker:
             for rid in req_ids:
                 if rid not in state.plans:
                     params = runner.requests[rid].sampling_params
-                    state.plans[rid] = parse_plan(getattr(params, "extra_args", None))
+                    state.plans[rid] = parse_plan(  # an op's tensors travel as vectors do
+                        getattr(params, "extra_args", None), state.vectors
+                    )
             if not any(state.plans[rid] for rid in req_ids):
                 return
             starts = runner.query_start_loc.np[: n + 1].tolist()
@@ -181,7 +184,6 @@ class SteerWorker:
                 kwargs["positions"],
                 state.plans,
                 lambda: {rid: runner.requests[rid].num_prompt_tokens for rid in req_ids},
-                state.vectors,  # a feature clamp's encoder travels as a vector does
             )
         except Exception as err:  # every steered request of this forward fails
             for rid in req_ids:
@@ -206,14 +208,14 @@ class SteerWorker:
 
     def _steerlab_one(self, steer: SiteSteer, act: torch.Tensor) -> torch.Tensor:
         state = self._steerlab()
-        key = (steer.vector_keys, act.device, act.dtype)
+        key = (steer.vector_keys, act.device, act.dtype, steer.op)
         if key not in state.moved:
             missing = [k for k in steer.vector_keys if k not in state.vectors]
             if missing:
                 raise KeyError(f"vector {missing[0]} was never sent to this worker")
             vectors = [state.vectors[k] for k in steer.vector_keys]
             stacked = vectors[0] if steer.index is None else torch.stack(vectors)
-            state.moved[key] = stacked.to(act.device, act.dtype)
+            state.moved[key] = operand(steer.op, stacked, act.dtype, act.device)
         tokens = act.shape[0]
         alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]  # [tokens, 1]
         touched = steer.touched[:tokens].to(act.device)[:, None]
