@@ -416,32 +416,32 @@ def steer_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
     2
     """
     if not isinstance(data, Mapping):
-        raise SteerError(field="", message=f"a steer must be an object with keys {list(_WIRE_KEYS)}.")
+        raise SteerError(f"a steer must be an object with keys {list(_WIRE_KEYS)}.", "")
     unknown = sorted(set(data) - set(_WIRE_KEYS))
     if unknown:
-        raise SteerError(field=unknown[0], message=f"unknown key {unknown[0]!r} in a steer; the keys are "
-                                       f"{list(_WIRE_KEYS)}.")  # fmt: skip
+        raise SteerError(f"unknown key {unknown[0]!r} in a steer; the keys are "
+                         f"{list(_WIRE_KEYS)}.", unknown[0])  # fmt: skip
     required = ("vector",) if partial else ("site", "vector", "alpha")
     for key in required:
         if data.get(key) is None:
-            raise SteerError(field=key, message=f"a steer needs {key!r}.")
+            raise SteerError(f"a steer needs {key!r}.", key)
     site, vector, alpha = data.get("site"), data["vector"], data.get("alpha")
     if site is not None and not isinstance(site, str):
-        raise SteerError(field="site", message=f"site must be a string; got {site!r:.60}.")
+        raise SteerError(f"site must be a string; got {site!r:.60}.", "site")
     if not isinstance(vector, (str, list)):
-        raise SteerError(field="vector", message="vector must be a name, a key or a list of floats.")
+        raise SteerError("vector must be a name, a key or a list of floats.", "vector")
     try:
         alphas = None if alpha is None else _as_alphas(alpha)
     except SteerError as error:
-        raise SteerError(field="alpha", message=str(error)) from None
+        raise SteerError(str(error), "alpha") from None
     try:
         positions = _as_positions(data.get("positions", "all"))
     except SteerError as error:
-        raise SteerError(field="positions", message=str(error)) from None
+        raise SteerError(str(error), "positions") from None
     try:
         op = op_from_data(data.get("op", "add"), tensors)
     except SteerError as error:
-        raise SteerError(field="op", message=str(error)) from None
+        raise SteerError(str(error), "op") from None
     if alphas is not None and not isinstance(alpha, (list, tuple)):
         return SteerData(site, vector, alphas[0], positions, op)
     return SteerData(site, vector, None if alphas is None else list(alphas), positions, op)

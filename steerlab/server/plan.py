@@ -83,7 +83,9 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
     try:  # the core's one reader of a steer's data form
         data = steer_from_data(item.model_dump(exclude={"sha256"}), partial=True)
     except SteerError as error:
-        raise ApiError(400, str(error), f"{param}.{error.field}" if error.field else param) from None
+        raise ApiError(
+            400, str(error), f"{param}.{error.field}" if error.field else param
+        ) from None
     alpha = data.alpha if data.alpha is not None else _alphas(alphas or 1.0, f"{param}.alpha")
     if item.site is not None:
         try:

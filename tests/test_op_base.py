@@ -1,0 +1,148 @@
+"""The op base: what a new operation with tensors gets without writing it (issue 27, 31)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+import torch
+from engine_parity import toy_sae
+
+import steerlab as sl
+from steerlab.core.ops import (
+    OPS,
+    Form,
+    Op,
+    SteerError,
+    op_from_data,
+    op_tensors,
+    op_to_data,
+    operand,
+    tensor_fingerprint,
+    unit,
+)
+from steerlab.core.steer import steer_data, steer_from_data
+
+
+@pytest.fixture
+def shift() -> Iterator[type[Op]]:
+    """A new operation with a tensor, written the way the README says: one class, nothing else."""
+
+    @dataclass(frozen=True, eq=False)
+    class Shift(Op):
+        name: ClassVar[str] = "test_shift"
+        offset: torch.Tensor
+        gain: float = 1.0
+
+        def form(self) -> Form | None:
+            return None
+
+        def __call__(self, act, direction, alpha):
+            return act + alpha * self.gain * self.on(act.device)["offset"]
+
+    yield Shift
+    OPS.pop("test_shift")
+
+
+def test_a_new_tensor_op_gets_conversion_equality_and_hashing(shift):
+    a, b = shift([1.0, 2.0]), shift(torch.tensor([1.0, 2.0]))
+    assert isinstance(a.offset, torch.Tensor) and a.offset.dtype == torch.float32
+    assert a == b and hash(a) == hash(b)  # equal content, different tensor objects
+    assert a != shift([1.0, 2.5]) and a != shift([1.0, 2.0], gain=2.0)
+    assert len({a, b, shift([0.0, 0.0])}) == 2
+    assert shift(torch.tensor([1.0, 2.0], dtype=torch.float64)).offset.dtype == torch.float64
+
+
+def test_a_new_tensor_op_travels_as_data_with_its_dtype(shift):
+    op = shift(torch.tensor([0.5, -1.0], dtype=torch.float16), gain=3.0)
+    data = op_to_data(op)
+    assert data == {"name": "test_shift", "offset": [0.5, -1.0], "gain": 3.0, "dtype": "float16"}
+    back = op_from_data(data)
+    assert back == op and back.offset.dtype == torch.float16
+    keyed = op_to_data(op, tensor_fingerprint)
+    assert keyed["offset"] == tensor_fingerprint(op.offset)
+    assert op_from_data(keyed, op_tensors(op)) == op
+    read = steer_from_data(steer_data("blocks.0.hook_resid_pre", torch.ones(2), 2.0, "all", op))
+    assert read.op == op and read.alpha == 2.0
+
+
+def test_a_new_tensor_op_moves_once_per_device_and_steers(shift):
+    op = shift([1.0, 2.0])
+    assert op.on(torch.device("cpu")) is op.on(torch.device("cpu"))
+    act = torch.zeros(3, 2)
+    out = op(act, torch.ones(2), torch.full((3, 1), 2.0))
+    assert torch.equal(out, torch.tensor([[2.0, 4.0]] * 3))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([float("nan"), 1.0], "has NaN or inf"),
+        (["a", "b"], "must be numbers"),
+        (torch.tensor([1, 2]), "must be float16, bfloat16, float32 or float64"),
+        (torch.ones(2, dtype=torch.float8_e4m3fn), "must be float16, bfloat16, float32 or float64"),
+    ],
+)
+def test_a_new_tensor_op_refuses_bad_tensors_by_name(shift, value, message):
+    with pytest.raises(SteerError, match=f"test_shift offset {message}"):
+        shift(value)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "int8", "bool", ["float32"]])
+def test_op_data_with_a_dtype_no_model_computes_in_is_refused(dtype):
+    data = {"name": "feature_clamp", "value": 1.0, "index": 0, "encoder": [1.0, 0.0],
+            "bias": 0.0, "b_dec_in": [0.0, 0.0], "dtype": dtype}  # fmt: skip
+    with pytest.raises(SteerError, match="dtype must name a torch floating dtype"):
+        op_from_data(data)
+    with pytest.raises(SteerError) as info:
+        steer_from_data({"site": "s", "vector": "k", "alpha": 1.0, "op": data})
+    assert info.value.field == "op"
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-20])
+@pytest.mark.parametrize("op", [sl.Ablate(), sl.Clamp(0.5), sl.Cap(high=0.1)])
+def test_projection_ops_on_float16_survive_any_direction_norm(scale, op):
+    """The unit direction is taken in float32 before the cast: a float16 copy of a 1e20
+    vector is inf, of a 1e-20 vector zero, and either gave NaN activations."""
+    direction = torch.tensor([3.0, 4.0, 0.0, 0.0]) * scale
+    act = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]], dtype=torch.float16)
+    out = op(act, operand(op, direction, torch.float16), torch.ones(2, 1, dtype=torch.float16))
+    expected = op(act.double(), direction.double() / scale, torch.ones(2, 1, dtype=torch.float64))
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_ablate_on_a_float16_model_with_huge_and_tiny_directions(tiny_dirs):
+    lm = sl.load(tiny_dirs["gpt2"], backend="hf", dtype=torch.float16)
+    site = "blocks.1.hook_resid_pre"
+    base = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(0))
+    runs = [lm.run_with_cache("Hello there", sites=[site], steer=sl.Steer(site, base * scale,
+                              op=sl.Ablate()))[site] for scale in (1.0, 1e20, 1e-20)]  # fmt: skip
+    for acts in runs:
+        assert torch.isfinite(acts).all()
+        along = acts.float() @ unit(base)
+        assert along.abs().max() < 0.05  # projected out
+    torch.testing.assert_close(runs[1], runs[0])
+    torch.testing.assert_close(runs[2], runs[0])
+    assert lm.hook_count() == 0
+
+
+def test_replacing_the_site_of_a_feature_clamp_steer():
+    """``dataclasses.replace`` works on any steer (it passed ``made_for`` to ``__init__``); a
+    clamp moved off its SAE's site is refused with why."""
+    sae = toy_sae("standard")
+    clamp = sae.clamp(3, 20.0)
+    again = dataclasses.replace(clamp, alpha=(2.0,))
+    assert again.alpha == (2.0,) and again.op == clamp.op and again.made_for == clamp.made_for
+    moved = dataclasses.replace(sl.Steer(sae.site, sae.W_dec[3]), site="blocks.1.hook_resid_pre")
+    assert moved.site == "blocks.1.hook_resid_pre"
+    with pytest.raises(SteerError, match="cannot steer at blocks.1.hook_resid_pre"):
+        dataclasses.replace(clamp, site="blocks.1.hook_resid_pre")
+
+
+def test_every_registered_op_takes_equality_from_the_base():
+    for cls in OPS.values():
+        assert cls.__eq__ is Op.__eq__ and cls.__hash__ is Op.__hash__, cls
