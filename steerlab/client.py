@@ -12,15 +12,14 @@ activation capture and KV caches stay in-process. Needs ``httpx`` (the ``server`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from steerlab.core.prompts import Prompt, normalise
-from steerlab.core.request import Sampling
+from steerlab.core.request import Sampling, takes_options
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import SteerArg, as_steers
-from steerlab.model import fresh_seed
 
 
 class ServerError(RuntimeError):
@@ -58,57 +57,37 @@ class RemoteModel:
         """Steerlab hooks on the server's models right now (0 between batches)."""
         return int(self._get("/health")["hooks"])
 
+    @takes_options
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         steer: SteerArg = None,
         *,
-        max_new_tokens: int = 40,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop_at_eos: bool = True,
-        stop: str | Sequence[str] | None = None,
-        repetition_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        logit_bias: Mapping[int, float] | None = None,
-        min_tokens: int = 0,
         chat: bool = False,
         capture: Sequence[str] = (),
         use_cache: bool = True,
         cache: Any = None,
         keep_cache: bool = False,
         amplify: float | None = None,
+        **options: Any,
     ) -> Generation:
         """``SteerableModel.generate`` on the server; ``amplify=beta`` asks for LDA."""
         body = self._body(prompts, steer, locals())
         return _generation(self._post("/v1/batch", body), body)
 
+    @takes_options
     def stream(
         self,
         prompts: Prompt | Sequence[Prompt],
         steer: SteerArg = None,
         *,
-        max_new_tokens: int = 40,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop_at_eos: bool = True,
-        stop: str | Sequence[str] | None = None,
-        repetition_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        logit_bias: Mapping[int, float] | None = None,
-        min_tokens: int = 0,
         chat: bool = False,
         capture: Sequence[str] = (),
         use_cache: bool = True,
         cache: Any = None,
         keep_cache: bool = False,
         amplify: float | None = None,
+        **options: Any,
     ) -> Iterator[Step]:
         """``SteerableModel.stream`` on the server: a ``Step`` per decode step.
 
@@ -158,17 +137,11 @@ class RemoteModel:
                 "capture, cache and keep_cache run in-process only; use a local model."
             )
         listed = normalise(prompts)
-        seed = fresh_seed() if args["seed"] is None else args["seed"]
+        sampling = Sampling.of(args["options"])  # checked here, sent by wire name
         body: dict[str, Any] = {
-            "model": self.name, "max_tokens": args["max_new_tokens"],
-            "temperature": args["temperature"], "top_k": args["top_k"], "top_p": args["top_p"],
-            "seed": seed, "ignore_eos": not args["stop_at_eos"], "stop": args["stop"],
-            "chat": args["chat"], "steering": [s.to_data() for s in as_steers(steer)],
+            "model": self.name, **sampling.wire(), "chat": args["chat"],
+            "steering": [s.to_data() for s in as_steers(steer)],
             "prompts": [p if isinstance(p, str) else {"prompt": p} for p in listed],
-            "repetition_penalty": args["repetition_penalty"],
-            "frequency_penalty": args["frequency_penalty"],
-            "presence_penalty": args["presence_penalty"], "min_tokens": args["min_tokens"],
-            "logit_bias": {str(t): b for t, b in Sampling.biases(args["logit_bias"])} or None,
         }  # fmt: skip
         if args["amplify"] is not None:
             body["amplify"] = {"beta": args["amplify"]}

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import html
-import os
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,7 +13,7 @@ from steerlab.backends.base import Backend
 from steerlab.backends.cache import KVCache
 from steerlab.core.activations import Activations
 from steerlab.core.prompts import Prompt
-from steerlab.core.request import Request, Sampling
+from steerlab.core.request import Request, Sampling, takes_options
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers, lay_out
 from steerlab.core.sites import resolve, site_names
@@ -42,11 +41,6 @@ def _provided(name: str) -> Callable[..., Any]:
     if name not in _PROVIDED:
         raise RuntimeError(f"lm.{name}() is provided by steerlab.{name}: import steerlab first.")
     return _PROVIDED[name]
-
-
-def fresh_seed() -> int:
-    """A random seed from the OS, leaving torch's (and everyone's) global RNG alone."""
-    return int.from_bytes(os.urandom(4), "big") % 2**31
 
 
 class SteerableModel:
@@ -170,23 +164,12 @@ class SteerableModel:
             requests = rows.requests(Sampling(max_new_tokens))
         return self.engine.explain(requests, **options)
 
+    @takes_options
     def stream(
         self,
         prompts: Prompt | Sequence[Prompt] | None,
         steer: SteerArg = None,
         *,
-        max_new_tokens: int = 40,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop_at_eos: bool = True,
-        stop: str | Sequence[str] | None = None,
-        repetition_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        logit_bias: Mapping[int, float] | None = None,
-        min_tokens: int = 0,
         chat: bool = False,
         capture: str | Sequence[str] = (),
         use_cache: bool = True,
@@ -194,6 +177,7 @@ class SteerableModel:
         keep_cache: bool = False,
         wait: float = 0.0,
         on_token: OnToken | None = None,
+        **options: Any,
     ) -> Iterator[Step]:
         """Generate token by token, yielding a ``Step`` after each new token.
 
@@ -202,17 +186,13 @@ class SteerableModel:
         """
         if capture and not use_cache:
             raise ValueError("capture needs use_cache=True.")
-        seed = fresh_seed() if seed is None else seed
-        sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
-                            Sampling.stops(stop), repetition_penalty=repetition_penalty,
-                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                            logit_bias=Sampling.biases(logit_bias), min_tokens=min_tokens)  # fmt: skip
-        rows = self._rows(prompts, steer, chat, max_new_tokens, cache)
+        sampling = Sampling.of(options, where="stream")
+        rows = self._rows(prompts, steer, chat, sampling.max_new_tokens, cache)
         progress = self.engine.stream(
             rows.requests(sampling), cache=cache, keep_cache=keep_cache, capture=site_names(capture),
             use_cache=use_cache, wait=wait, description=f"stream of {len(rows.encoded)} rows",
         )  # fmt: skip
-        return steps(progress, rows, seed, on_token)
+        return steps(progress, rows, sampling.seed, on_token)
 
     def _rows(self, prompts: Any, steer: SteerArg, chat: bool, new: int,
               cache: KVCache | None) -> Rows:  # fmt: skip
@@ -233,23 +213,12 @@ class SteerableModel:
             )
         return rows
 
+    @takes_options
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt] | None,
         steer: SteerArg = None,
         *,
-        max_new_tokens: int = 40,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop_at_eos: bool = True,
-        stop: str | Sequence[str] | None = None,
-        repetition_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        logit_bias: Mapping[int, float] | None = None,
-        min_tokens: int = 0,
         chat: bool = False,
         capture: str | Sequence[str] = (),
         use_cache: bool = True,
@@ -257,6 +226,7 @@ class SteerableModel:
         keep_cache: bool = False,
         wait: float = 0.0,
         on_token: OnToken | None = None,
+        **options: Any,
     ) -> Generation:
         """Generate completions, steered or not, one row per prompt x alpha.
 
@@ -264,26 +234,7 @@ class SteerableModel:
             prompts: a string, a list of messages (with ``chat=True``), or a list of either;
                 with ``cache=``, text to append to each cached row (None for none).
             steer: a ``Steer``, a list of them, or a steering vector times alpha.
-            max_new_tokens: at most this many new tokens per row.
-            temperature: 0 is greedy; otherwise logits are divided by it before sampling.
-            top_k: keep only the k most likely tokens.
-            top_p: keep the smallest set of tokens whose probability reaches top_p.
-            seed: makes sampling reproducible; rows of the same prompt share random numbers.
-            stop_at_eos: rows end at EOS; False gives fixed-length output.
-            stop: strings that end a row; the text is cut before them.
-            repetition_penalty: > 0 (1 is off), as vLLM's: every token already in the prompt
-                or the output has its logit divided by it where positive, multiplied by it
-                otherwise.
-            frequency_penalty: in [-2, 2], as vLLM's and OpenAI's: subtracted from a
-                token's logit once for each time it occurs in the output so far.
-            presence_penalty: in [-2, 2]: subtracted once from the logit of every token
-                that occurs in the output so far.
-            logit_bias: ``{token_id: bias}``, biases in [-100, 100], added to the logits
-                (-100 all but bans a token, 100 all but forces it).
-            min_tokens: no end of sequence before this many new tokens: EOS ids cannot be
-                sampled and stop strings do not match until then (at most max_new_tokens).
-                These five adjust the logits a row samples from, in vLLM's order, before
-                temperature, top-k and top-p; reported logprobs are the model's own.
+            {options}
             chat: apply the tokenizer's chat template (a string is the user turn).
             capture: sites whose activations to keep over prompt and new tokens.
             use_cache: decode through the KV cache (False recomputes the whole sequence).
@@ -299,15 +250,9 @@ class SteerableModel:
 
         >>> lm.generate("Once upon a time", max_new_tokens=10).text  # doctest: +SKIP
         """
-        steps = self.stream(
-            prompts, steer, max_new_tokens=max_new_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
-            repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, logit_bias=logit_bias, min_tokens=min_tokens,
-            chat=chat, capture=capture, use_cache=use_cache, cache=cache, keep_cache=keep_cache,
-            wait=wait,
-            on_token=on_token,
-        )  # fmt: skip
+        steps = self.stream(prompts, steer, chat=chat, capture=capture, use_cache=use_cache,
+                            cache=cache, keep_cache=keep_cache, wait=wait, on_token=on_token,
+                            **options)  # fmt: skip
         (last,) = deque(steps, maxlen=1)  # max_new_tokens >= 1: there is a last step
         return last.result()
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import html
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from steerlab.backends.cache import KVCache
 from steerlab.chat.encoding import as_messages, render
@@ -31,7 +31,7 @@ from steerlab.chat.plan import Conversation, Plan, plan_turn, too_long
 from steerlab.chat.turns import TurnLog, TurnStats
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Message, PromptError, check_text
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, RowSteer, Sampling, takes_options
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
 from steerlab.core.sites import site_names
@@ -125,63 +125,43 @@ class ChatSession:
 
     # -- turns ---------------------------------------------------------------------------
 
-    def say(self, message: str | Message | Sequence[Message], *, max_new_tokens: int = 40,
-            temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
-            seed: int | None = None, stop_at_eos: bool = True,
-            stop: str | Sequence[str] | None = None, capture: str | Sequence[str] = (),
-            on_token: OnToken | None = None, repetition_penalty: float = 1.0,
-            frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-            logit_bias: Mapping[int, float] | None = None,
-            min_tokens: int = 0) -> Generation:  # fmt: skip
+    @takes_options
+    def say(self, message: str | Message | Sequence[Message], *,
+            capture: str | Sequence[str] = (), on_token: OnToken | None = None,
+            **options: Any) -> Generation:  # fmt: skip
         """Add ``message`` and generate the reply: a ``Generation`` with one row.
+
+        The generation options are ``lm.generate``'s; the repetition penalty counts the
+        whole conversation before the reply as its prompt.
 
         Args:
             message: the user's text, a message dict, or a list of them (a tool result
                 and a question, say); assistant messages are refused.
-            max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, stop, capture:
-                as in ``lm.generate``. ``capture`` covers the tokens fed this turn.
-            repetition_penalty, frequency_penalty, presence_penalty, logit_bias, min_tokens:
-                as in ``lm.generate``; the repetition penalty counts the whole conversation
-                before the reply as its prompt.
+            {options}
+            capture: as in ``lm.generate``; it covers the tokens fed this turn.
             on_token: called with each ``Step``; an exception in it ends the turn cleanly
                 (the partial reply is kept, see the module docs) and propagates.
 
         >>> chat.say("Tell me a story.", max_new_tokens=30, temperature=0.7, seed=0)  # doctest: +SKIP
         """
-        steps = self.stream(
-            message, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-            top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop, capture=capture,
-            on_token=on_token, repetition_penalty=repetition_penalty,
-            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            logit_bias=logit_bias, min_tokens=min_tokens,
-        )  # fmt: skip
+        steps = self.stream(message, capture=capture, on_token=on_token, **options)
         (last,) = deque(steps, maxlen=1)
         return last.result()
 
-    def stream(self, message: str | Message | Sequence[Message], *, max_new_tokens: int = 40,
-               temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0,
-               seed: int | None = None, stop_at_eos: bool = True,
-               stop: str | Sequence[str] | None = None, capture: str | Sequence[str] = (),
-               on_token: OnToken | None = None, repetition_penalty: float = 1.0,
-               frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-               logit_bias: Mapping[int, float] | None = None,
-               min_tokens: int = 0) -> Iterator[Step]:  # fmt: skip
+    @takes_options
+    def stream(self, message: str | Message | Sequence[Message], *,
+               capture: str | Sequence[str] = (), on_token: OnToken | None = None,
+               **options: Any) -> Iterator[Step]:  # fmt: skip
         """``say``, one ``Step`` at a time, as ``lm.stream``; checks run before it returns.
 
         The turn is recorded when the stream ends; closing it early keeps the partial reply.
         """
         self._check_open()
         new = as_messages(message)
-        from steerlab.model import fresh_seed
-
-        seed = fresh_seed() if seed is None else seed
-        sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos,
-                            Sampling.stops(stop), repetition_penalty=repetition_penalty,
-                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                            logit_bias=Sampling.biases(logit_bias), min_tokens=min_tokens)  # fmt: skip
+        sampling = Sampling.of(options, where="say")
         steers = self._row_steers()
-        plan = plan_turn(self.lm, self._conversation, new, steers, self._key, max_new_tokens,
-                         self.overflow)  # fmt: skip
+        plan = plan_turn(self.lm, self._conversation, new, steers, self._key,
+                         sampling.max_new_tokens, self.overflow)  # fmt: skip
         capture = site_names(capture)
         self.lm.engine.check([Request(tuple(plan.target[-1:]), steers, sampling)], capture)
         return self._turn(plan, sampling, capture, on_token)

@@ -8,16 +8,22 @@ parameters, and refuses a custom operation with a message that says why.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import os
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
 import torch
 
 from steerlab.core.errors import SamplingError
 from steerlab.core.ops import Operation, SteerError
 from steerlab.core.steer import Positions, Steer, steer_data, vector_fingerprint
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,41 +55,138 @@ class RowSteer:
 
 
 @dataclass(frozen=True)
+class Option:
+    """One generation option, as every door shows it; ``OPTIONS`` lists them.
+
+    Attributes:
+        name: the ``Sampling`` field, and the keyword of ``lm.generate``, ``lm.stream``,
+            ``chat.say`` and ``sl.connect``'s model.
+        default: the keyword's default.
+        annotation: the keyword's type, as written in signatures.
+        doc: its line in those functions' docstrings.
+        wire: its name in a server request (OpenAI's or vLLM's name).
+        wire_type: its JSON type in a server request (null always means the default).
+        to_wire: the ``Sampling`` value as JSON; ``from_wire`` the JSON value as the keyword.
+        vllm: passed to vLLM's ``SamplingParams`` under its own name, unchanged (else the
+            vLLM engine maps it itself).
+        sampler: a setting of the sampler (temperature and truncation): rows that agree on
+            every one of these sample together.
+    """
+
+    name: str
+    default: Any
+    annotation: str
+    doc: str
+    wire: str
+    wire_type: str
+    to_wire: Callable[[Any], Any]
+    from_wire: Callable[[Any], Any]
+    vllm: bool
+    sampler: bool
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def option(default: Any, doc: str, *, annotation: str, wire_type: str, wire: str = "",
+           given: Any = MISSING, to_wire: Callable[[Any], Any] = _same,
+           from_wire: Callable[[Any], Any] = _same, vllm: bool = False,
+           sampler: bool = False) -> Any:  # fmt: skip
+    """A ``Sampling`` field that is also a generation option (``given``: the keyword's own
+    default, when it differs from the field's)."""
+    meta = {"doc": doc, "annotation": annotation, "wire_type": wire_type, "wire": wire,
+            "given": default if given is MISSING else given, "to_wire": to_wire,
+            "from_wire": from_wire, "vllm": vllm, "sampler": sampler}  # fmt: skip
+    return field(default=default, metadata={"option": meta})
+
+
+@dataclass(frozen=True)
 class Sampling:
     """How one row is decoded; checked on construction, so bad values fail before compute.
 
-    The logit adjustments are vLLM's, made in vLLM's order by
-    ``core.sampling.adjust_logits`` on every engine, before temperature, top-k and top-p:
-    ``min_tokens`` and ``logit_bias``, then the repetition, frequency and presence
-    penalties. Reported log-probabilities are the model's own, before any of them.
+    Its option fields are THE generation options: ``OPTIONS`` derives every keyword of
+    ``lm.generate`` / ``lm.stream`` / ``chat.say`` / ``sl.connect`` and every sampling field
+    of the server's requests from them (name, default, type, docs, wire name), so a new
+    setting is a field here plus what it does (``core.sampling``).
 
-    Attributes:
-        repetition_penalty: > 0; every token in the prompt or the output so far has its
-            logit divided by it where positive, multiplied by it otherwise. 1 is off.
-        frequency_penalty: in [-2, 2]; subtracted from a token's logit once per time it
-            occurs in the output so far.
-        presence_penalty: in [-2, 2]; subtracted from the logit of every token that occurs
-            in the output so far.
-        logit_bias: (token id, bias in [-100, 100]) pairs added to the logits; the ids
-            sorted, each once (``Sampling.biases`` builds it from a dict).
-        min_tokens: until the output has this many tokens, end-of-sequence ids cannot be
-            sampled and stop strings do not match. At most ``max_new_tokens``.
+    The logit adjustments are vLLM's, made in vLLM's order by
+    ``core.sampling.adjust_logits`` on every engine, before temperature, top-k, top-p and
+    min-p. Reported log-probabilities are the model's own, before any of them.
     """
 
-    max_new_tokens: int = 40
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    seed: int = 0
-    stop_at_eos: bool = True
-    stop: tuple[str, ...] = ()
+    max_new_tokens: int = option(
+        40, "at most this many new tokens per row.", annotation="int", wire="max_tokens",
+        wire_type="int")  # fmt: skip
+    temperature: float = option(
+        0.0, "0 is greedy; otherwise logits are divided by it before sampling.",
+        annotation="float", wire_type="float", sampler=True)  # fmt: skip
+    top_k: int | None = option(
+        None, "keep only the k most likely tokens.", annotation="int | None", wire_type="int",
+        sampler=True)  # fmt: skip
+    top_p: float = option(
+        1.0, "keep the smallest set of tokens whose probability reaches top_p.",
+        annotation="float", wire_type="float", vllm=True, sampler=True)  # fmt: skip
+    seed: int = option(
+        0, "makes sampling reproducible; rows of the same prompt share random numbers (None: "
+        "a fresh seed).", annotation="int | None", wire_type="int", given=None)  # fmt: skip
+    stop_at_eos: bool = option(
+        True, "rows end at EOS; False gives fixed-length output.", annotation="bool",
+        wire="ignore_eos", wire_type="bool", to_wire=lambda v: not v,
+        from_wire=lambda v: not v)  # fmt: skip
+    stop: tuple[str, ...] = option(
+        (), "strings that end a row; the text is cut before them.",
+        annotation="str | Sequence[str] | None", wire_type="str | list[str]", given=None,
+        to_wire=lambda v: list(v) or None)  # fmt: skip
     logprobs: int | None = None  # per sampled token, its N most likely alternatives too
     prompt_logprobs: int | None = None  # score the prompt's tokens, each with N alternatives
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_tokens: int = 0
+    repetition_penalty: float = option(
+        1.0, "> 0 (1 is off), as vLLM's: every token already in the prompt or the output has "
+        "its logit divided by it where positive, multiplied by it otherwise.",
+        annotation="float", wire_type="float", vllm=True)  # fmt: skip
+    frequency_penalty: float = option(
+        0.0, "in [-2, 2], as vLLM's and OpenAI's: subtracted from a token's logit once for "
+        "each time it occurs in the output so far.", annotation="float", wire_type="float",
+        vllm=True)  # fmt: skip
+    presence_penalty: float = option(
+        0.0, "in [-2, 2]: subtracted once from the logit of every token that occurs in the "
+        "output so far.", annotation="float", wire_type="float", vllm=True)  # fmt: skip
+    logit_bias: tuple[tuple[int, float], ...] = option(
+        (), "``{token_id: bias}``, biases in [-100, 100], added to the logits (-100 all but "
+        "bans a token, 100 all but forces it).", annotation="Mapping[int, float] | None",
+        wire_type="dict[str, float]", given=None,
+        to_wire=lambda v: {str(t): b for t, b in v} or None)  # fmt: skip
+    min_tokens: int = option(
+        0, "no end of sequence before this many new tokens: EOS ids cannot be sampled and "
+        "stop strings do not match until then (at most max_new_tokens). The penalties, "
+        "logit_bias and min_tokens adjust the logits a row samples from, in vLLM's order, "
+        "before temperature, top-k, top-p and min-p; reported logprobs are the model's own.",
+        annotation="int", wire_type="int", vllm=True)  # fmt: skip
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any], *, where: str = "generate", **fixed: Any) -> Sampling:
+        """``Sampling`` from option keywords (``OPTIONS``' names; missing ones take their
+        defaults); ``fixed`` sets fields that are not options (``logprobs``). An unknown
+        keyword is a ``TypeError`` naming the close matches, as Python's own."""
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], OPTION_NAMES, n=2)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else "."
+            raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}{hint}")
+        given = {o.name: options.get(o.name, o.default) for o in OPTIONS}
+        if given["seed"] is None:
+            given["seed"] = fresh_seed()
+        given["stop"] = cls.stops(given["stop"])
+        given["logit_bias"] = cls.biases(given["logit_bias"])
+        return cls(**given, **fixed)
+
+    def options(self) -> dict[str, Any]:
+        """The option fields by name (the keywords that give this ``Sampling`` again)."""
+        return {o.name: getattr(self, o.name) for o in OPTIONS}
+
+    def wire(self) -> dict[str, Any]:
+        """The option fields as a server request's JSON fields (``Option.wire`` names)."""
+        return {o.wire: o.to_wire(getattr(self, o.name)) for o in OPTIONS}
 
     def __post_init__(self) -> None:
         n, least = self.max_new_tokens, 0 if self.prompt_logprobs is not None else 1
@@ -187,6 +290,48 @@ class Sampling:
                                     f"strings of digits); got {key!r}.")  # fmt: skip
             pairs.append((int(key), bias))
         return tuple(sorted(pairs, key=lambda pair: pair[0]))
+
+
+OPTIONS: tuple[Option, ...] = tuple(
+    Option(f.name, f.metadata["option"]["given"], f.metadata["option"]["annotation"],
+           f.metadata["option"]["doc"], f.metadata["option"]["wire"] or f.name,
+           f.metadata["option"]["wire_type"], f.metadata["option"]["to_wire"],
+           f.metadata["option"]["from_wire"], f.metadata["option"]["vllm"],
+           f.metadata["option"]["sampler"])
+    for f in fields(Sampling) if "option" in f.metadata
+)  # fmt: skip
+OPTION_NAMES = tuple(o.name for o in OPTIONS)
+
+
+def fresh_seed() -> int:
+    """A random seed from the OS, leaving torch's (and everyone's) global RNG alone."""
+    return int.from_bytes(os.urandom(4), "big") % 2**31
+
+
+def takes_options(func: F) -> F:
+    """Show the generation options in ``func(..., **options)``'s signature and docstring.
+
+    ``OPTIONS`` become keyword-only parameters (after the positional ones, before ``func``'s
+    own keywords) in ``__signature__``, so notebooks tab-complete them and ``help`` lists
+    them, and ``{options}`` in the docstring becomes one ``name: doc`` line each. ``func``
+    builds its ``Sampling`` with ``Sampling.of(options)``.
+    """
+    sig = inspect.signature(func)
+    params = list(sig.parameters.values())
+    if not params or params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        raise TypeError(f"{func.__qualname__} must end with **options")
+    positional = [p for p in params[:-1] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    own = [p for p in params[:-1] if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    shown = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
+                               annotation=o.annotation) for o in OPTIONS]  # fmt: skip
+    func.__signature__ = sig.replace(parameters=[*positional, *shown, *own])  # type: ignore[attr-defined]
+    if func.__doc__ and "{options}" in func.__doc__:
+        line = next(x for x in func.__doc__.splitlines() if "{options}" in x)
+        indent = line[: len(line) - len(line.lstrip())]
+        lines = [textwrap.fill(f"{o.name}: {o.doc}", 92, initial_indent=indent,
+                               subsequent_indent=indent + "    ") for o in OPTIONS]  # fmt: skip
+        func.__doc__ = func.__doc__.replace(line, "\n".join(lines))
+    return func
 
 
 def _is_int(value: object) -> bool:

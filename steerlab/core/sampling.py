@@ -8,7 +8,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from steerlab.core.errors import NonFiniteError
-from steerlab.core.request import Request, Sampling
+from steerlab.core.request import OPTIONS, Request, Sampling
 
 # Below this temperature decoding is greedy, on every engine (vLLM's sampler uses the same
 # floor). Dividing logits by a subnormal temperature overflows to inf and samples junk.
@@ -129,6 +129,26 @@ def sample_next(
     target = uniform.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
     picked = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return picked.clamp(max=probs.shape[-1] - 1)
+
+
+def sample(logits: torch.Tensor, uniform: torch.Tensor,
+           requests: Sequence[Request]) -> torch.Tensor:  # fmt: skip
+    """One token per row, each row by its own sampler settings (``Option.sampler``: the
+    temperature and the truncations); rows that agree on them sample together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault(_sampler(r.sampling), []).append(i)
+    if len(groups) == 1:
+        return sample_next(logits, uniform, **dict(next(iter(groups))))
+    token = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for settings, index in groups.items():
+        at = torch.tensor(index, device=logits.device)
+        token[at] = sample_next(logits[at], uniform[index], **dict(settings))
+    return token
+
+
+def _sampler(sampling: Sampling) -> tuple[tuple[str, object], ...]:
+    return tuple((o.name, getattr(sampling, o.name)) for o in OPTIONS if o.sampler)
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:

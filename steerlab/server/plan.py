@@ -19,12 +19,12 @@ import torch
 from steerlab.core.errors import ContextError, SamplingError
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError
-from steerlab.core.request import Request, Sampling
+from steerlab.core.request import OPTIONS, Request, Sampling, fresh_seed
 from steerlab.core.rows import Rows, lay_out, lay_out_ids
 from steerlab.core.sites import SiteError, resolve
 from steerlab.core.steer import Steer, steer_from_data, steers_at
 from steerlab.core.window import check_window
-from steerlab.model import SteerableModel, fresh_seed
+from steerlab.model import SteerableModel
 from steerlab.server.errors import ApiError
 from steerlab.server.schemas import (
     BatchItem,
@@ -37,11 +37,10 @@ from steerlab.server.schemas import (
 from steerlab.server.vectors import VectorStore
 from steerlab.vectors.vector import SteeringVector
 
-# Sampling's logit adjustments, named as on the wire; a null (or an absent one) is the default.
-_ADJUSTMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
-                "min_tokens")  # fmt: skip
-_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", *_ADJUSTMENTS)
-_PARAMS = {"max_new_tokens": "max_tokens", "stop_at_eos": "ignore_eos"}  # Sampling's -> wire
+# The generation options by wire name (core.request.OPTIONS); a null one is the default.
+# max_tokens and seed have defaults of the endpoint's own, given to sampling_of.
+_SETTINGS = tuple(o.wire for o in OPTIONS)
+_WIRE = {o.name: o.wire for o in OPTIONS}  # Sampling's names -> the wire's
 
 
 @dataclass(frozen=True)
@@ -133,16 +132,14 @@ def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits, vocab
     if max_tokens > limits.max_tokens:
         raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most "
                             f"{limits.max_tokens}.", "max_tokens")  # fmt: skip
-    given = {k: getattr(body, k) for k in _ADJUSTMENTS if getattr(body, k) is not None}
+    given = {o.name: o.from_wire(v) for o in OPTIONS
+             if (v := getattr(body, o.wire, None)) is not None}  # fmt: skip
+    given.update(max_new_tokens=max_tokens, seed=seed)
     try:
-        if "logit_bias" in given:
-            given["logit_bias"] = Sampling.biases(given["logit_bias"])
-        sampling = Sampling(max_tokens, body.temperature, body.top_k, body.top_p, seed,
-                            not body.ignore_eos, Sampling.stops(body.stop), logprobs,
-                            prompt_logprobs, **given)  # fmt: skip
+        sampling = Sampling.of(given, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         sampling.check_vocab(vocab)
     except SamplingError as error:
-        raise ApiError(400, str(error), _PARAMS.get(error.field, error.field)) from None
+        raise ApiError(400, str(error), _WIRE.get(error.field, error.field)) from None
     return sampling
 
 

@@ -15,7 +15,7 @@ from steerlab.backends.base import Backend
 from steerlab.backends.cache import KVCache
 from steerlab.core.prompts import Batch as PromptBatch
 from steerlab.core.request import Request, TokenScore
-from steerlab.core.sampling import adjust_logits, adjusts, check_finite, sample_next
+from steerlab.core.sampling import adjust_logits, adjusts, check_finite, sample
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 from steerlab.engine.scoring import prompt_scores, token_scores
@@ -108,23 +108,6 @@ class Batch:
     def cache(self) -> KVCache:
         """The cache as it stands, with the tokens it holds."""
         return KVCache(self.data, self.backend.cache_ops, self.tokens, self.mask, self.generated)
-
-
-def sample(logits: torch.Tensor, uniform: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    """One token per row, each row with its own settings; rows that agree sample together."""
-    groups: dict[tuple, list[int]] = {}
-    for i, r in enumerate(requests):
-        s = r.sampling
-        groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
-    if len(groups) == 1:
-        ((temperature, top_k, top_p),) = groups
-        return sample_next(logits, uniform, temperature=temperature, top_k=top_k, top_p=top_p)
-    token = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for (temperature, top_k, top_p), index in groups.items():
-        at = torch.tensor(index, device=logits.device)
-        token[at] = sample_next(logits[at], uniform[index], temperature=temperature,
-                                top_k=top_k, top_p=top_p)  # fmt: skip
-    return token
 
 
 class Stepper(Protocol):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from steerlab.core.request import Request, RowSteer
+from steerlab.core.request import OPTIONS, Request, RowSteer
 from steerlab.core.sampling import is_greedy
 from steerlab.core.steer import position_mask
 from steerlab.engine.vllm.batch import DATA_KEY
@@ -76,7 +76,6 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
     sampling: dict[str, Any] = {
         "max_tokens": max(s.max_new_tokens, 1),
         "temperature": 0.0 if is_greedy(s.temperature) else s.temperature,  # one floor
-        "top_p": s.top_p,
         "top_k": s.top_k or 0,
         "seed": request_seed(s.seed, request.stream),
         "ignore_eos": True,  # steerlab's EOS set, below, is the only one that stops a row
@@ -84,13 +83,11 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
         "logprobs": _capped(s.logprobs or 0, vocab),  # 0: the sampled token's own
         "prompt_logprobs": prompt_top,
         "detokenize": False,  # steerlab decodes the text itself; vLLM would decode every top
-        # vLLM's own logit adjustments, the ones core.sampling.adjust_logits writes out; its
-        # min_tokens masks the EOS ids whether or not they stop the row, as steerlab's does
-        "repetition_penalty": s.repetition_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "presence_penalty": s.presence_penalty,
-        "min_tokens": s.min_tokens,
         "logit_bias": dict(s.logit_bias) or None,
+        # the options vLLM takes as they are (core.request.OPTIONS): top-p and min-p, and
+        # the logit adjustments core.sampling.adjust_logits writes out (vLLM's min_tokens
+        # masks the EOS ids whether or not they stop the row, as steerlab's does)
+        **{o.name: getattr(s, o.name) for o in OPTIONS if o.vllm},
     }
     if steers:
         data = [st.to_data(vector_key=st.vector_key) for st in steers]
