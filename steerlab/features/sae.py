@@ -30,6 +30,8 @@ from steerlab.vectors.vector import Provenance, SteeringVector
 
 # The architectures steerlab reads; the encoding itself is ``core.sae.encode``.
 ARCHITECTURES = ARCHITECTURE_NAMES
+# The dtypes an SAE computes and saves in (SAELens's DTYPE_MAP): no 1-byte floats.
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +83,7 @@ class SAE:
                 "'blocks.2.hook_resid_pre')."
             ) from None
         d_in, d_sae = _shape(self.W_enc, "W_enc", 2)
+        _check_dtype(self.W_enc.dtype, "W_enc is")
         shapes = {"W_dec": (d_sae, d_in), "b_enc": (d_sae,), "b_dec": (d_in,)}
         if self.architecture == "jumprelu":
             if self.threshold is None:
@@ -273,8 +276,13 @@ class SAE:
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> SAE:
         """A copy with every weight on ``device`` and/or in ``dtype``.
 
+        Raises:
+            SAEError: ``dtype`` is not float32, float64, float16 or bfloat16.
+
         >>> sae.to("cuda")  # doctest: +SKIP
         """
+        if dtype is not None:
+            _check_dtype(dtype, "SAE.to: dtype")
         moved: dict[str, Any] = {
             n: t.to(device=device, dtype=dtype) for n, t in self.tensors().items()
         }
@@ -315,3 +323,9 @@ def _shape(tensor: object, name: str, ndim: int) -> tuple[int, ...]:
     if not tensor.is_floating_point():
         raise SAEError(f"SAE {name} must be floating point; got {tensor.dtype}.")
     return tuple(tensor.shape)
+
+
+def _check_dtype(dtype: object, what: str) -> None:
+    if dtype not in FLOAT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+        raise SAEError(f"{what} {dtype}; an SAE computes and saves in {names}.")

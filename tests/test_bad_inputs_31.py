@@ -1,0 +1,166 @@
+"""Issue 31's bad inputs on SAEs, vector files, evals and small values: each class gets
+steerlab's own error, naming what is wrong, before any compute; nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+import steerlab as sl
+from steerlab.features import SAEError
+from steerlab.features.format import CFG_FILENAME
+from steerlab.vectors import SteeringVector, VectorFileError
+
+SITE = "blocks.1.hook_resid_pre"
+DEEP = 100_000
+
+
+@pytest.fixture(scope="module")
+def toy_sae():
+    return sl.load_sae("steerlab-tiny-sae")
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# --- SAE save: one whole save ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [torch.tensor(1.0).numpy(), {"a", "b"}, object()])
+def test_a_save_that_cannot_encode_its_metadata_leaves_the_old_folder(toy_sae, tmp_path, bad):
+    folder = toy_sae.save(tmp_path / "sae")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    halved = toy_sae.to(dtype=torch.float16)
+    broken = type(toy_sae)(**{**vars(halved), "metadata": {**toy_sae.metadata, "note": bad}})
+    with pytest.raises(SAEError, match=r"metadata 'note'.*Nothing was written"):
+        broken.save(folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["sae"]  # no temporary folder left
+    assert sl.load_sae(folder).content_hash == toy_sae.content_hash
+
+
+def test_a_save_over_an_sae_replaces_it_whole_and_keeps_other_files(toy_sae, tmp_path):
+    folder = toy_sae.save(tmp_path / "sae")
+    (folder / "notes.txt").write_text("mine")
+    halved = toy_sae.to(dtype=torch.float16)
+    halved.save(folder)
+    assert sl.load_sae(folder).content_hash == halved.content_hash
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sae"]
+
+
+def test_a_save_interrupted_while_writing_leaves_the_old_folder(toy_sae, tmp_path, monkeypatch):
+    from steerlab.core import atomic
+
+    folder = toy_sae.save(tmp_path / "sae")
+
+    def fail(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "_swap", fail)
+    with pytest.raises(KeyboardInterrupt):
+        toy_sae.to(dtype=torch.float16).save(folder)
+    assert sl.load_sae(folder).content_hash == toy_sae.content_hash
+    assert [p.name for p in tmp_path.iterdir()] == ["sae"]
+
+
+def test_saving_an_sae_onto_a_file_is_refused(toy_sae, tmp_path):
+    (tmp_path / "x").write_text("keep")
+    with pytest.raises(SAEError, match="is a file"):
+        toy_sae.save(tmp_path / "x")
+    assert (tmp_path / "x").read_text() == "keep"
+
+
+# --- SAE cfg.json: any shape of value, at any key ----------------------------------------
+
+
+def _cfg_folder(toy_sae, tmp_path: Path, edit) -> Path:
+    folder = toy_sae.save(tmp_path / "sae")
+    cfg = json.loads((folder / CFG_FILENAME).read_text())
+    edit(cfg)
+    (folder / CFG_FILENAME).write_text(json.dumps(cfg))
+    return folder
+
+
+def test_a_config_nested_100k_deep_names_the_key(toy_sae, tmp_path):
+    folder = toy_sae.save(tmp_path / "sae")
+    text = (folder / CFG_FILENAME).read_text()
+    (folder / CFG_FILENAME).write_text(text.replace('"metadata": {', f'"x": {_deep(DEEP)}, "metadata": {{'))  # fmt: skip
+    with pytest.raises(SAEError, match=r"key 'x\[0\]\[0\]\[0\]…' is nested more than 64 deep"):
+        sl.load_sae(folder)
+    (folder / CFG_FILENAME).write_text(text.replace('"metadata": {', f'"metadata": {{"n": {_deep(DEEP)}, '))  # fmt: skip
+    with pytest.raises(SAEError, match=r"key 'metadata\.n\[0\]\[0\]…'"):
+        sl.load_sae(folder)
+
+
+KEYS = ["architecture", "d_in", "d_sae", "dtype", "apply_b_dec_to_input", "normalize_activations",
+        "reshape_activations", "metadata"]  # fmt: skip
+META_KEYS = ["hook_name", "model_name", "hook_head_index"]
+
+
+@pytest.mark.parametrize("value", [["float32"], {"a": 1}, [[[]]], 1.5])
+@pytest.mark.parametrize("key", KEYS + [f"metadata.{k}" for k in META_KEYS])
+def test_a_config_value_of_any_odd_type_is_refused_naming_the_key(toy_sae, tmp_path, key, value):
+    def edit(cfg):
+        *parents, last = key.split(".")
+        (cfg[parents[0]] if parents else cfg)[last] = value
+
+    folder = _cfg_folder(toy_sae, tmp_path, edit)
+    with pytest.raises(SAEError, match=re.escape(key)):
+        sl.load_sae(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.bool])
+def test_an_sae_in_a_dtype_it_cannot_use_is_refused_when_made(toy_sae, dtype):
+    with pytest.raises(SAEError, match=rf"SAE.to: dtype {dtype}; an SAE computes and saves in"):
+        toy_sae.to(dtype=dtype)
+    weights = {n: t.to(dtype) for n, t in toy_sae.tensors().items()}
+    with pytest.raises(SAEError, match="W_enc"):
+        type(toy_sae)(**weights, site=toy_sae.site)
+
+
+def test_every_dtype_an_sae_takes_saves_and_loads(toy_sae, tmp_path):
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        back = sl.load_sae(toy_sae.to(dtype=dtype).save(tmp_path / str(dtype)))
+        assert back.dtype == dtype
+
+
+# --- vector files nested deep -----------------------------------------------------------
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    data = path.read_bytes()
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + size])
+    text = edit(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + size :])
+
+
+@pytest.fixture
+def vector_file(tmp_path) -> Path:
+    vector = SteeringVector({SITE: torch.ones(8)})
+    return vector.save(tmp_path / "v.safetensors")
+
+
+def test_a_vector_header_nested_deep_is_a_vector_file_error(vector_file):
+    _rewrite_header(vector_file, lambda h: json.dumps(h)[:-1] + f', "x": {_deep(DEEP)}}}')
+    with pytest.raises(VectorFileError, match=r"header's x\[0\]\[0\]\[0\]… is nested more than"):
+        SteeringVector.load(vector_file)
+
+
+@pytest.mark.parametrize("key", ["sites", "norms", "residual_norms"])
+def test_vector_metadata_nested_deep_is_a_vector_file_error(vector_file, key):
+    def edit(header):
+        header["__metadata__"][key] = _deep(5000)
+        return json.dumps(header)
+
+    _rewrite_header(vector_file, edit)
+    with pytest.raises(VectorFileError, match=rf"metadata '{key}'.*nested more than 64 deep"):
+        SteeringVector.load(vector_file)
