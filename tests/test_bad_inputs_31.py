@@ -8,10 +8,13 @@ import re
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import steerlab as sl
+from steerlab.core.errors import SamplingError
+from steerlab.core.request import Sampling
 from steerlab.features import SAEError
 from steerlab.features.format import CFG_FILENAME
 from steerlab.vectors import SteeringVector, VectorFileError
@@ -164,3 +167,68 @@ def test_vector_metadata_nested_deep_is_a_vector_file_error(vector_file, key):
     _rewrite_header(vector_file, edit)
     with pytest.raises(VectorFileError, match=rf"metadata '{key}'.*nested more than 64 deep"):
         SteeringVector.load(vector_file)
+
+
+# --- integral settings: numpy and 0-d tensor ints are ints; floats and bools are not -----
+
+INTS = [np.int64(3), np.int32(3), np.uint8(3), torch.tensor(3), torch.tensor(3, dtype=torch.int16)]
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return sl.load("steerlab-tiny", backend="hf")
+
+
+@pytest.mark.parametrize("n", INTS, ids=repr)
+def test_max_new_tokens_takes_every_integral_type_as_a_plain_int(toy, n):
+    assert Sampling(max_new_tokens=n).max_new_tokens == 3
+    assert type(Sampling(max_new_tokens=n, seed=n, top_k=n, min_tokens=n).seed) is int
+    out = toy.generate("Once upon a time", max_new_tokens=n)
+    assert out.tokens == toy.generate("Once upon a time", max_new_tokens=3).tokens
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.float64(0.5), torch.tensor(0.5)], ids=repr)
+def test_real_settings_take_numpy_and_tensor_scalars_as_plain_floats(value):
+    sampling = Sampling(temperature=value, top_p=value)
+    assert (type(sampling.temperature), type(sampling.top_p)) == (float, float)
+
+
+@pytest.mark.parametrize("n", [True, np.bool_(True), 3.0, np.float64(3), torch.tensor(3.0), "3"],
+                         ids=repr)  # fmt: skip
+def test_max_new_tokens_still_refuses_bools_and_floats(n):
+    with pytest.raises(SamplingError, match="max_new_tokens must be an int"):
+        Sampling(max_new_tokens=n)
+
+
+@pytest.fixture(scope="module")
+def acts(toy, toy_sae):
+    return toy.features(["Once upon a time", "Hi"], toy_sae, k=8)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda a: a.prompt_top(0, n=2.5), r"prompt_top\(n\) must be an int in \[1, 8\].*got 2\.5"),
+        (lambda a: a.prompt_top(0, n=True), r"prompt_top\(n\) must be an int.*got True"),
+        (lambda a: a.prompt_top(0, n=9), r"prompt_top\(n\) 9 is out of range \[1, 8\]"),
+        (lambda a: a.prompt_top(1.0, n=3), r"prompt_top\(row\) must be an int in \[0, 1\]"),
+        (lambda a: a.prompt_top(2, n=3), r"prompt_top\(row\) 2 is out of range \[0, 1\]"),
+        (lambda a: a.prompt_top(0, n=3, skip=-1), r"prompt_top\(skip\) -1 is out of range"),
+        (lambda a: a.prompt_top(0, n=3, skip=0.5), r"prompt_top\(skip\) must be an int"),
+        (lambda a: a.top(2.0), r"top\(k\) must be an int in \[1, 8\]"),
+        (lambda a: a.feature(1.5), r"feature index must be an int in \[0, 511\]"),
+        (lambda a: a.real_positions(-1), r"real_positions\(row\) -1 is out of range"),
+    ],
+)
+def test_feature_activation_int_arguments_are_refused_by_name(acts, call, message):
+    with pytest.raises(SAEError, match=message):
+        call(acts)
+
+
+def test_feature_activation_int_arguments_take_numpy_ints(acts, toy_sae):
+    assert acts.prompt_top(np.int64(0), n=np.int64(3), skip=np.int64(1)) == acts.prompt_top(
+        0, 3, skip=1
+    )
+    assert torch.equal(acts.top(np.int64(2)).indices, acts.top(2).indices)
+    assert torch.equal(acts.feature(torch.tensor(7)), acts.feature(7))
+    assert torch.equal(toy_sae.feature(np.int64(7)).directions[toy_sae.site], toy_sae.W_dec[7])

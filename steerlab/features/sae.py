@@ -24,7 +24,7 @@ from steerlab.core.ops import FeatureClamp
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 from steerlab.core.sites import Site, SiteError
 from steerlab.core.steer import Positions, Steer
-from steerlab.features.errors import SAEError
+from steerlab.features.errors import SAEError, int_in
 from steerlab.vectors.io import plain_text
 from steerlab.vectors.vector import Provenance, SteeringVector
 
@@ -248,17 +248,7 @@ class SAE:
         return self.W_dec.norm(dim=-1) if self.rescale_acts_by_decoder_norm else None
 
     def _index(self, i: object) -> int:
-        if isinstance(i, bool) or not isinstance(i, int):
-            if isinstance(i, torch.Tensor) and i.ndim == 0 and not i.is_floating_point():
-                i = int(i)
-            else:
-                raise SAEError(f"A feature index is an int in [0, {self.d_sae}); got {i!r}.")
-        assert isinstance(i, int)
-        if not 0 <= i < self.d_sae:
-            raise SAEError(
-                f"Feature {i} is out of range: this SAE's features are [0, {self.d_sae})."
-            )
-        return i
+        return int_in(i, "feature index", 0, self.d_sae - 1, f" (this SAE's {self.d_sae} features)")
 
     # --- files and devices --------------------------------------------------------------
 
