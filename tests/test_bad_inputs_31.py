@@ -15,6 +15,7 @@ import torch
 import steerlab as sl
 from steerlab.core.errors import SamplingError
 from steerlab.core.request import Sampling
+from steerlab.core.steer import at_alphas
 from steerlab.features import SAEError
 from steerlab.features.format import CFG_FILENAME
 from steerlab.vectors import SteeringVector, VectorFileError
@@ -232,3 +233,16 @@ def test_feature_activation_int_arguments_take_numpy_ints(acts, toy_sae):
     assert torch.equal(acts.top(np.int64(2)).indices, acts.top(2).indices)
     assert torch.equal(acts.feature(torch.tensor(7)), acts.feature(7))
     assert torch.equal(toy_sae.feature(np.int64(7)).directions[toy_sae.site], toy_sae.W_dec[7])
+
+
+# --- alphas composed by multiplication carry no last-bit noise ---------------------------
+
+
+def test_composed_alphas_are_the_numbers_people_wrote():
+    ones = torch.ones(8)
+    assert (SteeringVector({SITE: ones}) * 0.1).steers(alpha=3)[0].alpha == (0.3,)
+    assert sl.Steer(SITE, SteeringVector({SITE: ones}) * 0.1, alpha=[3, 80]).alpha == (0.3, 8.0)
+    assert at_alphas([sl.Steer(SITE, ones, 0.1)], [3, 80])[0].alpha == (0.3, 8.0)
+    assert json.dumps(at_alphas([sl.Steer(SITE, ones, 0.1)], [3])[0].alpha) == "[0.3]"
+    exact = at_alphas([sl.Steer(SITE, ones, 1 / 3)], [1])[0].alpha[0]
+    assert exact == pytest.approx(1 / 3, rel=1e-15)  # only the 17th digit may go

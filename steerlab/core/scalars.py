@@ -57,3 +57,17 @@ def _scalar_tensor(value: object) -> TypeGuard[torch.Tensor]:
         and value.dtype != torch.bool
         and not value.is_complex()
     )
+
+
+def without_noise(value: float) -> float:
+    """``value`` rounded to 15 significant digits: what a product or a slider's step adds in
+    its last bits (``0.1 * 3``, ``8.000000000000004``) goes; every number of 15 digits or
+    fewer, as people type them, stays exactly as it is.
+
+    Used where an alpha is composed (scale x alpha, alpha x alpha, a slider's value), so the
+    alpha that steers is the one that is shown and exported.
+
+    >>> without_noise(0.1 * 3), without_noise(8.000000000000004), without_noise(1 / 3)
+    (0.3, 8.0, 0.333333333333333)
+    """
+    return float(f"{value:.15g}")

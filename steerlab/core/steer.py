@@ -19,6 +19,7 @@ import torch
 
 from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.ops import Add, Op, Operation, SteerError, op_to_data, tensor_fingerprint
+from steerlab.core.scalars import without_noise
 from steerlab.core.sites import resolve
 
 Positions = Literal["all", "prompt", "generated"] | int
@@ -196,7 +197,7 @@ class Steer:
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:
-            alphas = _as_alphas([scale * a for a in alphas])
+            alphas = _as_alphas([without_noise(scale * a) for a in alphas])
         vector = _as_vector(vector)
         positions = _as_positions(positions)
         op = Add() if op is None else op
@@ -272,8 +273,8 @@ def at_alphas(steers: Sequence[Steer], alphas: Sequence[float]) -> list[Steer]:
         if len(s.alpha) != 1:
             raise SteerError(f"{s!r} already carries a list of alphas; give it one alpha "
                              "(or none) and pass the list on its own.")  # fmt: skip
-        scaled = Steer(s.site, s.vector, [s.alpha[0] * float(a) for a in alphas], s.positions,
-                       s.op)  # fmt: skip
+        scaled = Steer(s.site, s.vector, [without_noise(s.alpha[0] * float(a)) for a in alphas],
+                       s.positions, s.op)  # fmt: skip
         object.__setattr__(scaled, "made_for", s.made_for)
         out.append(scaled)
     return out

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from steerlab.core import Operation, Positions, Steer, SteerError
+from steerlab.core.scalars import without_noise
 from steerlab.core.sites import Site
 
 if TYPE_CHECKING:
@@ -268,7 +269,7 @@ class SteeringVector:
         """
         alphas = [1.0] if alpha is None else alpha
         alphas = [float(alphas)] if isinstance(alphas, (int, float)) else list(alphas)
-        strengths = [self.scale * a for a in alphas]
+        strengths = [_composed(self.scale * a) for a in alphas]
         return [
             Steer(site, d, strengths if len(strengths) > 1 else strengths[0], positions, op)
             for site, d in self.directions.items()
@@ -359,3 +360,8 @@ def _scalar(k: object, op: str) -> float:
             "per alpha, write vec.steers(alpha=[...]) (or sl.Steer(site, vec, alpha=[...]))."
         )
     raise TypeError(f"SteeringVector {op} takes one number, not {type(k).__name__}.")
+
+
+def _composed(strength: Any) -> Any:
+    """scale x alpha without the product's last-bit noise (``core.scalars.without_noise``)."""
+    return without_noise(strength) if isinstance(strength, float) else strength
