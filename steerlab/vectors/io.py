@@ -22,7 +22,7 @@ import torch
 from steerlab.core import atomic, jsontext
 from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.sites import Site, SiteError, resolve
-from steerlab.core.steer import same_model
+from steerlab.core.steer import same_model, user_stacklevel
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:
@@ -331,10 +331,11 @@ def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> Non
     made_for, this = meta["model"], getattr(model, "name", "")
     if not same_model(made_for, this):
         warnings.warn(
-            f"{path.name} was extracted on {made_for!r}; this model is {this!r}. Same width, "
-            "but a direction found in one model's residual stream means nothing in another's.",
+            f"{path.name} was extracted on {made_for!r}; this model is {this!r}: their names "
+            "differ. Same width, but a direction found in one model's residual stream means "
+            "nothing in another's.",
             VectorMismatchWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 

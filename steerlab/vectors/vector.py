@@ -29,6 +29,7 @@ import torch
 from steerlab.core import Operation, Positions, Steer, SteerError
 from steerlab.core.scalars import without_noise
 from steerlab.core.sites import Site
+from steerlab.core.steer import made_for
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -270,10 +271,13 @@ class SteeringVector:
         alphas = [1.0] if alpha is None else alpha
         alphas = [float(alphas)] if isinstance(alphas, (int, float)) else list(alphas)
         strengths = [_composed(self.scale * a) for a in alphas]
-        return [
+        steers = [
             Steer(site, d, strengths if len(strengths) > 1 else strengths[0], positions, op)
             for site, d in self.directions.items()
         ]
+        for steer in steers:  # where the direction was made travels with it, for the check
+            object.__setattr__(steer, "made_for", made_for(self))
+        return steers
 
     def steer(
         self,
