@@ -120,9 +120,9 @@ def test_bad_inputs_are_refused_before_any_forward(hf_lm, random_sae):
         handle.remove()
     assert forwards == []
     acts = features(hf_lm, PROMPTS, random_sae, k=4)
-    with pytest.raises(SAEError, match=r"top\(k\) takes an int k in \[1, 4\]"):
+    with pytest.raises(SAEError, match=r"top\(k\) 5 is out of range \[1, 4\] \(the number kept"):
         acts.top(5)
-    with pytest.raises(SAEError, match=r"\[0, 96\)"):
+    with pytest.raises(SAEError, match=r"feature index 96 is out of range \[0, 95\]"):
         acts.feature(96)
 
 

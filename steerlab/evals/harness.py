@@ -13,6 +13,7 @@ client needs no tokenizer of its own.
 
 from __future__ import annotations
 
+import difflib
 import math
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
@@ -136,6 +137,7 @@ def lm_eval(
     if include_path is not None and not Path(include_path).is_dir():
         raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
     manager = TaskManager(include_path=None if include_path is None else str(include_path))
+    _check_task_names(manager, names)
 
     with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key):
         args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
@@ -160,6 +162,21 @@ def lm_eval(
             unsteered = run(model)
             steered = run(preset) if preset else None
     return HarnessResult(unsteered, steered, model, preset)
+
+
+def _check_task_names(manager: Any, names: Sequence[str]) -> None:
+    """Refuse a task lm-eval's ``TaskManager`` does not know (not a name, a pattern of names,
+    or a task file), naming it and its closest names, before any server starts."""
+    known = manager.all_tasks
+    for name in names:
+        if name in known or manager.match_tasks([name]) or Path(name).is_file():
+            continue
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(
+            f"lm-eval has no task {name!r} (in its registry or include_path).{hint} "
+            "List them with: lm-eval ls tasks."
+        )
 
 
 @contextmanager

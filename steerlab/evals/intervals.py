@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from steerlab.core.scalars import as_int
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -48,7 +50,7 @@ def check_bootstrap(level: float, n_boot: int) -> None:
     """Refuse a confidence level outside (0, 1) or a resample count below 1."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1); got {level!r}.")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+    if as_int(n_boot) is None or n_boot < 1:
         raise ValueError(f"n_boot must be an int >= 1; got {n_boot!r}.")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt
+from steerlab.core.scalars import as_int
 
 CRITERIA = ("concept", "instruction", "fluency")
 
@@ -120,14 +121,15 @@ class Judge:
 
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL; got {base_url!r}.")
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+        if as_int(max_workers) is None or max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1; got {max_workers!r}.")
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.base_url, self.model = base_url.rstrip("/"), model
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        if as_int(max_retries) is None or max_retries < 0:
             raise ValueError(f"max_retries must be an int >= 0; got {max_retries!r}.")
-        self.max_workers, self.max_tokens, self.max_retries = max_workers, max_tokens, max_retries
+        self.max_workers, self.max_tokens = int(max_workers), max_tokens
+        self.max_retries = int(max_retries)
         self._http = httpx.Client(headers=headers, timeout=timeout)
 
     def __repr__(self) -> str:

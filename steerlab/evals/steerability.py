@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.rows import SteerArg, as_steers
+from steerlab.core.scalars import as_int
 from steerlab.core.steer import Steer, at_alphas
 from steerlab.evals.intervals import check_bootstrap, mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, prompt_text
@@ -140,8 +141,9 @@ def steerability(
     alphas = _alphas(alphas)
     base = _steers(steer)
     scorer = _scorer(concept)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+    if as_int(samples) is None or samples < 1:
         raise ValueError(f"samples must be an int >= 1; got {samples!r}.")
+    samples = int(samples)
     check_bootstrap(level, n_boot)
 
     rows_in = [p for p in prompts for _ in range(samples)]  # repeats get streams of their own

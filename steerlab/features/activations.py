@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from steerlab.features.errors import SAEError
+from steerlab.core.scalars import as_int
+from steerlab.features.errors import SAEError, int_in
 from steerlab.features.sae import SAE
 
 CHUNK_BYTES = 1 << 28  # the most one encoded chunk of tokens may take: 256 MiB
@@ -69,7 +70,7 @@ class FeatureActivations:
 
         >>> FeatureActivations.from_residual(sae, x, mask, ids, words, k=8)  # doctest: +SKIP
         """
-        check_k(k, sae)
+        k = check_k(k, sae)
         batch, pos, _ = residual.shape
         real = attention_mask.to(residual.device).bool().reshape(-1)  # [batch * pos]
         values = torch.zeros(batch * pos, k, dtype=sae.dtype, device=sae.device)
@@ -125,11 +126,8 @@ class FeatureActivations:
         >>> acts.top(3).values.shape  # doctest: +SKIP
         torch.Size([1, 5, 3])
         """
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.k:
-            raise SAEError(
-                f"top(k) takes an int k in [1, {self.k}], the number kept; got {k!r}. "
-                "Pass a larger k to features() to keep more."
-            )
+        k = int_in(k, "top(k)", 1, self.k, " (the number kept: pass a larger k to features() "
+                   "to keep more)")  # fmt: skip
         return TopFeatures(self.top_values[..., :k], self.top_indices[..., :k])
 
     def feature(self, i: int) -> torch.Tensor:
@@ -167,10 +165,12 @@ class FeatureActivations:
         >>> acts.prompt_top(0, n=5)  # doctest: +SKIP
         [12, 3, 40, 7, 9]
         """
-        if not 1 <= n <= self.k:
-            raise SAEError(f"prompt_top(n) takes n in [1, {self.k}], the number kept; got {n!r}.")
+        n = int_in(n, "prompt_top(n)", 1, self.k, " (the number kept)")
+        row = self._row(row, "prompt_top(row)")
+        positions = self.real_positions(row)
+        skip = int_in(skip, "prompt_top(skip)", 0, len(positions), " (the row's real tokens)")
         real = self.attention_mask[row].bool().to(self.top_values.device)
-        real[self.real_positions(row)[:skip]] = False
+        real[positions[:skip]] = False
         values = self.top_values[row][real].reshape(-1)
         indices = self.top_indices[row][real].reshape(-1)
         best: dict[int, float] = {}
@@ -181,7 +181,11 @@ class FeatureActivations:
 
     def real_positions(self, row: int) -> list[int]:
         """Positions of prompt ``row``'s real (unpadded) tokens."""
+        row = self._row(row, "real_positions(row)")
         return torch.nonzero(self.attention_mask[row], as_tuple=False).flatten().tolist()
+
+    def _row(self, row: object, what: str) -> int:
+        return int_in(row, what, 0, self.attention_mask.shape[0] - 1, " (one per prompt)")
 
     # --- display ------------------------------------------------------------------------
 
@@ -213,10 +217,12 @@ class FeatureActivations:
         )
 
 
-def check_k(k: object, sae: SAE) -> None:
-    """Refuse a number of features per token that is not an int in ``[1, d_sae]``."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= sae.d_sae:
+def check_k(k: object, sae: SAE) -> int:
+    """A number of features per token as an int in ``[1, d_sae]``; anything else refused."""
+    number = as_int(k)
+    if number is None or not 1 <= number <= sae.d_sae:
         raise SAEError(f"k must be an int in [1, d_sae={sae.d_sae}]; got {k!r}.")
+    return number
 
 
 def _encode_chunks(sae: SAE, x: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:

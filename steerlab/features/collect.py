@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.sites import resolve
-from steerlab.core.steer import same_model
+from steerlab.core.steer import same_model, user_stacklevel
 from steerlab.features.activations import FeatureActivations, check_k
 from steerlab.features.errors import SAEError
 from steerlab.features.sae import SAE
@@ -70,7 +70,8 @@ def check_model(lm: SteerableModel, sae: SAE) -> None:
         )
     if not same_model(sae.model_name, getattr(lm, "name", "")):
         warnings.warn(
-            f"This SAE was trained on {sae.model_name!r}, the model is {lm.name!r}.",
+            f"This SAE was trained on {sae.model_name!r}, the model is {lm.name!r}: their "
+            "names differ. Its features read another model's activations.",
             ModelMismatchWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )

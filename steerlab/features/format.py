@@ -15,24 +15,25 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
+from steerlab.core import atomic, jsontext
 from steerlab.core.sites import Site, SiteError
 from steerlab.features.errors import SAEError
-from steerlab.features.sae import ARCHITECTURES, SAE
+from steerlab.features.sae import ARCHITECTURES, FLOAT_DTYPES, SAE
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"})
-# SAELens's DTYPE_MAP (sae_lens/constants.py)
+# SAELens's DTYPE_MAP (sae_lens/constants.py): the dtypes an SAE may have, by name.
 DTYPES: dict[str, torch.dtype] = {
-    **{name: getattr(torch, name) for name in ("float32", "float64", "float16", "bfloat16")},
-    **{
-        f"torch.{name}": getattr(torch, name)
-        for name in ("float32", "float64", "float16", "bfloat16")
-    },
+    name: dtype
+    for dtype in FLOAT_DTYPES
+    for name in (str(dtype).removeprefix("torch."), str(dtype))
 }
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items() if not name.startswith("torch.")}
+# Keys whose value is a name: anything but a string is refused before it is compared.
+_TEXT_KEYS = ("architecture", "dtype", "normalize_activations", "reshape_activations")
 # Written into metadata when the SAE has none, so SAELens reads the folder as 6.x.
 SAE_LENS_VERSION = "6.0.0"
 
@@ -80,6 +81,9 @@ def parse_config(cfg: Any, where: str) -> Config:
     architecture = cfg.get("architecture")
     if architecture is None:
         raise SAEError(f"{where} has no 'architecture' (SAELens 6 writes one).")
+    for key in _TEXT_KEYS:
+        if key in cfg and not isinstance(cfg[key], str):
+            raise SAEError(f"{key} in {where} must be a string; got {_kind(cfg[key])}.")
     if architecture not in ARCHITECTURES:
         raise SAEError(
             f"SAE architecture {architecture!r} in {where} is not supported; steerlab reads "
@@ -118,6 +122,8 @@ def parse_config(cfg: Any, where: str) -> Config:
         )
     site = _site(metadata, where)
     model_name = metadata.get("model_name") or ""
+    if not isinstance(model_name, str):
+        raise SAEError(f"metadata.model_name in {where} must be a string; got {_kind(model_name)}.")
     k, rescale = None, False
     if architecture == "topk":
         k = cfg.get("k")
@@ -130,6 +136,11 @@ def parse_config(cfg: Any, where: str) -> Config:
         architecture, d_in, d_sae, DTYPES[dtype_name], apply_b_dec, site, str(model_name),
         k, rescale, dict(metadata),
     )  # fmt: skip
+
+
+def _kind(value: object) -> str:
+    """A short description of a config value for an error: its type and its start."""
+    return f"{type(value).__name__} {value!r:.60}"
 
 
 def _positive_int(cfg: dict[str, Any], key: str, where: str) -> int:
@@ -199,9 +210,12 @@ def read_folder(
             f"Missing {cfg_path}: a SAELens SAE folder holds {CFG_FILENAME} and {WEIGHTS_FILENAME}."
         )
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = jsontext.loads(cfg_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SAEError(f"{cfg_path} is not valid JSON ({error}).") from None
+    except jsontext.NestingError as error:
+        raise SAEError(f"{cfg_path}: key {error.path!r} is nested more than "
+                       f"{error.max_depth} deep; an SAE config is a few levels.") from None  # fmt: skip
     config = parse_config(cfg, str(cfg_path))
     tensors = _read_tensors(weights_path, config, device)
     return SAE(
@@ -274,13 +288,41 @@ def config_dict(sae: SAE) -> dict[str, Any]:
 
 
 def write_folder(sae: SAE, path: str | Path) -> Path:
-    """Write ``sae`` as a SAELens folder (created if needed); returns the folder.
+    """Write ``sae`` as a SAELens folder, whole: the old folder stays until the new is ready.
+
+    Everything is checked and encoded first (the metadata as JSON included); the files are
+    written to a new folder beside ``path`` and swapped in (``core.atomic.write_folder``),
+    so a save that fails leaves an earlier SAE at ``path`` loadable. Other files in the
+    folder are kept.
+
+    Raises:
+        SAEError: ``path`` is a file, or a metadata value JSON cannot hold (named).
 
     >>> write_folder(sae, "out/my-sae")  # doctest: +SKIP
     """
     folder = Path(path).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise SAEError(
+            f"{str(path)!r} is a file; an SAE is saved as a folder. Nothing was written."
+        )
+    cfg = _cfg_bytes(sae)
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in sae.tensors().items()}
-    save_file(tensors, str(folder / WEIGHTS_FILENAME))
-    (folder / CFG_FILENAME).write_text(json.dumps(config_dict(sae), indent=1) + "\n")
+    atomic.write_folder(folder, {WEIGHTS_FILENAME: save(tensors), CFG_FILENAME: cfg})
     return folder
+
+
+def _cfg_bytes(sae: SAE) -> bytes:
+    """``cfg.json``'s bytes; a metadata value JSON cannot hold is named."""
+    cfg = config_dict(sae)
+    for key, value in cfg["metadata"].items():
+        if not isinstance(key, str):
+            raise SAEError(f"SAE metadata key {key!r} is not a string. Nothing was written.")
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as error:
+            raise SAEError(
+                f"SAE metadata {key!r} is {type(value).__name__} {value!r:.60}, which cfg.json "
+                f"cannot hold ({error}); make it a str, number, bool, list or dict (e.g. "
+                "float(x), sorted(x)). Nothing was written."
+            ) from None
+    return (json.dumps(cfg, indent=1) + "\n").encode()

@@ -24,12 +24,14 @@ from steerlab.core.ops import FeatureClamp
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 from steerlab.core.sites import Site, SiteError
 from steerlab.core.steer import Positions, Steer
-from steerlab.features.errors import SAEError
+from steerlab.features.errors import SAEError, int_in
 from steerlab.vectors.io import plain_text
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 # The architectures steerlab reads; the encoding itself is ``core.sae.encode``.
 ARCHITECTURES = ARCHITECTURE_NAMES
+# The dtypes an SAE computes and saves in (SAELens's DTYPE_MAP): no 1-byte floats.
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +83,7 @@ class SAE:
                 "'blocks.2.hook_resid_pre')."
             ) from None
         d_in, d_sae = _shape(self.W_enc, "W_enc", 2)
+        _check_dtype(self.W_enc.dtype, "W_enc is")
         shapes = {"W_dec": (d_sae, d_in), "b_enc": (d_sae,), "b_dec": (d_in,)}
         if self.architecture == "jumprelu":
             if self.threshold is None:
@@ -245,17 +248,7 @@ class SAE:
         return self.W_dec.norm(dim=-1) if self.rescale_acts_by_decoder_norm else None
 
     def _index(self, i: object) -> int:
-        if isinstance(i, bool) or not isinstance(i, int):
-            if isinstance(i, torch.Tensor) and i.ndim == 0 and not i.is_floating_point():
-                i = int(i)
-            else:
-                raise SAEError(f"A feature index is an int in [0, {self.d_sae}); got {i!r}.")
-        assert isinstance(i, int)
-        if not 0 <= i < self.d_sae:
-            raise SAEError(
-                f"Feature {i} is out of range: this SAE's features are [0, {self.d_sae})."
-            )
-        return i
+        return int_in(i, "feature index", 0, self.d_sae - 1, f" (this SAE's {self.d_sae} features)")
 
     # --- files and devices --------------------------------------------------------------
 
@@ -273,8 +266,13 @@ class SAE:
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> SAE:
         """A copy with every weight on ``device`` and/or in ``dtype``.
 
+        Raises:
+            SAEError: ``dtype`` is not float32, float64, float16 or bfloat16.
+
         >>> sae.to("cuda")  # doctest: +SKIP
         """
+        if dtype is not None:
+            _check_dtype(dtype, "SAE.to: dtype")
         moved: dict[str, Any] = {
             n: t.to(device=device, dtype=dtype) for n, t in self.tensors().items()
         }
@@ -315,3 +313,9 @@ def _shape(tensor: object, name: str, ndim: int) -> tuple[int, ...]:
     if not tensor.is_floating_point():
         raise SAEError(f"SAE {name} must be floating point; got {tensor.dtype}.")
     return tuple(tensor.shape)
+
+
+def _check_dtype(dtype: object, what: str) -> None:
+    if dtype not in FLOAT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+        raise SAEError(f"{what} {dtype}; an SAE computes and saves in {names}.")

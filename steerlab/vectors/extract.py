@@ -16,6 +16,7 @@ import torch
 
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt
+from steerlab.core.scalars import as_int
 from steerlab.core.sites import resolve, site_names
 from steerlab.vectors.methods import Method, mean_diff
 from steerlab.vectors.vector import Provenance, SteeringVector
@@ -133,8 +134,9 @@ def extract(
     names = list(dict.fromkeys(resolve(s, lm.sites()).name for s in sites))
     if token not in ("last", "mean"):
         raise ValueError(f"token must be 'last' or 'mean'; got {token!r}.")
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if as_int(batch_size) is None or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}.")
+    batch_size = int(batch_size)
     if not callable(method) or not hasattr(method, "check"):
         raise TypeError(f"method must be a Method such as steerlab.mean_diff; got {method!r}.")
     method.check(len(positive), len(negative))

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
@@ -21,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from steerlab.core import atomic, jsontext
 from steerlab.core.errors import ModelMismatchWarning
 from steerlab.core.sites import Site, SiteError, resolve
-from steerlab.core.steer import same_model
+from steerlab.core.steer import same_model, user_stacklevel
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:
@@ -116,9 +115,11 @@ def _norms(value: str) -> dict[str, float]:
 
 def _json(value: str) -> Any:
     try:
-        return json.loads(value)
+        return jsontext.loads(value)
     except json.JSONDecodeError:
         raise VectorFileError(f"Metadata value is not valid JSON: {value[:60]!r}.") from None
+    except jsontext.NestingError as error:
+        raise VectorFileError(f"Refusing a metadata value: its {error}.") from None
 
 
 # The allow-list: every metadata key a vector file may carry, and its parser.
@@ -195,26 +196,8 @@ def save(vector: SteeringVector, path: str | Path) -> Path:
         offset += len(blob)
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
-    _write_atomically(path, struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    atomic.write_file(path, struct.pack("<Q", len(text)) + text + b"".join(blobs))
     return path
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, then rename it over ``path``.
-
-    A save that fails midway (disk full, Ctrl-C) leaves any earlier file intact.
-    """
-    handle, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.",
-                                         suffix=".tmp")  # fmt: skip
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def looks_pickled(head: bytes) -> bool:
@@ -250,9 +233,11 @@ def read_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         kind = "a pickle / torch.save file" if looks_pickled(head) else "not a safetensors file"
         raise VectorFileError(f"Refusing {path.name}: it is {kind}.")
     try:
-        header = json.loads(body, object_pairs_hook=_unique_keys)
+        header = jsontext.loads(body, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise VectorFileError(f"{path.name} has a header that is not JSON.") from None
+    except jsontext.NestingError as error:
+        raise VectorFileError(f"Refusing {path.name}: its header's {error}.") from None
     except _DuplicateKey as duplicate:
         raise VectorFileError(
             f"{path.name} names {duplicate.args[0]!r} twice in its header: which one is meant "
@@ -305,7 +290,7 @@ def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     missing = sorted(set(SCHEMA) - set(raw))
     if missing:
         raise VectorFileError(f"{path.name} lacks metadata keys {missing}.")
-    meta = {key: SCHEMA[key](value) for key, value in raw.items()}
+    meta = {key: _parsed(path, key, value) for key, value in raw.items()}
     if meta["d_model"] < 1:
         raise VectorFileError(f"{path.name} says d_model={meta['d_model']}: it holds no vector.")
     if sorted(entries) != sorted(meta["sites"]):
@@ -319,6 +304,13 @@ def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                 f"but the file says d_model={meta['d_model']}."
             )
     return entries, meta
+
+
+def _parsed(path: Path, key: str, value: str) -> Any:
+    try:
+        return SCHEMA[key](value)
+    except VectorFileError as error:
+        raise VectorFileError(f"{path.name}: metadata {key!r}: {error}") from None
 
 
 class VectorMismatchWarning(ModelMismatchWarning):
@@ -339,10 +331,11 @@ def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> Non
     made_for, this = meta["model"], getattr(model, "name", "")
     if not same_model(made_for, this):
         warnings.warn(
-            f"{path.name} was extracted on {made_for!r}; this model is {this!r}. Same width, "
-            "but a direction found in one model's residual stream means nothing in another's.",
+            f"{path.name} was extracted on {made_for!r}; this model is {this!r}: their names "
+            "differ. Same width, but a direction found in one model's residual stream means "
+            "nothing in another's.",
             VectorMismatchWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 

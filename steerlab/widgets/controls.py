@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 
 import ipywidgets as widgets
 
+from steerlab.core.scalars import without_noise
 from steerlab.core.sites import Site
 from steerlab.widgets.runner import PanelRequest
 
@@ -41,6 +42,7 @@ class Controls:
 
     def request(self, request_id: int) -> PanelRequest:
         values = {f.name: getattr(self, f.name).value for f in fields(self)}
+        values["alpha"] = without_noise(values["alpha"])  # a slider step's last-bit noise
         return PanelRequest(request_id=request_id, **values)
 
     def box(self, features: widgets.Widget | None = None) -> widgets.VBox:

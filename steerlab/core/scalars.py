@@ -1,0 +1,73 @@
+"""Which values count as one int or one real number: THE rule for every int or float setting.
+
+Python ints and floats, numpy's integer and float scalars and 0-d tensors are numbers alike
+(``np.int64(3)`` is as good a ``max_new_tokens`` as ``3``); a bool is never a number here,
+and a float is never an int. Each is returned as a plain ``int`` or ``float``, so nothing
+downstream sees numpy or torch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TypeGuard
+
+import torch
+
+
+def as_int(value: object) -> int | None:
+    """``value`` as a plain int when it is one integer, else None (bools and floats too).
+
+    >>> import numpy as np
+    >>> as_int(np.int64(3)), as_int(torch.tensor(3)), as_int(True), as_int(3.0)
+    (3, 3, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if _scalar_tensor(value) and not value.is_floating_point():
+        return int(value)
+    return None
+
+
+def as_real(value: object) -> float | None:
+    """``value`` as a plain float when it is one finite real number, else None (bools too).
+
+    >>> import numpy as np
+    >>> as_real(np.float32(0.5)), as_real(torch.tensor(2)), as_real(False), as_real(float("nan"))
+    (0.5, 2.0, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real) or _scalar_tensor(value):
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except OverflowError:  # an int past float's range
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _scalar_tensor(value: object) -> TypeGuard[torch.Tensor]:
+    """A 0-d tensor of real numbers (not bool, not complex)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.ndim == 0
+        and value.dtype != torch.bool
+        and not value.is_complex()
+    )
+
+
+def without_noise(value: float) -> float:
+    """``value`` rounded to 15 significant digits: what a product or a slider's step adds in
+    its last bits (``0.1 * 3``, ``8.000000000000004``) goes; every number of 15 digits or
+    fewer, as people type them, stays exactly as it is.
+
+    Used where an alpha is composed (scale x alpha, alpha x alpha, a slider's value), so the
+    alpha that steers is the one that is shown and exported.
+
+    >>> without_noise(0.1 * 3), without_noise(8.000000000000004), without_noise(1 / 3)
+    (0.3, 8.0, 0.333333333333333)
+    """
+    return float(f"{value:.15g}")
