@@ -127,6 +127,10 @@ class Sampling:
     top_p: float = option(
         1.0, "keep the smallest set of tokens whose probability reaches top_p.",
         annotation="float", wire_type="float", vllm=True, sampler=True)  # fmt: skip
+    min_p: float = option(
+        0.0, "in [0, 1], as vLLM's and HF's: drop the tokens less likely than min_p times the "
+        "likeliest one (after temperature, top-k and top-p, as HF's order; 0 is off).",
+        annotation="float", wire_type="float", vllm=True, sampler=True)  # fmt: skip
     seed: int = option(
         0, "makes sampling reproducible; rows of the same prompt share random numbers (None: "
         "a fresh seed).", annotation="int | None", wire_type="int", given=None)  # fmt: skip
@@ -206,6 +210,9 @@ class Sampling:
         p = self.top_p
         if not (_is_real(p) and 0 < p <= 1):
             raise SamplingError("top_p", f"top_p must be in (0, 1]; got {p!r}.")
+        m = self.min_p
+        if not (_is_real(m) and 0 <= m <= 1):
+            raise SamplingError("min_p", f"min_p must be in [0, 1]; got {m!r}.")
         k = self.top_k
         if k is not None and (not _is_int(k) or k < 1):
             raise SamplingError("top_k", f"top_k must be None or an int >= 1; got {k!r}.")

@@ -99,9 +99,10 @@ def sample_next(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> torch.Tensor:  # [batch] token ids
     """Pick one token per row: greedy at temperature 0 (or below ``GREEDY_BELOW``), else
-    inverse-CDF sampling. A top-p so small that only the top token reaches it keeps that
+    inverse-CDF sampling after top-k, top-p and min-p, in HF's order. A top-p so small that only the top token reaches it keeps that
     token alone, so it decodes as greedy does.
 
     Taking the random number as an argument (not a generator) is what lets a
@@ -125,6 +126,8 @@ def sample_next(
         outside[:, 0] = False  # even where top_p underflows to 0 in float32 (top_p=1e-46)
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    if min_p > 0.0:  # relative to the likeliest token, which always stays (HF's, vLLM's)
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     cdf = probs.cumsum(dim=-1)
     target = uniform.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
     picked = torch.searchsorted(cdf, target, right=True).squeeze(-1)
