@@ -31,7 +31,7 @@ def provide(name: str, factory: Callable[..., Any]) -> None:
     Called once by a capability package above the facade when it is imported (and
     ``import steerlab`` imports them all). The method itself stays on ``SteerableModel``,
     with its signature and docstring, where ``help(lm)``, completion and the type checker
-    find it; only the body is looked up here. This is the clearest way we found to offer
+    find it; only the body is looked up here. It is the clearest way to offer
     ``lm.<name>(...)`` while imports point down: importing the capability here, even
     inside the method, would point up and close a cycle; attaching methods to the class
     from outside would hide them from the class's source and from the type checker; and
