@@ -11,6 +11,7 @@ from importlib import import_module as _import_module
 from typing import Any as _Any
 
 from steerlab import stats
+from steerlab._version import __version__ as __version__
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.chat import ChatSession
@@ -33,15 +34,13 @@ from steerlab.vectors import (
     sweep,
 )
 
-__version__ = "0.1.0"
-
 # Notebook-layer names, imported on first access so `import steerlab` stays light.
 _LAZY = {
     "plots": ("steerlab.plots", None),
     "evals": ("steerlab.evals", None),
     "export": ("steerlab.exporting", "export"),
     "use_paper_theme": ("steerlab.plots", "use_paper_theme"),
-    "export_button": ("steerlab.plots", "export_button"),
+    "export_button": ("steerlab.exporting", "export_button"),
     "SteeringPanel": ("steerlab.widgets", "SteeringPanel"),
     "connect": ("steerlab.client", "connect"),
     "ChatPanel": ("steerlab.widgets.chat_panel", "ChatPanel"),

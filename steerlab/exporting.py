@@ -1,4 +1,4 @@
-"""Write a plotly figure to PDF, SVG, PNG or HTML, chosen by the file suffix.
+"""Write a plotly figure to PDF, SVG, PNG or HTML, chosen by the file suffix; or from a button.
 
 Static formats go through kaleido 1.x, which drives a Chrome or Chromium installed on the
 machine. A browser is looked for the way kaleido's own finder does (``BROWSER_PATH``, then
@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import ipywidgets as widgets
     import plotly.graph_objects as go
 
 STATIC_FORMATS = ("pdf", "svg", "png")
@@ -121,6 +124,61 @@ def export(
             path, format=fmt, scale=scale if fmt == "png" else 1, width=width, height=height
         )
     return path
+
+
+def export_button(
+    fig: go.Figure,
+    path_stem: str | Path | Callable[[], str | Path],
+    *,
+    default_format: str = "pdf",
+) -> widgets.HBox:
+    """A row with a format dropdown, an Export button and a status label for one figure.
+
+    Clicking writes ``{path_stem}.{format}`` with :func:`export` and reports the path
+    written, or the error (for example, no browser for PDF), in the label.
+
+    Args:
+        fig: The figure to export; a ``FigureWidget`` exports its current state.
+        path_stem: Path without suffix, e.g. ``"figures/norms"``, or a function called at
+            each click that returns one (the live panel names each export afresh).
+        default_format: Format selected at first, one of pdf, svg, png, html.
+
+    Returns:
+        An ``HBox`` of (``Dropdown``, ``Button``, ``Label``).
+
+    Raises:
+        ValueError: For a ``default_format`` outside pdf, svg, png and html.
+
+    >>> import plotly.graph_objects as go
+    >>> box = export_button(go.Figure(), "/tmp/fig", default_format="html")
+    >>> [type(w).__name__ for w in box.children]
+    ['Dropdown', 'Button', 'Label']
+    """
+    if default_format not in FORMATS:
+        raise ValueError(f"default_format must be one of {FORMATS}, not {default_format!r}")
+    import ipywidgets as widgets
+
+    dropdown = widgets.Dropdown(
+        options=list(FORMATS), value=default_format, layout=widgets.Layout(width="6em")
+    )
+    tooltip = "a new file per export" if callable(path_stem) else f"{path_stem}.*"
+    button = widgets.Button(description="Export", icon="download", tooltip=tooltip)
+    status = widgets.Label(value="")
+
+    def on_click(_: widgets.Button) -> None:
+        stem = path_stem() if callable(path_stem) else path_stem
+        path = Path(f"{stem}.{dropdown.value}")
+        status.value = f"writing {path} …"
+        start = time.perf_counter()
+        try:
+            export(fig, path)
+        except (RuntimeError, OSError, ValueError) as error:
+            status.value = f"failed: {error}"
+            return
+        status.value = f"saved {path} ({time.perf_counter() - start:.1f} s)"
+
+    button.on_click(on_click)
+    return widgets.HBox([dropdown, button, status])
 
 
 def _prepared(

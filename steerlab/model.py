@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -21,19 +21,21 @@ from steerlab.engine.local import LocalEngine
 from steerlab.engine.protocol import Engine
 from steerlab.engine.steps import OnToken, steps
 
-if TYPE_CHECKING:
-    from steerlab.chat import ChatSession
-    from steerlab.features import SAE, FeatureActivations
-
-
-# Capabilities above the facade that add a method to it provide the implementation here
-# when they are imported (``steerlab.chat`` provides ``chat``), so that this module never
-# imports them: dependencies point down.
 _PROVIDED: dict[str, Callable[..., Any]] = {}
 
 
 def provide(name: str, factory: Callable[..., Any]) -> None:
-    """Offer ``lm.<name>(...)``: called by the capability package that implements it."""
+    """Give the method ``lm.<name>(...)`` its implementation, from the layer that owns it.
+
+    Called once by a capability package above the facade when it is imported (and
+    ``import steerlab`` imports them all). The method itself stays on ``SteerableModel``,
+    with its signature and docstring, where ``help(lm)``, completion and the type checker
+    find it; only the body is looked up here. It is the clearest way to offer
+    ``lm.<name>(...)`` while imports point down: importing the capability here, even
+    inside the method, would point up and close a cycle; attaching methods to the class
+    from outside would hide them from the class's source and from the type checker; and
+    dropping the methods would break the public API.
+    """
     _PROVIDED[name] = factory
 
 
@@ -257,7 +259,7 @@ class SteerableModel:
         return last.result()
 
     def chat(self, system: str | None = None, steer: SteerArg = None, *,
-             overflow: str = "error") -> ChatSession:  # fmt: skip
+             overflow: str = "error") -> Any:  # fmt: skip
         """A chat session: the system prompt is fed once, then each turn feeds what it adds.
 
         Args:
@@ -272,10 +274,10 @@ class SteerableModel:
         """
         return _provided("chat")(self, system, steer, overflow=overflow)
 
-    def features(self, prompts: Prompt | Sequence[Prompt], sae: SAE, *, k: int = 16,
+    def features(self, prompts: Prompt | Sequence[Prompt], sae: Any, *, k: int = 16,
                  dense: bool = False, steer: SteerArg = None,
-                 chat: bool = False) -> FeatureActivations:  # fmt: skip
-        """What ``sae`` reads at ``sae.site`` over ``prompts``: ``steerlab.features.features``.
+                 chat: bool = False) -> Any:  # fmt: skip
+        """What the SAE ``sae`` reads at ``sae.site`` over ``prompts``, as activations.
 
         Keeps the top ``k`` features per token; ``dense=True`` also keeps ``acts.values``
         ``[batch, pos, d_sae]`` (4 bytes a value in float32: for a 16k-feature SAE, 64 KiB a

@@ -1,4 +1,5 @@
-"""Export writes real PDF/SVG/PNG/HTML files, and fails clearly without a browser."""
+"""Export writes real PDF/SVG/PNG/HTML files, and fails clearly without a browser; so does
+the export button."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 from steerlab import exporting as export_module
-from steerlab.exporting import export, find_browser
+from steerlab.exporting import export, export_button, find_browser
 
 needs_browser = pytest.mark.skipif(
     find_browser() is None,
@@ -116,11 +117,12 @@ def test_importing_export_stays_light():
     assert result.stdout.strip() == "[]"
 
 
-def test_facade_export_stays_the_function_after_plots_load():
+def test_facade_export_stays_the_function_after_exporting_loads():
     import steerlab as sl
-    import steerlab.plots  # noqa: F401  (imports the exporting module as a side effect)
+    import steerlab.exporting  # noqa: F401  (binds steerlab.exporting, never steerlab.export)
 
     assert callable(sl.export) and sl.export is export
+    assert sl.export_button is export_button
 
 
 def _pdf_page_points(data: bytes) -> tuple[float, float]:
@@ -163,3 +165,22 @@ def test_unknown_width_name_or_theme_is_refused_before_any_work(fig, tmp_path, m
     with pytest.raises(ValueError, match="theme"):
         export(fig, tmp_path / "f.pdf", theme="dark")
     assert not list(tmp_path.iterdir())
+
+
+def test_export_button_writes_html_and_reports(tmp_path):
+    box = export_button(go.Figure(go.Bar(y=[1])), tmp_path / "fig", default_format="html")
+    dropdown, button, label = box.children
+    assert list(dropdown.options) == ["pdf", "svg", "png", "html"]
+    button.click()
+    html = (tmp_path / "fig.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html>") and "Plotly.newPlot" in html
+    assert label.value.startswith(f"saved {tmp_path / 'fig.html'}")
+
+
+def test_export_button_reports_a_missing_browser(tmp_path, monkeypatch):
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-chrome"))
+    box = export_button(go.Figure(), tmp_path / "fig")
+    box.children[1].click()
+    assert box.children[2].value.startswith("failed:")
+    assert "apt-get install -y chromium" in box.children[2].value
+    assert not (tmp_path / "fig.pdf").exists()

@@ -105,7 +105,7 @@ def test_a_cached_hub_id_without_network_loads_from_its_snapshot_folder(
 
 
 def test_serve_prints_one_line_for_a_model_it_cannot_get(unreachable_hub):
-    from steerlab.server.cli import main
+    from steerlab.cli import main
 
     with pytest.raises(SystemExit) as error:
         main(["serve", "steerlab-tests/never-downloaded"])

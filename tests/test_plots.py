@@ -250,25 +250,6 @@ def test_paper_theme_registers_and_applies():
     assert set(theme.PALETTE) <= set(theme.OKABE_ITO)
 
 
-def test_export_button_writes_html_and_reports(tmp_path):
-    box = plots.export_button(go.Figure(go.Bar(y=[1])), tmp_path / "fig", default_format="html")
-    dropdown, button, label = box.children
-    assert list(dropdown.options) == ["pdf", "svg", "png", "html"]
-    button.click()
-    html = (tmp_path / "fig.html").read_text()
-    assert html.lstrip().lower().startswith("<!doctype html>") and "Plotly.newPlot" in html
-    assert label.value.startswith(f"saved {tmp_path / 'fig.html'}")
-
-
-def test_export_button_reports_a_missing_browser(tmp_path, monkeypatch):
-    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-chrome"))
-    box = plots.export_button(go.Figure(), tmp_path / "fig")
-    box.children[1].click()
-    assert box.children[2].value.startswith("failed:")
-    assert "apt-get install -y chromium" in box.children[2].value
-    assert not (tmp_path / "fig.pdf").exists()
-
-
 def test_steering_comparison_scores_the_change_against_the_unsteered_model():
     import steerlab as sl
     from steerlab.testing import char_tokenizer, tiny_model

@@ -275,10 +275,11 @@ def test_amplified_requests_equal_in_process_amplify(lda_server):
 
 
 def test_the_command_line_refuses_flags_that_do_not_fit_the_backend():
-    from steerlab.server import cli
+    from steerlab.cli import parser
+    from steerlab.server.cli import load_options
 
     def options(*argv):
-        return cli.load_options(cli.parser().parse_args(["serve", MODEL, *argv]))
+        return load_options(parser().parse_args(["serve", MODEL, *argv]))
 
     assert options("--backend", "vllm", "--tensor-parallel-size", "8", "--dtype", "bfloat16") == {
         "backend": "vllm", "device": None, "dtype": "bfloat16", "tensor_parallel_size": 8}  # fmt: skip

@@ -14,7 +14,8 @@ import pytest
 from fastapi import FastAPI
 from server_helpers import HEADERS, post, served
 
-from steerlab.server import bodies, cli
+from steerlab import cli
+from steerlab.server import bodies
 from steerlab.server.background import serve_in_background
 from steerlab.server.connections import uvicorn_config
 

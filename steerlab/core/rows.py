@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
@@ -15,8 +15,23 @@ from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.core.steer import Steer, check_steer, warn_other_model
 from steerlab.core.window import check_text_window, check_window
 
-if TYPE_CHECKING:
-    from steerlab.model import SteerableModel
+
+class ModelLike(Protocol):
+    """What laying out rows reads of a model: its tokenizer, sites, width, window and name.
+
+    ``SteerableModel`` is one; the checks here need nothing else of it.
+    """
+
+    name: str
+    tokenizer: Any
+
+    @property
+    def d_model(self) -> int: ...
+
+    @property
+    def n_ctx(self) -> int | None: ...
+
+    def sites(self) -> list[str]: ...
 
 
 class SteersLike(Protocol):
@@ -91,7 +106,7 @@ class Rows:
 
 
 def lay_out(
-    lm: SteerableModel,
+    lm: ModelLike,
     prompts: Prompt | Sequence[Prompt],
     steer: SteerArg,
     *,
@@ -125,7 +140,7 @@ def lay_out(
     return Rows(prompts, [encoded[p] for p in prompt_index], steers, prompt_index, alphas)
 
 
-def checked_steers(lm: Any, steer: SteerArg) -> list[Steer]:
+def checked_steers(lm: ModelLike, steer: SteerArg) -> list[Steer]:
     """``steer`` as a list of steers, each checked against ``lm`` (and warned about when it
     was made on another model)."""
     steers = as_steers(steer)
@@ -135,7 +150,7 @@ def checked_steers(lm: Any, steer: SteerArg) -> list[Steer]:
     return steers
 
 
-def lay_out_ids(lm: Any, prompts: Sequence[Sequence[int]], steer: SteerArg, *,
+def lay_out_ids(lm: ModelLike, prompts: Sequence[Sequence[int]], steer: SteerArg, *,
                 new_tokens: int) -> Rows:  # fmt: skip
     """``lay_out`` for prompts given as token ids (fed as they are, no BOS added).
 

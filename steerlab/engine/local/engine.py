@@ -14,10 +14,11 @@ from steerlab.core.request import Completion, Request
 from steerlab.core.sites import Site, resolve
 from steerlab.core.tagging import count_hooks, remove_hooks
 from steerlab.core.window import check_window
+from steerlab.engine.batch import Batch
 from steerlab.engine.guard import Call, calling
 from steerlab.engine.local import prefix
 from steerlab.engine.local.capture import Recorder
-from steerlab.engine.local.loop import Batch, decode
+from steerlab.engine.local.loop import decode
 from steerlab.engine.local.steering import attach_steer, check_row_steers, group_steers
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
