@@ -4,7 +4,9 @@ The core (loading, steering, generation, vectors) never imports plotly or ipywid
 ``sl.plots``, ``sl.export`` and ``sl.SteeringPanel`` load them on first use.
 
 >>> import steerlab as sl
->>> lm = sl.load("steerlab-tiny")  # doctest: +SKIP
+>>> lm = sl.load("steerlab-tiny")
+>>> lm.generate("Once upon a time", max_new_tokens=5).text
+[', there was a little']
 """
 
 from importlib import import_module as _import_module

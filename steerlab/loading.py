@@ -212,7 +212,8 @@ def load(
         max_model_len: vLLM only: the longest prompt plus completion, in tokens.
         vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...).
 
-    >>> lm = load("steerlab-tiny", backend="hf")  # doctest: +SKIP
+    >>> load("steerlab-tiny", backend="hf")
+    SteerableModel(steerlab-tiny, backend='hf', n_layers=4, d_model=128, hooks=0)
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
@@ -369,7 +370,11 @@ def wrap(model: Any, tokenizer: Any = None) -> SteerableModel:
 
     The model is not modified: hooks go on only during steerlab calls.
 
-    >>> lm = wrap(hf_model, tokenizer)  # doctest: +SKIP
+    >>> from transformers import AutoModelForCausalLM, AutoTokenizer
+    >>> from steerlab.toy import asset_path
+    >>> hf_model = AutoModelForCausalLM.from_pretrained(asset_path("steerlab-tiny"))
+    >>> wrap(hf_model, AutoTokenizer.from_pretrained(asset_path("steerlab-tiny")))
+    SteerableModel(.../steerlab-tiny, backend='hf', n_layers=4, d_model=128, hooks=0)
     """
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tokenizer is None:

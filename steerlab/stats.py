@@ -5,7 +5,10 @@
 essentials (shape, mean, std, min, max, L2 norm); the full form adds percentiles and a
 histogram.
 
->>> sl.stats.activations(lm.run_with_cache("Hi", sites=["blocks.0.hook_resid_post"]), compact=True)  # doctest: +SKIP
+>>> sl.stats.activations(lm.run_with_cache("Hi", sites=["blocks.0.hook_resid_post"]), compact=True)
+activations (real tokens)
+name                      shape                 mean       std       min       max      norm
+blocks.0.hook_resid_post  [1, 3, 128] ...
 """
 
 from __future__ import annotations
@@ -143,7 +146,11 @@ def weights(lm: SteerableModel, names: str | Sequence[str], *, compact: bool = F
             TransformerBridge's ``._original_component`` segments are left out of the names.
         compact: shape, mean, std, min, max and L2 norm only.
 
-    >>> sl.stats.weights(lm, ["blocks.1.hook_attn_out"], compact=True)  # doctest: +SKIP
+    >>> sl.stats.weights(lm, ["blocks.1.hook_attn_out"], compact=True)
+    weights of steerlab-tiny
+    name                      shape                 mean       std       min       max      norm
+    blocks.1.attn.q.weight    [128, 128] ...
+    blocks.1.attn.o.bias      [128] ...
     """
     model = lm.model
     entries: dict[str, TensorStats] = {}

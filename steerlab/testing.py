@@ -120,7 +120,9 @@ class FakeBackend:
     (``forwards``), the positions it was given (``positions``) and the sites steered
     (``attached``).
 
-    >>> lm = sl.SteerableModel(FakeBackend(), char_tokenizer())  # doctest: +SKIP
+    >>> fake = sl.SteerableModel(FakeBackend(), char_tokenizer())
+    >>> fake.generate("ab", max_new_tokens=4).text
+    ['dgkp']
     """
 
     kind = "fake"

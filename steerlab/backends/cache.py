@@ -39,8 +39,13 @@ class KVCache:
         mask: [batch, length] 1 on real tokens.
         generated: [batch, length] True where the model produced the token.
 
-    >>> out = lm.generate("Once", max_new_tokens=10, keep_cache=True)  # doctest: +SKIP
-    >>> more = lm.generate(None, cache=out.cache, max_new_tokens=10)  # doctest: +SKIP
+    >>> out = lm.generate("Once", max_new_tokens=4, keep_cache=True)
+    >>> out.text
+    [' upon a time,']
+    >>> out.cache.tokens.shape
+    torch.Size([1, 6])
+    >>> lm.generate(None, cache=out.cache, max_new_tokens=4).text
+    [' there was a little']
     """
 
     data: Any

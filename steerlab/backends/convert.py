@@ -236,7 +236,8 @@ def unaccounted(config: Any, family: Family) -> list[str]:
 def hooked_config_fields(config: Any) -> dict[str, Any]:
     """The ``HookedTransformerConfig`` fields for an HF config, or a ``ConversionError``.
 
-    >>> hooked_config_fields(tiny_config("llama"))["n_layers"]  # doctest: +SKIP
+    >>> from steerlab.testing import tiny_config
+    >>> hooked_config_fields(tiny_config("llama"))["n_layers"]
     3
     """
     if config.model_type not in FAMILIES:

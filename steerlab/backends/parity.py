@@ -96,7 +96,12 @@ def bridge_reference(bridge: Any, input_ids: torch.Tensor) -> Reference:
 def check(backend: Backend, reference: Reference, *, strict: bool, name: str) -> None:
     """Warn, or raise when ``strict``, if ``backend`` disagrees with ``reference``.
 
-    >>> check(backend, hf_reference(hf_model, ids), strict=True, name="gpt2")  # doctest: +SKIP
+    >>> ids = probe_ids(lm.tokenizer)
+    >>> check(lm.backend, bridge_reference(lm.model, ids), strict=True, name="steerlab-tiny")
+    >>> off = Reference(ids, bridge_reference(lm.model, ids).logits + 1.0, torch.float32)
+    >>> check(lm.backend, off, strict=True, name="steerlab-tiny")
+    Traceback (most recent call last):
+    steerlab.backends.parity.ParityError: backend='bridge' disagrees with the HuggingFace model ...
     """
     ids = reference.input_ids.to(backend.input_device)
     logits = backend.forward(ids, torch.ones_like(ids), None).float().cpu()

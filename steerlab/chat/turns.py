@@ -36,8 +36,11 @@ class TurnStats:
 class TurnLog:
     """Every turn's ``TurnStats``, in order: a list with a table for a repr.
 
-    >>> chat.stats.to_dict()["prefilled"]  # doctest: +SKIP
-    [412, 23, 19]
+    >>> chat = lm.chat()
+    >>> for text in ["Hi!", "Tell me more."]:
+    ...     _ = chat.say(text, max_new_tokens=4)
+    >>> chat.stats.to_dict()["prefilled"]
+    [9, 11]
     """
 
     def __init__(self, turns: list[TurnStats] | None = None) -> None:

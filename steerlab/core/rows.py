@@ -119,7 +119,9 @@ def lay_out(
     ``continuing`` is the length of a cache the rows continue: their prompts are then
     encoded as continuation text (no BOS), and may be empty.
 
-    >>> lay_out(lm, ["Hi"], Steer(site, v, alpha=[0, 4]), chat=False, new_tokens=8).alphas  # doctest: +SKIP
+    >>> v = torch.ones(lm.d_model)
+    >>> steer = Steer("blocks.1.hook_resid_pre", v, alpha=[0, 4])
+    >>> lay_out(lm, ["Hi"], steer, chat=False, new_tokens=8).alphas
     [(0.0,), (4.0,)]
     """
     prompts = normalise(prompts)
@@ -154,7 +156,7 @@ def lay_out_ids(lm: ModelLike, prompts: Sequence[Sequence[int]], steer: SteerArg
                 new_tokens: int) -> Rows:  # fmt: skip
     """``lay_out`` for prompts given as token ids (fed as they are, no BOS added).
 
-    >>> lay_out_ids(lm, [[0, 5, 9]], None, new_tokens=1).encoded  # doctest: +SKIP
+    >>> lay_out_ids(lm, [[0, 5, 9]], None, new_tokens=1).encoded
     [[0, 5, 9]]
     """
     vocab = len(lm.tokenizer)

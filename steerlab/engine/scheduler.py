@@ -109,8 +109,13 @@ class Scheduler:
         max_rows: the most rows one batch decodes.
         lock_wait: how long a batch queues behind another call on the same model.
 
-    >>> scheduler = Scheduler(lambda _: lm.engine, window_s=0.005).start()  # doctest: +SKIP
-    >>> scheduler.run(requests)  # from any thread; blocks until done  # doctest: +SKIP
+    >>> from steerlab.core.request import Sampling
+    >>> scheduler = Scheduler(lambda _: lm.engine, window_s=0.005).start()
+    >>> ids = tuple(lm.tokenizer.encode("Once upon a time"))
+    >>> [done] = scheduler.run([Request(ids, sampling=Sampling(max_new_tokens=5))])  # any thread
+    >>> done.text
+    ', there was a little'
+    >>> scheduler.stop()
     """
 
     def __init__(self, engine_for: Callable[[Any], Engine], *, window_s: float = 0.005,

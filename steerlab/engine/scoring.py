@@ -73,8 +73,10 @@ def score_prompts(
 ) -> list[list[TokenScore | None]]:
     """Score each prompt's tokens under the model (steered by ``steers``); nothing is sampled.
 
-    >>> score_prompts(lm.engine, [[0, 17, 4]])[0][1].logprob  # doctest: +SKIP
-    -3.2
+    >>> ids = lm.tokenizer.encode("Once upon a time")
+    >>> [scores] = score_prompts(lm.engine, [ids])
+    >>> scores[0], round(scores[1].logprob, 2)  # nothing predicts the first token
+    (None, -0.87)
     """
     sampling = Sampling(max_new_tokens=0, prompt_logprobs=top)
     requests = [Request(tuple(p), tuple(steers), sampling, stream=str(i))
@@ -91,8 +93,10 @@ def next_token_distributions(
     token listed in the score of the token it samples: the distribution of the prefill's
     last position, as the engine samples from it.
 
-    >>> next_token_distributions(lm.engine, [Request((0, 17, 4))]).shape  # doctest: +SKIP
-    torch.Size([1, 98])
+    >>> ids = tuple(lm.tokenizer.encode("Once upon a time"))
+    >>> logprobs = next_token_distributions(lm.engine, [Request(ids)])
+    >>> logprobs.shape, logprobs.exp().sum(-1)
+    (torch.Size([1, 678]), tensor([1.0000]))
     """
     if engine.capabilities.forward:  # the logits in hand: one forward, no per-token listing
         logits = engine.forward(requests, last_only=True, wait=wait)[0]

@@ -39,7 +39,11 @@ class HarnessResult:
     ``unsteered`` and ``steered`` are what ``lm_eval.simple_evaluate`` returned (its
     ``results``, ``configs``, ``samples`` with ``log_samples=True`` ...).
 
-    >>> res.table()  # doctest: +SKIP
+    >>> run = lambda acc: {"results": {"my_task": {"acc,none": acc, "acc_stderr,none": 0.02}}}
+    >>> HarnessResult(run(0.61), run(0.58), "steerlab-tiny", "steered").table()
+    lm-eval: steerlab-tiny vs preset 'steered'
+         task  metric  unsteered  unsteered_stderr  steered  steered_stderr  delta
+      my_task     acc       0.61              0.02     0.58            0.02  -0.03
     """
 
     unsteered: dict[str, Any]
@@ -118,7 +122,7 @@ def lm_eval(
     Needs the ``evals`` extra (``pip install 'steerlab[evals]'``) and, for an in-process
     model, the ``server`` extra.
 
-    >>> sl.evals.lm_eval(lm, ["my_task"], vec, alpha=4, include_path="tasks/")  # doctest: +SKIP
+    >>> sl.evals.lm_eval(lm, ["my_task"], vec, alpha=4, include_path="tasks/")  # needs a task folder; slow  # doctest: +SKIP
     """
     try:
         from lm_eval import simple_evaluate

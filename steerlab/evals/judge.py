@@ -6,8 +6,9 @@ three criteria, asked separately: does it show the concept, does it follow the
 instruction, is it fluent. The headline is the harmonic mean of the three, so a completion
 that drops any one of them scores 0. The prompts below are steerlab's own.
 
->>> judge = Judge("http://127.0.0.1:8000/v1", "gpt-4o-mini")  # doctest: +SKIP
->>> sl.evals.steerability(lm, vec, prompts, concept=judge.concept("the sea"))  # doctest: +SKIP
+>>> judge = Judge("http://127.0.0.1:8000/v1", "gpt-4o-mini")
+>>> concept = judge.concept("the sea")
+>>> sl.evals.steerability(lm, vec, prompts, concept=concept)  # needs a judge server  # doctest: +SKIP
 """
 
 from __future__ import annotations

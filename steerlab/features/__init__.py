@@ -5,8 +5,9 @@ An ``SAE`` is a value read from a SAELens folder (``cfg.json`` + ``sae_weights.s
 reads what the SAE sees in a model's residual stream. Reading needs no sae-lens; only
 ``load_sae(release, sae_id)`` (SAELens's pretrained registry) does.
 
->>> sae = load_sae("steerlab-tiny-sae")  # doctest: +SKIP
->>> lm.generate("Once", steer=sae.feature(3) * 8)  # doctest: +SKIP
+>>> sae = load_sae("steerlab-tiny-sae")
+>>> lm.generate("The day was", steer=sae.feature(112) * 8, max_new_tokens=8).text
+[' the cat went for a walk. The']
 """
 
 from steerlab.features.activations import FeatureActivations, TopFeatures

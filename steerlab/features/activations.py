@@ -41,8 +41,9 @@ class FeatureActivations:
     Memory: ``batch * pos * (d_in + 2 * k) * 4`` bytes by default (a little more for the
     int64 indices), plus ``batch * pos * d_sae * 4`` with ``dense=True``.
 
-    >>> acts = features(lm, ["Once upon a time"], sae)  # doctest: +SKIP
-    >>> acts.top(5).indices[0, -1]  # doctest: +SKIP
+    >>> acts = lm.features(["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))
+    >>> acts.top(5).indices[0, -1]
+    tensor([476, 106,  95, 346, 339])
     """
 
     sae: SAE
@@ -68,7 +69,13 @@ class FeatureActivations:
     ) -> FeatureActivations:
         """Encode ``residual [batch, pos, d_in]`` chunk by chunk, keeping the top ``k`` per token.
 
-        >>> FeatureActivations.from_residual(sae, x, mask, ids, words, k=8)  # doctest: +SKIP
+        >>> sae = sl.load_sae("steerlab-tiny-sae")
+        >>> x = lm.run_with_cache(["Once"], sites=[sae.site])[sae.site]  # [1, pos, d_in]
+        >>> mask = torch.ones(x.shape[:2], dtype=torch.long)
+        >>> ids = torch.zeros(x.shape[:2], dtype=torch.long)
+        >>> acts = FeatureActivations.from_residual(sae, x, mask, ids, [["?"] * x.shape[1]], k=8)
+        >>> acts.top(8).values.shape
+        torch.Size([1, 2, 8])
         """
         k = check_k(k, sae)
         batch, pos, _ = residual.shape
@@ -123,7 +130,8 @@ class FeatureActivations:
         Raises:
             SAEError: ``k`` exceeds the number kept (pass a larger ``k`` to ``features``).
 
-        >>> acts.top(3).values.shape  # doctest: +SKIP
+        >>> acts = lm.features(["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))
+        >>> acts.top(3).values.shape
         torch.Size([1, 5, 3])
         """
         k = int_in(k, "top(k)", 1, self.k, " (the number kept: pass a larger k to features() "
@@ -133,7 +141,9 @@ class FeatureActivations:
     def feature(self, i: int) -> torch.Tensor:
         """Feature ``i``'s exact activation at every token: ``[batch, pos]``, pads 0.
 
-        >>> acts.feature(3)[0]  # doctest: +SKIP
+        >>> acts = lm.features(["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))
+        >>> acts.feature(13)[0]
+        tensor([17.7910,  0.0000,  0.0000,  0.0000,  0.0000])
         """
         return self.columns([i])[..., 0]
 
@@ -142,7 +152,8 @@ class FeatureActivations:
 
         Recomputed from the residual (the full encoding, as ``topk`` SAEs need).
 
-        >>> acts.columns([3, 7]).shape  # doctest: +SKIP
+        >>> acts = lm.features(["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))
+        >>> acts.columns([3, 7]).shape
         torch.Size([1, 5, 2])
         """
         index = torch.tensor([self.sae._index(i) for i in features], dtype=torch.long)
@@ -162,8 +173,9 @@ class FeatureActivations:
         ``skip`` leaves out the first real tokens (1: a BOS token, whose features say little
         about the prompt).
 
-        >>> acts.prompt_top(0, n=5)  # doctest: +SKIP
-        [12, 3, 40, 7, 9]
+        >>> acts = lm.features(["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))
+        >>> acts.prompt_top(0, n=5)
+        [13, 86, 152, 113, 171]
         """
         n = int_in(n, "prompt_top(n)", 1, self.k, " (the number kept)")
         row = self._row(row, "prompt_top(row)")

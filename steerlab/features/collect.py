@@ -43,7 +43,9 @@ def features(
         SiteError: the model has no site ``sae.site``.
         SAEError: the model's width is not the SAE's ``d_in``; a bad ``k``.
 
-    >>> acts = features(lm, ["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
+    >>> acts = features(lm, ["Once upon a time"], sl.load_sae("steerlab-tiny-sae"))
+    >>> acts.top(3).indices.shape  # [batch, pos, k]
+    torch.Size([1, 5, 3])
     """
     check_model(lm, sae)
     check_k(k, sae)
@@ -60,7 +62,7 @@ def check_model(lm: SteerableModel, sae: SAE) -> None:
         SiteError: the model has no site ``sae.site``.
         SAEError: ``lm.d_model != sae.d_in``.
 
-    >>> check_model(sl.load("steerlab-tiny"), sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
+    >>> check_model(lm, sl.load_sae("steerlab-tiny-sae"))
     """
     resolve(sae.site, lm.sites())
     if lm.d_model != sae.d_in:

@@ -179,8 +179,9 @@ def read_folder(
         SAEError: a missing folder or file, pickled weights only, a config steerlab does not
             read, or tensors of the wrong names or shapes; the message names which.
 
-    >>> read_folder("out/my-sae").d_sae  # doctest: +SKIP
-    1024
+    >>> _ = write_folder(sl.load_sae("steerlab-tiny-sae"), "my-sae")
+    >>> read_folder("my-sae").d_sae
+    512
     """
     folder = Path(path).expanduser()
     if not folder.exists():
@@ -266,7 +267,7 @@ def _read_tensors(path: Path, config: Config, device: str | torch.device) -> dic
 def config_dict(sae: SAE) -> dict[str, Any]:
     """SAELens's ``cfg.json`` for ``sae``: ``SAEConfig.to_dict()`` plus ``architecture``.
 
-    >>> config_dict(sae)["metadata"]["hook_name"]  # doctest: +SKIP
+    >>> config_dict(sl.load_sae("steerlab-tiny-sae"))["metadata"]["hook_name"]
     'blocks.2.hook_resid_pre'
     """
     metadata = {**sae.metadata, "hook_name": sae.site, "model_name": sae.model_name}
@@ -298,7 +299,8 @@ def write_folder(sae: SAE, path: str | Path) -> Path:
     Raises:
         SAEError: ``path`` is a file, or a metadata value JSON cannot hold (named).
 
-    >>> write_folder(sae, "out/my-sae")  # doctest: +SKIP
+    >>> write_folder(sl.load_sae("steerlab-tiny-sae"), "my-sae")
+    PosixPath('my-sae')
     """
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():

@@ -34,7 +34,7 @@ def load_pretrained(release: str, sae_id: str, *, device: str | torch.device = "
             the SAE is not cached.
         SAEError: the SAE is of a kind steerlab does not read.
 
-    >>> load_pretrained("gpt2-small-res-jb", "blocks.8.hook_resid_pre")  # doctest: +SKIP
+    >>> load_pretrained("gpt2-small-res-jb", "blocks.8.hook_resid_pre")  # needs the HF hub (network)  # doctest: +SKIP
     """
     spec = importlib.util.find_spec("sae_lens")
     if spec is None or not spec.submodule_search_locations:
@@ -61,7 +61,10 @@ def load_pretrained(release: str, sae_id: str, *, device: str | torch.device = "
 def from_saelens(lens: Any, source: str = "") -> SAE:
     """A steerlab ``SAE`` with the weights and config of a SAELens ``SAE`` object.
 
-    >>> from_saelens(sae_lens.SAE.load_from_disk("out/my-sae"))  # doctest: +SKIP
+    >>> import sae_lens
+    >>> path = sl.load_sae("steerlab-tiny-sae").save("my-sae")
+    >>> from_saelens(sae_lens.SAE.load_from_disk(path)).d_sae
+    512
     """
     config = parse_config(lens.cfg.to_dict(), f"the SAELens config of {source or 'an SAE'}")
     state = {name: t.detach() for name, t in lens.state_dict().items()}

@@ -165,7 +165,9 @@ class SAE:
         Raises:
             SAEError: ``x``'s last dimension is not ``d_in``.
 
-        >>> f = sae.encode(lm.run_with_cache("Hi", sites=[sae.site])[sae.site])  # doctest: +SKIP
+        >>> sae = sl.load_sae("steerlab-tiny-sae")
+        >>> sae.encode(lm.run_with_cache("Hi", sites=[sae.site])[sae.site]).shape
+        torch.Size([1, 3, 512])
         """
         x = self._input(x, self.d_in, "encode")
         return encode(x, self.W_enc, self.b_enc, self._b_dec_in, self.architecture,
@@ -174,7 +176,11 @@ class SAE:
     def decode(self, feature_acts: torch.Tensor) -> torch.Tensor:
         """Reconstruction ``[..., d_sae] -> [..., d_in]``, as SAELens's ``SAE.decode``.
 
-        >>> x_hat = sae.decode(sae.encode(x))  # doctest: +SKIP
+        >>> sae = sl.load_sae("steerlab-tiny-sae")
+        >>> x = lm.run_with_cache("Once upon a time", sites=[sae.site])[sae.site]
+        >>> x_hat = sae.decode(sae.encode(x))
+        >>> round(float((x_hat - x).norm() / x.norm()), 2)
+        0.03
         """
         f = self._input(feature_acts, self.d_sae, "decode").to(device=self.device, dtype=self.dtype)
         if self.rescale_acts_by_decoder_norm:
@@ -198,7 +204,10 @@ class SAE:
         Raises:
             SAEError: ``i`` is not an int in ``[0, d_sae)``.
 
-        >>> lm.generate("Once", steer=sl.Steer(sae.site, sae.feature(3), alpha=8.0))  # doctest: +SKIP
+        >>> sae = sl.load_sae("steerlab-tiny-sae")
+        >>> steer = sl.Steer(sae.site, sae.feature(112), alpha=8.0)
+        >>> lm.generate("The day was", steer=steer, max_new_tokens=8).text
+        [' the cat went for a walk. The']
         """
         index = self._index(i)
         provenance = Provenance(
@@ -223,7 +232,9 @@ class SAE:
             SAEError: ``i`` is not an int in ``[0, d_sae)``.
             SteerError: ``value``, ``alpha`` or ``positions`` is not valid.
 
-        >>> lm.generate("Once", steer=sae.clamp(499, value=10.0))  # doctest: +SKIP
+        >>> sae = sl.load_sae("steerlab-tiny-sae")
+        >>> lm.generate("The day was", steer=sae.clamp(112, value=10.0), max_new_tokens=8).text
+        [' the cat went for a walk. The']
         """
         index = self._index(i)
         topk = self.architecture == "topk"
@@ -257,7 +268,8 @@ class SAE:
 
         SAELens's ``SAE.load_from_disk(path)`` reads it back.
 
-        >>> sae.save("out/my-sae")  # doctest: +SKIP
+        >>> sl.load_sae("steerlab-tiny-sae").save("my-sae").name
+        'my-sae'
         """
         from steerlab.features.format import write_folder
 
@@ -269,7 +281,9 @@ class SAE:
         Raises:
             SAEError: ``dtype`` is not float32, float64, float16 or bfloat16.
 
-        >>> sae.to("cuda")  # doctest: +SKIP
+        >>> sl.load_sae("steerlab-tiny-sae").to(dtype=torch.float16).dtype
+        torch.float16
+        >>> sl.load_sae("steerlab-tiny-sae").to("cuda")  # needs a CUDA device  # doctest: +SKIP
         """
         if dtype is not None:
             _check_dtype(dtype, "SAE.to: dtype")

@@ -16,7 +16,10 @@ def session_stats(stats: object, *, title: str = "Tokens per turn") -> go.Figure
         stats: ``chat.stats`` (anything with ``to_dict()``), or its columns as a mapping.
         title: the figure's title.
 
-    >>> session_stats(chat.stats)  # doctest: +SKIP
+    >>> chat = lm.chat()
+    >>> _ = chat.say("Hi!", max_new_tokens=4)
+    >>> [trace.name for trace in session_stats(chat.stats).data]
+    ['reused from cache', 'prefilled', 'generated']
     """
     columns: Mapping[str, Sequence] = stats.to_dict() if hasattr(stats, "to_dict") else stats  # type: ignore[assignment]
     turns = [f"turn {t}" if t else "system" for t in columns["turn"]]

@@ -107,8 +107,10 @@ def steering_comparison(
     during generation) minus under the unsteered model (one scoring pass). Generate both
     rows in one call with one seed (``alpha=[0, a]``) so they share random numbers.
 
-    >>> out = lm.generate(prompt, vec.steers(alpha=[0.0, 4.0]))  # doctest: +SKIP
-    >>> steering_comparison(lm, out)  # doctest: +SKIP
+    >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> out = lm.generate("Once upon a time", vec.steers(alpha=[0.0, 4.0]), max_new_tokens=6)
+    >>> len(steering_comparison(lm, out).data)
+    1
     """
     from steerlab.vectors.scoring import completion_logprobs
 

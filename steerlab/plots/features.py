@@ -33,7 +33,10 @@ def features(
     Returns:
         A one-trace heatmap figure; hover shows token, feature and value.
 
-    >>> sl.plots.features(acts, n=8)  # doctest: +SKIP
+    >>> acts = lm.features("Once upon a time", sl.load_sae("steerlab-tiny-sae"))
+    >>> z = sl.plots.features(acts, n=8).data[0].z
+    >>> len(z), len(z[0])  # tokens, features
+    (5, 8)
     """
     top = acts.prompt_top(row, n)
     positions = acts.real_positions(row)
@@ -84,7 +87,11 @@ def feature_trace(
     Returns:
         A bar figure: one panel, or two (baseline, steered) sharing the y range.
 
-    >>> sl.plots.feature_trace(steered, 12, baseline=plain)  # doctest: +SKIP
+    >>> sae = sl.load_sae("steerlab-tiny-sae")
+    >>> plain = lm.features("Once upon a time", sae)
+    >>> steered = lm.features("Once upon a time", sae, steer=sae.feature(13) * 8)
+    >>> len(sl.plots.feature_trace(steered, 13, baseline=plain).data)  # baseline, steered
+    2
     """
     panels = [("activation", acts, PALETTE[0])]
     if baseline is not None:

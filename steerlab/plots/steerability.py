@@ -76,7 +76,11 @@ def steerability(result: Any, *, x: str = "perplexity", y: str | None = None,
     """The trade-off figure of a ``SteerabilityResult``: its headline metric (the concept
     score, or a judge's harmonic mean) against perplexity, with its intervals.
 
-    >>> fig = sl.plots.steerability(sl.evals.steerability(lm, vec, prompts))  # doctest: +SKIP
+    >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> res = sl.evals.steerability(lm, vec, "Once upon a time", [0, 4], max_new_tokens=8,
+    ...                             n_boot=100, progress=False)
+    >>> sl.plots.steerability(res).layout.xaxis.title.text
+    'perplexity under the unsteered model (log)'
     """
     level = f"{result.level:.0%}"
     return steerability_tradeoff(

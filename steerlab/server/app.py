@@ -44,8 +44,13 @@ def create_app(
         max_batch_rows: the most rows decoded in one batch.
         presets: vectors at an alpha, each served as a model of its own name.
 
-    >>> app = create_app(ServedModels(sl.load("steerlab-tiny", backend="hf")))  # doctest: +SKIP
-    >>> uvicorn.run(app, host="127.0.0.1", port=8000)  # doctest: +SKIP
+    >>> from fastapi.testclient import TestClient  # the app in-process, no server
+    >>> with TestClient(create_app(ServedModels(lm))) as client:
+    ...     body = {"model": "steerlab-tiny", "prompt": "Once upon a time", "max_tokens": 5,
+    ...             "temperature": 0}
+    ...     client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    ', there was a little'
+    >>> uvicorn.run(create_app(ServedModels(lm)), port=8000)  # starts a server  # doctest: +SKIP
     """
     limits = limits or Limits()
     batcher = Scheduler(lambda beta: models.model_for(beta).engine, window_s=window_ms / 1000,

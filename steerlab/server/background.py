@@ -22,7 +22,7 @@ def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
     ``port=0`` picks a free port. Connections idle past ``idle_timeout`` seconds are closed,
     as ``steerlab serve --idle-timeout`` closes them (``connections.IdleTimeoutH11``).
 
-    >>> with serve_in_background(create_app(ServedModels(lm))) as url:  # doctest: +SKIP
+    >>> with serve_in_background(create_app(ServedModels(lm))) as url:  # starts a server  # doctest: +SKIP
     ...     sl.connect(url).generate("Once", max_new_tokens=5)
     """
     import uvicorn

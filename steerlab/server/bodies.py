@@ -22,9 +22,17 @@ M = TypeVar("M", bound=BaseModel)
 def body_of(model: type[M]) -> Callable[[Request], Awaitable[M]]:
     """A FastAPI dependency: the request's JSON body as a ``model``.
 
-    >>> Body = Annotated[CompletionRequest, Depends(body_of(CompletionRequest))]  # doctest: +SKIP
-    >>> @router.post("/v1/completions")  # doctest: +SKIP
-    ... async def completions(body: Body) -> Response: ...
+    >>> from fastapi import Depends, FastAPI
+    >>> from fastapi.testclient import TestClient
+    >>> from pydantic import BaseModel
+    >>> class Echo(BaseModel):
+    ...     text: str
+    >>> app = FastAPI()
+    >>> @app.post("/echo")
+    ... async def echo(body: Echo = Depends(body_of(Echo))) -> Echo:
+    ...     return body
+    >>> TestClient(app).post("/echo", json={"text": "hi"}).json()
+    {'text': 'hi'}
     """
 
     async def parse(request: Request) -> M:

@@ -89,7 +89,9 @@ def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
     """A ``uvicorn.Config`` serving ``app`` over ``IdleTimeoutH11`` with ``idle_timeout``
     (uvicorn's keep-alive timer, a whole number of seconds, is set at or just past it).
 
-    >>> uvicorn.Server(uvicorn_config(app, port=8000, idle_timeout=5)).run()  # doctest: +SKIP
+    >>> config = uvicorn_config(object(), port=8000, idle_timeout=5)
+    >>> config.port, config.timeout_keep_alive
+    (8000, 5)
     """
     if not (math.isfinite(idle_timeout) and idle_timeout > 0):
         raise ValueError(f"The idle timeout must be a positive number of seconds; got "

@@ -36,8 +36,9 @@ def text_offsets(tokenizer: Any, tokens: Sequence[int], start: int = 0) -> list[
     each token takes the characters of its text with special tokens left out, as the
     completion's text leaves them.
 
-    >>> text_offsets(tokenizer, [5, 6], start=3)  # doctest: +SKIP
-    [3, 7, 12]
+    >>> ids = lm.tokenizer.encode(" upon a time", add_special_tokens=False)
+    >>> text_offsets(lm.tokenizer, ids, start=4)
+    [4, 9, 11, 16]
     """
     offsets = [start]
     for t in tokens:

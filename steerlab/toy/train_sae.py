@@ -61,7 +61,9 @@ def residuals(
 ) -> list[torch.Tensor]:
     """Each text's residual entering block ``layer``: ``[pos, d_model]``, BOS included.
 
-    >>> residuals(model, tokenizer, ["Once upon a time."], 2)[0].shape  # doctest: +SKIP
+    >>> model = AutoModelForCausalLM.from_pretrained(asset_path("steerlab-tiny"))
+    >>> tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+    >>> residuals(model, tokenizer, ["Once upon a time."], 2)[0].shape
     torch.Size([6, 128])
     """
     out: list[torch.Tensor] = []
@@ -97,7 +99,11 @@ def train(
 
     Returns the weights and ``(step, mse, l0)`` every 250 steps.
 
-    >>> weights, history = train(torch.randn(4096, 128), Recipe(steps=10))  # doctest: +SKIP
+    >>> x = torch.randn(2048, 128, generator=torch.Generator().manual_seed(0))
+    >>> weights, history = train(x, Recipe(steps=10, d_sae=64))
+    step    10  mse ...
+    >>> weights["W_dec"].shape, [step for step, mse, l0 in history]
+    (torch.Size([64, 128]), [10])
     """
     generator = torch.Generator().manual_seed(recipe.seed)
     d_in = x.shape[1]
@@ -135,7 +141,10 @@ def train(
 def reconstruction(sae: SAE, x: torch.Tensor) -> dict[str, float]:
     """Fraction of variance explained, mean L0 and dead features over ``x [tokens, d_in]``.
 
-    >>> reconstruction(sl.load_sae("steerlab-tiny-sae"), x)["l0"]  # doctest: +SKIP
+    >>> sae = sl.load_sae("steerlab-tiny-sae")
+    >>> x = lm.run_with_cache(["Once upon a time, there was a cat."], sites=[sae.site])[sae.site][0]
+    >>> {k: round(v, 2) for k, v in reconstruction(sae, x).items()}
+    {'fraction_variance_explained': 1.0, 'l0': 5.09, 'dead_features': 463, 'tokens': 11}
     """
     f = sae.encode(x)
     x_hat = sae.decode(f)
@@ -157,7 +166,13 @@ def concept_features(
     Each story's activation is the mean over its tokens after BOS. Returns the ``top``
     features towards each pole, with d and the mean activation on either side.
 
-    >>> concept_features(sae, held_out, [s.positive for s in stories])[0]["feature"]  # doctest: +SKIP
+    >>> model = AutoModelForCausalLM.from_pretrained(asset_path("steerlab-tiny"))
+    >>> tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+    >>> stories = [make_story(random.Random(i), positive=i % 2 == 0) for i in range(8)]
+    >>> held_out = residuals(model, tokenizer, [s.text for s in stories], 2)
+    >>> sae = sl.load_sae("steerlab-tiny-sae")
+    >>> concept_features(sae, held_out, [s.positive for s in stories])[0]["feature"]
+    165
     """
     means = torch.stack([sae.encode(r[1:]).mean(0) for r in story_residuals])  # [stories, d_sae]
     pole = torch.tensor(labels)
@@ -179,7 +194,7 @@ def steering_rows(model, tokenizer, vectors: dict[str, torch.Tensor], layer: int
     As ``steerlab.toy.evidence``: a plain pre-hook adds the vector at every position of block
     ``layer``'s input; 48 new tokens, temperature 1, seed 0; perplexity under the unsteered model.
 
-    >>> steering_rows(model, tok, {"feature 499 x 16": 16 * sae.W_dec[499]}, 2)  # doctest: +SKIP
+    >>> steering_rows(model, tok, {"feature 499 x 16": 16 * sae.W_dec[499]}, 2)  # a minute and more on CPU  # doctest: +SKIP
     """
     rows = []
     for name, vector in vectors.items():
@@ -199,7 +214,7 @@ def steering_rows(model, tokenizer, vectors: dict[str, torch.Tensor], layer: int
 def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
     """Train, measure, and write the SAE folder with its record and card.
 
-    >>> main(Recipe(), Path("/tmp/my-toy-sae"))["held_out"]["l0"]  # doctest: +SKIP
+    >>> main(Recipe(), Path("/tmp/my-toy-sae"))["held_out"]["l0"]  # trains for minutes  # doctest: +SKIP
     """
     random.seed(recipe.seed)
     torch.manual_seed(recipe.seed)
@@ -280,7 +295,9 @@ def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
 def card(record: dict) -> str:
     """The model card, every figure taken from ``record``.
 
-    >>> card(json.loads((TOY_SAES[NAME] / "training.json").read_text()))  # doctest: +SKIP
+    >>> print(card(json.loads((TOY_SAES[NAME] / "training.json").read_text())))
+    # steerlab-tiny-sae
+    ...
     """
     recipe, held = record["recipe"], record["held_out"]
     seconds = record["seconds"]

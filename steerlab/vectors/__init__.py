@@ -1,7 +1,8 @@
 """Steering vectors: the value (``SteeringVector``), extraction, files and sweeps.
 
->>> vec = extract(lm, ["I love it"], ["I hate it"], ["blocks.2.hook_resid_pre"])  # doctest: +SKIP
->>> lm.generate("Today", steer=vec * 4)  # doctest: +SKIP
+>>> vec = extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+>>> lm.generate("Once upon a time", steer=vec * 4, max_new_tokens=8).text
+[', there was a happy joy. The']
 """
 
 from steerlab.vectors.extract import extract

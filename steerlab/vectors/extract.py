@@ -125,7 +125,10 @@ def extract(
         A ``SteeringVector`` with one direction per site, scale 1, and its provenance
         (model, method, data hash, typical residual norm per site).
 
-    >>> vec = extract(lm, ["I love it"], ["I hate it"], ["blocks.2.hook_resid_pre"])  # doctest: +SKIP
+    >>> vec = extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> vec
+    SteeringVector(mean_diff, d_model=128, scale=1)
+      blocks.2.hook_resid_pre: |v|=7.848  (residual ~29.3)
     """
     positive = _check_prompts("positive", positive)
     negative = _check_prompts("negative", negative)

@@ -177,7 +177,9 @@ def save(vector: SteeringVector, path: str | Path) -> Path:
     The header is written with sorted keys, so the same vector always gives the same
     bytes (``safetensors.save_file`` orders metadata arbitrarily).
 
-    >>> save(vec, "happy.safetensors")  # doctest: +SKIP
+    >>> vec = sl.SteeringVector({"blocks.2.hook_resid_pre": torch.ones(lm.d_model)})
+    >>> save(vec, "ones.safetensors")
+    PosixPath('ones.safetensors')
     """
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -345,7 +347,11 @@ def load(path: str | Path, model: SteerableModel | None = None) -> SteeringVecto
     Raises:
         VectorFileError: a pickle, code-like or unknown metadata, or a model mismatch.
 
-    >>> vec = load("happy.safetensors", model=lm)  # doctest: +SKIP
+    >>> vec = sl.SteeringVector({"blocks.2.hook_resid_pre": torch.ones(lm.d_model)})
+    >>> _ = save(vec, "ones.safetensors")
+    >>> site = "blocks.2.hook_resid_pre"
+    >>> torch.equal(load("ones.safetensors", model=lm).directions[site], vec.directions[site])
+    True
     """
     from safetensors.torch import load_file
 

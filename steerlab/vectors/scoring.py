@@ -33,8 +33,9 @@ def next_token_logprobs(
 ) -> torch.Tensor:  # [rows, vocab], rows prompt-major as in lm.generate
     """Log-probabilities of the first new token, one row per prompt x alpha.
 
-    >>> next_token_logprobs(lm, ["Once"], vec.steers(alpha=[0, 4])).shape  # doctest: +SKIP
-    torch.Size([2, 98])
+    >>> steer = Steer("blocks.2.hook_resid_pre", torch.ones(lm.d_model), alpha=[0, 4])
+    >>> next_token_logprobs(lm, ["Once"], [steer]).shape
+    torch.Size([2, 678])
     """
     rows = lay_out(lm, prompts, list(steers), chat=chat, new_tokens=1)
     return next_token_distributions(lm.engine, rows.requests(Sampling(max_new_tokens=1)))
@@ -64,8 +65,10 @@ def completion_logprobs(
     Each row is ``prompt + completion`` as token ids (no re-tokenising), left-padded, in
     batches of ``batch_size``; only the completion's tokens are scored.
 
-    >>> completion_logprobs(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
-    [[-0.4, -1.2, ...], ...]
+    >>> prompt = lm.tokenizer.encode("Once upon a time")
+    >>> completion = lm.tokenizer.encode(", there was a dog", add_special_tokens=False)
+    >>> [round(-x, 2) for x in completion_logprobs(lm, [prompt], [completion])[0]]  # "dog" surprises
+    [0.0, 0.0, 0.0, 0.0, 3.16]
     """
     out: list[list[float]] = []
     for start in range(0, len(completions), batch_size):
@@ -87,8 +90,10 @@ def completion_nll(
 ) -> list[tuple[float, int]]:
     """Summed negative log-likelihood and token count of each completion, unsteered.
 
-    >>> completion_nll(lm, gen.prompt_tokens, gen.tokens)  # doctest: +SKIP
-    [(12.3, 8), ...]
+    >>> prompt = lm.tokenizer.encode("Once upon a time")
+    >>> completion = lm.tokenizer.encode(", there was a dog", add_special_tokens=False)
+    >>> [(round(nll, 2), n) for nll, n in completion_nll(lm, [prompt], [completion])]
+    [(3.16, 5)]
     """
     rows = completion_logprobs(lm, prompt_tokens, completions, batch_size=batch_size)
     return [(-sum(row), len(row)) for row in rows]

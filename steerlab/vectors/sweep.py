@@ -46,8 +46,12 @@ class SweepResult:
     ``(site, alpha)`` (``(vector, site, alpha)`` for named vectors) to the cell's texts,
     in prompt order.
 
-    >>> result.best(min_score=0.8)  # doctest: +SKIP
-    {'site': 'blocks.2.hook_resid_pre', 'layer': 2, 'alpha': 4.0, ...}
+    >>> cells = [(2.0, 0.5, 2.1), (4.0, 0.9, 3.0), (8.0, 1.0, 9.0)]  # alpha, score, perplexity
+    >>> result = SweepResult(
+    ...     [{"site": "blocks.2.hook_resid_pre", "alpha": a, "score": s, "perplexity": p, "kl": 0.0,
+    ...       "n": 1} for a, s, p in cells], baseline={"score": 0.0, "perplexity": 2.0})
+    >>> result.best(min_score=0.8)["alpha"]  # alpha 8 scores more, past 2x baseline perplexity
+    4.0
     """
 
     records: list[dict[str, Any]]
@@ -182,7 +186,13 @@ def sweep(
         chat: apply the chat template to the prompts.
         progress: show a progress bar over sites once the sweep takes over a second.
 
-    >>> table = sweep(lm, vec, ["Once upon a time"], [-4, 0, 4], layers=[1, 2])  # doctest: +SKIP
+    >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> sweep(lm, vec, ["Once upon a time"], [0, 4], max_new_tokens=8, progress=False,
+    ...       score=lambda text: float("happy" in text))
+    SweepResult(2 cells; baseline score=0, perplexity=1.92)
+                         site  alpha  score  perplexity      kl  n
+      blocks.2.hook_resid_pre      0  0.000       1.920  0.0000  1
+      blocks.2.hook_resid_pre      4  1.000       9.223  0.0875  1
     """
     prompts = normalise(prompts)
     alphas = [float(a) for a in alphas]

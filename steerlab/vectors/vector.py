@@ -228,7 +228,9 @@ class SteeringVector:
         Uses the residual norms measured during extraction. ``scale`` is kept, so
         ``(k * v).relative() == k * v.relative()``.
 
-        >>> out = lm.generate("Once", steer=vec.relative() * 0.5)  # doctest: +SKIP
+        >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+        >>> lm.generate("Once upon a time", steer=vec.relative(), max_new_tokens=8).text
+        [', there was a happy bear named Anna']
         """
         norms = self.provenance.residual_norms
         missing = [s for s in self.sites if s not in norms]
@@ -265,7 +267,9 @@ class SteeringVector:
 
         A list of alphas gives one row per alpha when generating.
 
-        >>> lm.generate("Once", steer=vec.steers(alpha=[0, 4]))  # doctest: +SKIP
+        >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+        >>> lm.generate("Once upon a time", steer=vec.steers(alpha=[0, 4]), max_new_tokens=8).text
+        [', there was a little cat called Finn', ', there was a happy joy. The']
         """
         return steers_at(self, None, 1.0 if alpha is None else alpha, positions, op)
 

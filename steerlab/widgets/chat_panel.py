@@ -27,8 +27,12 @@ class ChatPanel:
         max_new_tokens, temperature, seed: sampling for every turn (same on both sides).
         overflow: what a turn past the context window does (see ``lm.chat``).
 
-    >>> panel = sl.ChatPanel(lm, sl.Steer(site, v, alpha=6.0))  # doctest: +SKIP
-    >>> panel.send("Tell me a story.")  # doctest: +SKIP
+    >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> panel = sl.ChatPanel(lm, vec.steers(alpha=4.0), max_new_tokens=8)
+    >>> panel.send("Tell me a story.")
+    >>> [side.history[-1]["content"] for side in (panel.baseline, panel.steered)]
+    ['Once upon a time, there was a', ' joy. joy joy joy joy joy joy']
+    >>> panel.close()
     """
 
     def __init__(self, lm: SteerableModel, steer: SteerArg, system: str | None = None, *,

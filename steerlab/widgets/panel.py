@@ -112,9 +112,15 @@ class SteeringPanel:
         sae: an ``SAE`` whose features steer and are shown (``sl.load_sae``).
         feature: start on this SAE feature (selected in the vector dropdown).
 
-    >>> panel = SteeringPanel(lm, {"joy": vec}, prompt="Once upon a time")  # doctest: +SKIP
-    >>> panel.controls.alpha.value = 6.0; panel.wait(); panel.steered_text  # doctest: +SKIP
-    >>> SteeringPanel(lm, sae=sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
+    >>> vec = sl.extract(lm, ["The day was happy"], ["The day was sad"], ["blocks.2.hook_resid_pre"])
+    >>> panel = SteeringPanel(lm, {"joy": vec}, prompt="Once upon a time", max_new_tokens=8)
+    >>> panel.controls.alpha.value = 4.0
+    >>> panel.wait()
+    True
+    >>> panel.steered_text
+    ', there was a happy joy. The'
+    >>> panel.close()
+    >>> SteeringPanel(lm, sae=sl.load_sae("steerlab-tiny-sae")).close()
     """
 
     def __init__(
@@ -227,7 +233,11 @@ class SteeringPanel:
                 before the panel changes. A vector of the wrong size shows its error in the
                 panel when it is used, like any other run error.
 
-        >>> panel.add_vector("calm", calm_vector)  # doctest: +SKIP
+        >>> panel = SteeringPanel(lm, {"ones": torch.ones(lm.d_model)}, max_new_tokens=2)
+        >>> panel.add_vector("twos", 2 * torch.ones(lm.d_model))
+        >>> list(panel.vectors)
+        ['ones', 'twos']
+        >>> panel.close()
         """
         check_vector(name, vector)
         replaced = name in self.vectors
@@ -487,8 +497,12 @@ class SteeringPanel:
     def export_stem(self, kind: str) -> str:
         """A fresh path stem for an export of the rendered run: site, alpha and a counter.
 
-        >>> panel.export_stem("norms")  # doctest: +SKIP
-        'steerlab_panel_norms_blocks.2.hook_resid_pre_a5_001'
+        >>> panel = SteeringPanel(lm, {"ones": torch.ones(lm.d_model)}, max_new_tokens=2)
+        >>> panel.wait()
+        True
+        >>> panel.export_stem("norms")
+        'steerlab_panel_norms_blocks.2.hook_resid_pre_a4_001'
+        >>> panel.close()
         """
         r = self.rendered
         where = "" if r is None else f"_{r.site}_a{format_alpha(r.alpha)}"

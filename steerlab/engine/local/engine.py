@@ -38,8 +38,12 @@ class LocalEngine:
     (``engine/compiled/``) takes every call that fits it, and ``explain`` says which path a
     call takes and why.
 
-    >>> engine = LocalEngine(lm.backend, lm.tokenizer, pad_id=0)  # doctest: +SKIP
-    >>> engine.run([Request((0, 17, 4), sampling=Sampling(max_new_tokens=5))])  # doctest: +SKIP
+    >>> from steerlab.core.request import Sampling
+    >>> engine = LocalEngine(lm.backend, lm.tokenizer, pad_id=0)
+    >>> ids = tuple(lm.tokenizer.encode("Once upon a time"))
+    >>> [done] = engine.run([Request(ids, sampling=Sampling(max_new_tokens=5))])
+    >>> done.text, done.finish_reason
+    (', there was a little', 'length')
     """
 
     capabilities = Capabilities(custom_ops=True, cache_reuse=True, capture=True, forward=True,

@@ -45,8 +45,8 @@ class VLLMStream(Iterator[Progress]):
     """One call decoding on vLLM: iterate it for ``Progress``; ``add`` joins more requests
     to it while it runs (they decode in the same continuous batch, from the next step).
 
-    >>> steps = lm.engine.stream(requests)  # doctest: +SKIP
-    >>> first = next(steps); rows = steps.add(more)  # doctest: +SKIP
+    >>> steps = lm.engine.stream(requests)  # needs vLLM  # doctest: +SKIP
+    >>> first = next(steps); rows = steps.add(more)  # needs vLLM  # doctest: +SKIP
     """
 
     def __init__(self, engine: VLLMEngine, requests: list[Request], wait: float,

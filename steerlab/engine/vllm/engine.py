@@ -37,8 +37,8 @@ class VLLMEngine:
 
     Build it with ``steerlab.load(..., backend="vllm")``.
 
-    >>> lm = sl.load("steerlab-tiny", backend="vllm")  # doctest: +SKIP
-    >>> lm.engine.run([Request((0, 17, 4), sampling=Sampling(max_new_tokens=5))])  # doctest: +SKIP
+    >>> lm = sl.load("steerlab-tiny", backend="vllm")  # needs vLLM  # doctest: +SKIP
+    >>> lm.engine.run([Request((0, 17, 4), sampling=Sampling(max_new_tokens=5))])  # needs vLLM  # doctest: +SKIP
     """
 
     kind = "vllm"
