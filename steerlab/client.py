@@ -1,7 +1,8 @@
 """``connect``: a steering server as a model, with ``generate`` and ``stream`` like a local one.
 
->>> lm = steerlab.connect("http://127.0.0.1:8000")  # doctest: +SKIP
->>> lm.generate("Once upon a time", steer, max_new_tokens=20, seed=0).text  # doctest: +SKIP
+>>> remote = sl.connect("http://127.0.0.1:8000")  # needs a running steerlab server  # doctest: +SKIP
+>>> remote.generate("Once upon a time", max_new_tokens=5).text  # doctest: +SKIP
+[', there was a little']
 
 Requests go to the server's ``/v1/batch`` endpoint, which lays rows out and seeds them as
 ``lm.generate`` does in-process: the same call gives the same tokens either way. Steers
@@ -184,7 +185,7 @@ class RemoteModel:
 def connect(url: str, *, api_key: str | None = None, timeout: float = 600.0) -> RemoteModel:
     """A model served by ``steerlab serve`` at ``url``, with ``generate`` and ``stream``.
 
-    >>> lm = connect("http://127.0.0.1:8000")  # doctest: +SKIP
+    >>> remote = connect("http://127.0.0.1:8000")  # needs a running steerlab server  # doctest: +SKIP
     """
     return RemoteModel(url, api_key=api_key, timeout=timeout)
 

@@ -51,8 +51,9 @@ class SteerableModel:
     Build one with ``steerlab.load`` or ``steerlab.wrap``. Calls go to an engine (the
     in-process ``LocalEngine`` over ``backend``, unless another one is given).
 
-    >>> lm = steerlab.load("steerlab-tiny")  # doctest: +SKIP
-    >>> lm.generate("Once upon a time", max_new_tokens=5).text  # doctest: +SKIP
+    >>> lm = sl.load("steerlab-tiny")
+    >>> lm.generate("Once upon a time", max_new_tokens=5).text
+    [', there was a little']
     """
 
     def __init__(
@@ -130,7 +131,9 @@ class SteerableModel:
         take run eagerly; ``explain`` says which path a call takes. Compiling happens on
         the first call of each batch-size and length bucket.
 
-        >>> lm = steerlab.load("steerlab-tiny", backend="hf").compile()  # doctest: +SKIP
+        >>> fast = sl.load("steerlab-tiny", backend="hf").compile()  # compiles on first use
+        >>> fast.explain("Once upon a time")
+        'compiled: batch bucket 1, length bucket 64, mode default'
         """
         if not self.engine.capabilities.compile:
             raise TypeError(
@@ -153,7 +156,8 @@ class SteerableModel:
         Takes engine ``Request`` rows, or the prompts and steer of a ``generate`` call;
         ``options`` are ``cache``, ``keep_cache``, ``capture`` and ``use_cache``.
 
-        >>> lm.compile().explain("Once", steer, capture=["blocks.0.hook_resid_post"])  # doctest: +SKIP
+        >>> fast = sl.load("steerlab-tiny", backend="hf").compile()
+        >>> fast.explain("Once", capture=["blocks.0.hook_resid_post"])
         'eager: capturing activations (capture=)'
         """
         given: Any = request
@@ -250,7 +254,8 @@ class SteerableModel:
                 cleanly (no hooks left; a kept cache is valid to the last token fed) and
                 propagates.
 
-        >>> lm.generate("Once upon a time", max_new_tokens=10).text  # doctest: +SKIP
+        >>> lm.generate("Once upon a time", max_new_tokens=10).text
+        [', there was a little cat called Finn. The']
         """
         steps = self.stream(prompts, steer, chat=chat, capture=capture, use_cache=use_cache,
                             cache=cache, keep_cache=keep_cache, wait=wait, on_token=on_token,
@@ -269,8 +274,9 @@ class SteerableModel:
                 compute; ``"drop_oldest"`` drops whole old exchanges (never the system
                 prompt) until it fits.
 
-        >>> chat = lm.chat(system="You are terse.")  # doctest: +SKIP
-        >>> chat.say("Hello!", max_new_tokens=20).text[0]  # doctest: +SKIP
+        >>> chat = lm.chat(system="You are terse.")
+        >>> chat.say("Hello!", max_new_tokens=8).text[0]  # the toy is no chat model: a story
+        'Once upon a time, there was a'
         """
         return _provided("chat")(self, system, steer, overflow=overflow)
 
@@ -283,8 +289,9 @@ class SteerableModel:
         ``[batch, pos, d_sae]`` (4 bytes a value in float32: for a 16k-feature SAE, 64 KiB a
         token). ``steer`` reads a steered model's features.
 
-        >>> acts = lm.features("The food was great", sl.load_sae("steerlab-tiny-sae"))  # doctest: +SKIP
-        >>> acts.top(k=5)  # doctest: +SKIP
+        >>> acts = lm.features("Once upon a time", sl.load_sae("steerlab-tiny-sae"))
+        >>> acts.top(k=5).indices[0, -1]
+        tensor([476, 106,  95, 346, 339])
         """
         return _provided("features")(self, prompts, sae, k=k, dense=dense, steer=steer, chat=chat)
 
@@ -301,7 +308,9 @@ class SteerableModel:
         Returns ``[rows, pos, vocab]`` (``[rows, 1, vocab]`` with ``last_only``), in the
         row order of ``generate``.
 
-        >>> lm.logits(["Once"], steer, last_only=True)[:, -1].softmax(-1)  # doctest: +SKIP
+        >>> steer = sl.Steer("blocks.2.hook_resid_pre", torch.ones(lm.d_model), alpha=[0, 4])
+        >>> lm.logits(["Once"], steer, last_only=True).shape  # one row per alpha
+        torch.Size([2, 1, 678])
         """
         rows = lay_out(self, prompts, steer, chat=chat, new_tokens=0)
         logits, _, _, _ = self.engine.forward(rows.requests(Sampling()), last_only=last_only)
@@ -324,7 +333,9 @@ class SteerableModel:
             steer: optional steering during the pass; an alpha list gives one row per alpha.
             chat: apply the chat template.
 
-        >>> acts = lm.run_with_cache(["Hello"], sites=["blocks.0.hook_resid_post"])  # doctest: +SKIP
+        >>> acts = lm.run_with_cache(["Hello"], sites=["blocks.0.hook_resid_post"])
+        >>> acts["blocks.0.hook_resid_post"].shape
+        torch.Size([1, 4, 128])
         """
         names = self._sites if sites is None else site_names(sites)
         for name in names:

@@ -48,8 +48,9 @@ OVERFLOW = ("error", "drop_oldest")
 class ChatSession:
     """A steered conversation with one model; build it with ``lm.chat``.
 
-    >>> chat = lm.chat(system="You are a helpful assistant.")  # doctest: +SKIP
-    >>> chat.say("Hello!", max_new_tokens=20).text[0]  # doctest: +SKIP
+    >>> chat = lm.chat(system="You are a helpful assistant.")
+    >>> chat.say("Hello!", max_new_tokens=8).text[0]
+    'Once upon a time, there was a'
     """
 
     def __init__(self, lm: SteerableModel, system: str | None = None, steer: SteerArg = None,
@@ -143,7 +144,9 @@ class ChatSession:
             on_token: called with each ``Step``; an exception in it ends the turn cleanly
                 (the partial reply is kept, see the module docs) and propagates.
 
-        >>> chat.say("Tell me a story.", max_new_tokens=30, temperature=0.7, seed=0)  # doctest: +SKIP
+        >>> chat = lm.chat()
+        >>> chat.say("Tell me a story.", max_new_tokens=8, temperature=0.7, seed=0).text
+        ['One day, Rosa the pig went for']
         """
         steps = self.stream(message, capture=capture, on_token=on_token, **options)
         (last,) = deque(steps, maxlen=1)

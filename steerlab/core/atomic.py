@@ -17,7 +17,8 @@ from typing import BinaryIO
 def write_file(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``.
 
-    >>> write_file(Path("out/v.safetensors"), b"...")  # doctest: +SKIP
+    >>> write_file(Path("v.bin"), b"abc"); Path("v.bin").read_bytes()
+    b'abc'
     """
     handle, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.",
                                          suffix=".tmp")  # fmt: skip
@@ -38,7 +39,8 @@ def write_folder(folder: Path, files: Mapping[str, bytes]) -> None:
     new one renamed in, and the old one removed. If the swap fails, the old folder is put
     back; either way no half-written folder is left.
 
-    >>> write_folder(Path("out/my-sae"), {"cfg.json": b"{}"})  # doctest: +SKIP
+    >>> write_folder(Path("my-sae"), {"cfg.json": b"{}"}); sorted(p.name for p in Path("my-sae").iterdir())
+    ['cfg.json']
     """
     folder = folder.resolve()  # a symlinked folder is replaced where it points
     folder.parent.mkdir(parents=True, exist_ok=True)

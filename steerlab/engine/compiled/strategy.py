@@ -38,7 +38,9 @@ class CompiledStep:
         backend: ``torch.compile`` backend; "aot_eager" traces the same graph without
             generating code (quick to build, for tests).
 
-    >>> lm.compile()  # lm.engine.compiled is a CompiledStep  # doctest: +SKIP
+    >>> fast = sl.load("steerlab-tiny", backend="hf").compile()
+    >>> type(fast.engine.compiled).__name__
+    'CompiledStep'
     """
 
     def __init__(self, engine: LocalEngine, *, mode: str | None = None,
