@@ -23,7 +23,14 @@ BLOCK_KINDS = (
 )
 EMBED = "hook_embed"
 # Within a block: input, attention written, mid, MLP written, output.
-_FORWARD = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+# The kinds of a block in the order a forward pass computes them.
+FORWARD_KINDS = (
+    "hook_resid_pre",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_out",
+    "hook_resid_post",
+)
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(hook_\w+)\Z")
 # Why a model may lack a whole kind of block site.
 WHY_ABSENT = {
@@ -58,7 +65,7 @@ class Site:
         """Sort key for the order activations are computed in a forward pass."""
         if self.layer is None:
             return (-1, 0)
-        return (self.layer, _FORWARD.index(self.kind))
+        return (self.layer, FORWARD_KINDS.index(self.kind))
 
     @property
     def name(self) -> str:

@@ -12,10 +12,8 @@ import torch
 
 from steerlab.core.ops import STRENGTHS, Form, form_of, operand, unit
 from steerlab.core.request import Request
-from steerlab.core.sites import EMBED, Site
+from steerlab.core.sites import EMBED, FORWARD_KINDS, Site
 from steerlab.core.steer import position_form
-
-_KINDS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
 
 def slot(site: Site) -> int:
@@ -23,11 +21,11 @@ def slot(site: Site) -> int:
     if site.kind == EMBED:
         return 0
     assert site.layer is not None
-    return 1 + 5 * site.layer + _KINDS.index(site.kind)
+    return 1 + 5 * site.layer + FORWARD_KINDS.index(site.kind)
 
 
 def slot_of(layer: int, kind: str) -> int:
-    return 1 + 5 * layer + _KINDS.index(kind)
+    return 1 + 5 * layer + FORWARD_KINDS.index(kind)
 
 
 class SteerTable:
