@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from steerlab.engine.guard import CallInFlightError
-from steerlab.engine.scheduler import Job
+from steerlab.engine.scheduler import EngineStopped, Job
 
 log = logging.getLogger("steerlab.server")
 
@@ -50,16 +50,25 @@ def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
 
 
 def invalid(errors: Sequence[Mapping[str, Any]]) -> ApiError:
-    """A 400 for the first field pydantic refused, named (``body`` when the body as a whole
-    is wrong: not JSON, or not an object)."""
-    first = errors[0]
+    """A 400 for the field pydantic refused, named (``body`` when the body as a whole is
+    wrong: not JSON, or not an object). Where a value fits none of a union's types, the
+    error that got furthest into the value is the one told: an object meant as a batch
+    item is told its bad field, not that it is no string."""
+    first = max(errors, key=lambda e: _depth(e.get("loc", ())))  # max takes the first deepest
     param = field_name(first.get("loc", ())) or "body"
     return ApiError(400, f"{param}: {first.get('msg', 'invalid')}", param)
 
 
+def _depth(loc: Sequence[Any]) -> int:
+    """How many fields and indexes into the body a location goes (union tags not counted)."""
+    return sum(isinstance(part, int) or not _type_tag(str(part)) for part in loc)
+
+
 def _type_tag(part: str) -> bool:
-    """Pydantic names the member of a union that failed (``float``, ``list[float]``)."""
-    return "[" in part or "-" in part or part in {"float", "int", "str", "bool", "dict", "list"}
+    """Pydantic names the member of a union that failed (``float``, ``list[float]``, a model
+    class such as ``BatchItem``); field names are lower case."""
+    return ("[" in part or "-" in part or part[:1].isupper()
+            or part in {"float", "int", "str", "bool", "dict", "list"})  # fmt: skip
 
 
 def api_error(error: Exception, job: Job) -> ApiError:
@@ -71,6 +80,8 @@ def api_error(error: Exception, job: Job) -> ApiError:
         return ApiError(422, str(error), param)
     if isinstance(error, CallInFlightError):
         return ApiError(503, f"The model is busy: {error}", None, "server_busy")
+    if isinstance(error, EngineStopped):
+        return ApiError(503, str(error), None, "engine_stopped")
     if isinstance(error, ValueError):
         return ApiError(400, str(error))
     log.exception("request failed", exc_info=error)
