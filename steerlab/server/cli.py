@@ -90,7 +90,8 @@ def _bounded(kind: type[float], low: float = -math.inf, high: float = math.inf, 
             value = kind(text)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and (value > low if above else value >= low) and value <= high):
+        inside = value > low if above else value >= low
+        if not (math.isfinite(value) and inside and value <= high):
             raise argparse.ArgumentTypeError(f"must be {wanted}; got {text!r}")
         return value
 

@@ -50,24 +50,24 @@ def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
 
 
 def invalid(errors: Sequence[Mapping[str, Any]]) -> ApiError:
-    """A 400 for the field pydantic refused, named (``body`` when the body as a whole is
-    wrong: not JSON, or not an object). Where a value fits none of a union's types, the
-    error that got furthest into the value is the one told: an object meant as a batch
-    item is told its bad field, not that it is no string."""
-    first = max(errors, key=lambda e: _depth(e.get("loc", ())))  # max takes the first deepest
+    """A 400 for the first field pydantic refused, named (``body`` when the body as a whole
+    is wrong: not JSON, or not an object). Where an object fits none of a union's types, the
+    model's error is the one told: a batch item is told its bad field, not that it is no
+    string."""
+    first = next((e for e in errors if any(_model_tag(p) for p in e.get("loc", ()))), errors[0])
     param = field_name(first.get("loc", ())) or "body"
     return ApiError(400, f"{param}: {first.get('msg', 'invalid')}", param)
 
 
-def _depth(loc: Sequence[Any]) -> int:
-    """How many fields and indexes into the body a location goes (union tags not counted)."""
-    return sum(isinstance(part, int) or not _type_tag(str(part)) for part in loc)
+def _model_tag(part: object) -> bool:
+    """Pydantic names a union's model member by its class (``BatchItem``); fields are lower case."""
+    return isinstance(part, str) and part[:1].isupper()
 
 
 def _type_tag(part: str) -> bool:
     """Pydantic names the member of a union that failed (``float``, ``list[float]``, a model
     class such as ``BatchItem``); field names are lower case."""
-    return ("[" in part or "-" in part or part[:1].isupper()
+    return ("[" in part or "-" in part or _model_tag(part)
             or part in {"float", "int", "str", "bool", "dict", "list"})  # fmt: skip
 
 

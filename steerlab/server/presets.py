@@ -59,7 +59,8 @@ class Preset:
 def check_names(served: str, names: Sequence[str]) -> None:
     """Each preset name is given once, and none is the served model's own name.
 
-    >>> check_names("steerlab-tiny", ["calm", "calm"])
+    >>> check_names("steerlab-tiny", ["calm", "happy"])  # fine
+    >>> check_names("steerlab-tiny", ["calm", "calm"])  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
     PresetError: Preset 'calm' is given twice: preset names must differ from each other.
     """
