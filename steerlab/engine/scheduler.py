@@ -70,6 +70,10 @@ class Failed:
 Event = Delta | Done | Failed
 
 
+class EngineStopped(RuntimeError):
+    """The engine thread has died: nothing it held, or is given, will be decoded."""
+
+
 @dataclass(eq=False)
 class Job:
     """One caller's rows, and where its events go (``post`` must be thread-safe).
@@ -120,6 +124,9 @@ class Scheduler:
 
     def __init__(self, engine_for: Callable[[Any], Engine], *, window_s: float = 0.005,
                  max_rows: int = 64, lock_wait: float = 60.0) -> None:  # fmt: skip
+        if not 0 <= window_s <= threading.TIMEOUT_MAX:  # NaN too: the queue would wait for good
+            raise ValueError(f"window_s must be a number of seconds from 0 to "
+                             f"{threading.TIMEOUT_MAX:g}; got {window_s!r}.")  # fmt: skip
         self.engine_for, self.window_s, self.max_rows = engine_for, window_s, max_rows
         self.lock_wait = lock_wait  # queue this long behind another call on the same model
         self.join_running = True  # admit jobs into a running call where the engine can
@@ -129,6 +136,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="steerlab-engine", daemon=True)
         self.batches = 0  # batches decoded so far, for /health and tests
         self.cancelled = 0  # jobs whose rows were ended early because their client went away
+        self.failure: EngineStopped | None = None  # set when the engine thread dies
+        self._live: set[Job] = set()  # submitted, not yet answered: failed if the thread dies
+        self._lock = threading.Lock()  # orders submit against the thread's death
 
     def start(self) -> Scheduler:
         self._thread.start()
@@ -139,7 +149,18 @@ class Scheduler:
         self._thread.join(timeout)
 
     def submit(self, job: Job) -> None:
-        self._queue.put(job)
+        """Queue ``job``; once the engine thread has died, fail it at once (``EngineStopped``)."""
+        with self._lock:
+            if self.failure is None:
+                self._live.add(job)
+                self._queue.put(job)
+                return
+        job.answer(Failed(self.failure))
+
+    @property
+    def running(self) -> bool:
+        """Whether the engine thread is up and decoding what it is given."""
+        return self.failure is None and self._thread.is_alive()
 
     def pending(self) -> int:
         return self._queue.qsize() + len(self._held)
@@ -172,7 +193,24 @@ class Scheduler:
         return event.completions
 
     def _loop(self) -> None:
+        """The engine thread. Should anything escape it, every job waiting on it, and every
+        job submitted after, fails with ``EngineStopped`` instead of waiting for good."""
+        try:
+            self._serve()
+        except BaseException as error:
+            log.exception("the engine thread stopped")
+            stopped = EngineStopped(f"The engine thread stopped ({type(error).__name__}: "
+                                    f"{error}); it decodes nothing more. Restart it.")  # fmt: skip
+            with self._lock:
+                self.failure, waiting, self._live = stopped, self._live, set()
+            for job in waiting:
+                if not job.finished:
+                    job.answer(Failed(stopped))
+
+    def _serve(self) -> None:
         while True:
+            with self._lock:  # forget the jobs answered since the last batch
+                self._live = {j for j in self._live if not j.finished}
             jobs = self._collect()
             if jobs is None:
                 return

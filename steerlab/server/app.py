@@ -17,7 +17,7 @@ from steerlab.server import tokens
 from steerlab.server.errors import ApiError, invalid
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits
-from steerlab.server.presets import Preset, PresetError
+from steerlab.server.presets import Preset, check_names
 from steerlab.server.routes import ServerState, router
 from steerlab.server.vectors import VectorStore
 
@@ -57,10 +57,9 @@ def create_app(
                         max_rows=max_batch_rows)  # fmt: skip
     store = VectorStore(models.lm, max_vectors=limits.max_vectors,
                         max_bytes=limits.max_vector_bytes)  # fmt: skip
-    state = ServerState(models, store, batcher, limits, name or models.lm.name or "model",
-                        {p.name: p for p in presets})  # fmt: skip
-    if state.name in state.presets or len(state.presets) != len(presets):
-        raise PresetError("Preset names must differ from each other and from the model's.")
+    served = name or models.lm.name or "model"
+    check_names(served, [p.name for p in presets])
+    state = ServerState(models, store, batcher, limits, served, {p.name: p for p in presets})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -16,6 +16,7 @@ import argparse
 import gc
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 API_KEY_ENV = "STEERLAB_API_KEY"
@@ -30,40 +31,71 @@ def add_serve(commands: Any) -> None:
     serve.add_argument("model", help="steerlab-tiny, a local HF folder, or a hub id")
     serve.add_argument("--backend", default="hf", choices=("hf", "bridge", "hooked", "vllm"))
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_bounded(int, 1, 65535), default=8000)
     serve.add_argument("--api-key", default=None,
                        help=f"require 'Authorization: Bearer KEY' (or set ${API_KEY_ENV})")  # fmt: skip
     serve.add_argument("--amplify-before", default=None, metavar="PATH",
                        help="a 'before' model: serve after + beta * (after - before)")  # fmt: skip
-    serve.add_argument("--beta", type=float, default=None, help="default amplification beta")
+    serve.add_argument("--beta", type=_bounded(float), default=None,
+                       help="default amplification beta (with --amplify-before)")  # fmt: skip
     serve.add_argument("--preset", action="append", default=[], metavar="NAME=VECTOR_FILE@ALPHA",
                        help="serve the model steered by a vector at alpha as model NAME "
                             "(repeatable)")  # fmt: skip
     serve.add_argument("--device", default=None)
     serve.add_argument("--dtype", default=None)
     vllm = serve.add_argument_group("vLLM (--backend vllm)")
-    vllm.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N")
-    vllm.add_argument("--pipeline-parallel-size", type=int, default=None, metavar="N")
-    vllm.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS")
-    serve.add_argument("--idle-timeout", type=_seconds, default=DEFAULT_IDLE_TIMEOUT,
+    vllm.add_argument("--tensor-parallel-size", type=_count, default=None, metavar="N")
+    vllm.add_argument("--pipeline-parallel-size", type=_count, default=None, metavar="N")
+    vllm.add_argument("--max-model-len", type=_count, default=None, metavar="TOKENS")
+    serve.add_argument("--idle-timeout", type=_bounded(float, 0, above=True),
+                       default=DEFAULT_IDLE_TIMEOUT,
                        metavar="SECONDS", help="close a connection that sends no request, or "
                        "stalls in one, for this long (default %(default)g)")  # fmt: skip
-    serve.add_argument("--window-ms", type=float, default=5.0, help="batching window")
-    serve.add_argument("--max-batch-rows", type=int, default=64)
-    serve.add_argument("--max-n", type=int, default=16)
-    serve.add_argument("--max-rows", type=int, default=64, help="rows per request")
-    serve.add_argument("--max-tokens", type=int, default=4096)
-    serve.add_argument("--max-body-mb", type=float, default=8.0)
-    serve.add_argument("--max-vectors", type=int, default=256, help="named vectors held")
-    serve.add_argument("--max-vector-mb", type=float, default=1024.0,
+    serve.add_argument("--window-ms", type=_bounded(float, 0, MAX_WINDOW_MS), default=5.0,
+                       help="batching window, in milliseconds")  # fmt: skip
+    serve.add_argument("--max-batch-rows", type=_count, default=64)
+    serve.add_argument("--max-n", type=_count, default=16)
+    serve.add_argument("--max-rows", type=_count, default=64, help="rows per request")
+    serve.add_argument("--max-tokens", type=_count, default=4096)
+    serve.add_argument("--max-body-mb", type=_bounded(float, 0, above=True), default=8.0)
+    serve.add_argument("--max-vectors", type=_bounded(int, 0), default=256,
+                       help="named vectors held (0: no uploads)")  # fmt: skip
+    serve.add_argument("--max-vector-mb", type=_bounded(float, 0), default=1024.0,
                        help="MiB of named vectors held, all together")  # fmt: skip
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds; got {text!r}")
-    return value
+MAX_WINDOW_MS = 10_000.0  # a batching window is milliseconds; past 10 s it is a mistake
+
+
+def _bounded(kind: type[float], low: float = -math.inf, high: float = math.inf, *,
+             above: bool = False) -> Callable[[str], Any]:  # fmt: skip
+    """An argparse type for every numeric flag: a finite ``kind`` from ``low`` (or ``above``
+    it) to ``high``; anything else is argparse's one-line error naming the flag (exit 2),
+    before any model is loaded. ``nan`` and ``inf`` are never a setting.
+
+    >>> _bounded(int, 1)("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be a whole number >= 1; got '-1'
+    """
+    what = "a whole number" if kind is int else "a finite number"
+    bounds = [f"{'>' if above else '>='} {low:g}"] if math.isfinite(low) else []
+    bounds += [f"<= {high:g}"] if math.isfinite(high) else []
+    wanted = " ".join([what, " and ".join(bounds)]).strip()
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        inside = value > low if above else value >= low
+        if not (math.isfinite(value) and inside and value <= high):
+            raise argparse.ArgumentTypeError(f"must be {wanted}; got {text!r}")
+        return value
+
+    return convert
+
+
+_count = _bounded(int, 1)  # rows, tokens, devices: at least one
 
 
 def load_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -72,6 +104,9 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"backend": args.backend, "device": args.device,
                                "dtype": args.dtype}  # fmt: skip
     given = [k for k in _VLLM_ONLY if getattr(args, k) is not None]
+    if args.beta is not None and not args.amplify_before:
+        raise SystemExit("steerlab serve: --beta is amplification's default; it needs "
+                         "--amplify-before PATH.")  # fmt: skip
     if args.backend == "vllm":
         if args.amplify_before:
             raise SystemExit(
@@ -88,12 +123,7 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
 def serve(args: argparse.Namespace) -> int:
     """Load the model the parsed command line names and serve it until stopped."""
     options = load_options(args)
-    from steerlab.server.presets import PresetError, parse_preset
-
-    try:
-        wanted = [parse_preset(text) for text in args.preset]
-    except PresetError as error:
-        raise SystemExit(f"steerlab serve: {error}") from None
+    wanted = preset_options(args)
     import uvicorn
 
     from steerlab import loading
@@ -120,6 +150,22 @@ def serve(args: argparse.Namespace) -> int:
     uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
                                   idle_timeout=args.idle_timeout)).run()  # fmt: skip
     return 0
+
+
+def preset_options(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """Each ``--preset`` as ``(name, path, alpha)``; a malformed one, a name given twice or
+    the served model's own name fail here, before any model is loaded."""
+    from steerlab.server.presets import PresetError, check_names, parse_preset
+
+    try:
+        wanted = [parse_preset(text) for text in args.preset]
+    except PresetError as error:  # it names the flag
+        raise SystemExit(f"steerlab serve: {error}") from None
+    try:
+        check_names(str(args.model), [name for name, _, _ in wanted])
+    except PresetError as error:
+        raise SystemExit(f"steerlab serve: --preset: {error}") from None
+    return wanted
 
 
 def settle_heap() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from steerlab.engine.guard import CallInFlightError
-from steerlab.engine.scheduler import Job
+from steerlab.engine.scheduler import EngineStopped, Job
 
 log = logging.getLogger("steerlab.server")
 
@@ -51,15 +51,24 @@ def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
 
 def invalid(errors: Sequence[Mapping[str, Any]]) -> ApiError:
     """A 400 for the first field pydantic refused, named (``body`` when the body as a whole
-    is wrong: not JSON, or not an object)."""
-    first = errors[0]
+    is wrong: not JSON, or not an object). Where an object fits none of a union's types, the
+    model's error is the one told: a batch item is told its bad field, not that it is no
+    string."""
+    first = next((e for e in errors if any(_model_tag(p) for p in e.get("loc", ()))), errors[0])
     param = field_name(first.get("loc", ())) or "body"
     return ApiError(400, f"{param}: {first.get('msg', 'invalid')}", param)
 
 
+def _model_tag(part: object) -> bool:
+    """Pydantic names a union's model member by its class (``BatchItem``); fields are lower case."""
+    return isinstance(part, str) and part[:1].isupper()
+
+
 def _type_tag(part: str) -> bool:
-    """Pydantic names the member of a union that failed (``float``, ``list[float]``)."""
-    return "[" in part or "-" in part or part in {"float", "int", "str", "bool", "dict", "list"}
+    """Pydantic names the member of a union that failed (``float``, ``list[float]``, a model
+    class such as ``BatchItem``); field names are lower case."""
+    return ("[" in part or "-" in part or _model_tag(part)
+            or part in {"float", "int", "str", "bool", "dict", "list"})  # fmt: skip
 
 
 def api_error(error: Exception, job: Job) -> ApiError:
@@ -71,6 +80,8 @@ def api_error(error: Exception, job: Job) -> ApiError:
         return ApiError(422, str(error), param)
     if isinstance(error, CallInFlightError):
         return ApiError(503, f"The model is busy: {error}", None, "server_busy")
+    if isinstance(error, EngineStopped):
+        return ApiError(503, str(error), None, "engine_stopped")
     if isinstance(error, ValueError):
         return ApiError(400, str(error))
     log.exception("request failed", exc_info=error)

@@ -275,6 +275,9 @@ def plan_batch(body: BatchRequest, lm: SteerableModel, store: VectorStore, limit
     prompt with settings of its own gets rows laid out and seeded as in that same call."""
     if not body.prompts:
         raise ApiError(400, "prompts is empty.", "prompts")
+    items = [p for p in body.prompts if isinstance(p, BatchItem)]
+    check_alphas(body.alphas, _takes_alphas(body.steering) or any(
+        i.alphas is None and _takes_alphas(i.steering) for i in items), "alphas")  # fmt: skip
     seed = seed_of(body.seed)
     shared = [*preset, *steers_of(body.steering, lm, store, body.alphas)]
     texts = [p for p in body.prompts if isinstance(p, str)]
@@ -299,14 +302,7 @@ def _plan_items(body: BatchRequest, shared: list[Steer], preset: list[Steer], se
             m.model_dump() for m in item.prompt]  # fmt: skip
         merged = body.model_copy(update={k: v for k, v in item.model_dump().items()
                                          if v is not None and k in _SETTINGS})  # fmt: skip
-        steers = (
-            shared
-            if item.steering is None
-            else preset
-            + steers_of(
-                item.steering, lm, store, item.alphas or body.alphas, f"prompts[{i}].steering"
-            )
-        )
+        steers = _item_steers(body, item, i, shared, preset, lm, store)
         sampling = sampling_of(merged, merged.max_tokens or 64,
                                seed if item.seed is None else item.seed, limits,
                                lm.n_vocab)  # fmt: skip
@@ -320,3 +316,36 @@ def _plan_items(body: BatchRequest, shared: list[Steer], preset: list[Steer], se
         plan.alphas += rows.alphas
         check_size(len(plan.requests), limits, "prompts")
     return plan
+
+
+def _item_steers(body: BatchRequest, item: BatchItem, i: int, shared: list[Steer],
+                 preset: list[Steer], lm: SteerableModel, store: VectorStore) -> list[Steer]:  # fmt: skip
+    """A batch item's steers: its own ``steering`` or the shared one, at its own ``alphas``
+    or the shared ones."""
+    steering = body.steering if item.steering is None else item.steering
+    check_alphas(item.alphas, _takes_alphas(steering), f"prompts[{i}].alphas")
+    if item.steering is None and item.alphas is None:
+        return shared
+    where = "steering" if item.steering is None else f"prompts[{i}].steering"
+    alphas = body.alphas if item.alphas is None else item.alphas
+    return preset + steers_of(steering, lm, store, alphas, where)
+
+
+def _takes_alphas(steering: Sequence[Steering] | None) -> bool:
+    """Whether a ``steering`` list has a steer without an alpha, which ``alphas`` gives one."""
+    return any(item.alpha is None for item in steering or ())
+
+
+def check_alphas(alphas: Sequence[float] | None, used: bool, param: str) -> None:
+    """``/v1/batch``'s ``alphas``: honoured or refused, never dropped. Empty, it would leave
+    the steers at alpha 1; with no steer to take them, one unsteered row would come back."""
+    if alphas is None:
+        return
+    if not alphas:
+        raise ApiError(400, f"{param} is empty: give at least one alpha, or leave it out.", param)
+    if not all(math.isfinite(a) for a in alphas):
+        raise ApiError(400, f"{param} must be finite numbers; got {list(alphas)!r}.", param)
+    if not used:
+        raise ApiError(400, f"{param} gives each steer without an alpha of its own one row per "
+                            "alpha, and this request has no such steer (a preset's alpha is "
+                            "its own): add one to steering, or leave alphas out.", param)  # fmt: skip

@@ -56,6 +56,25 @@ class Preset:
         return [s.site for s in self.steers()]
 
 
+def check_names(served: str, names: Sequence[str]) -> None:
+    """Each preset name is given once, and none is the served model's own name.
+
+    >>> check_names("steerlab-tiny", ["calm", "happy"])  # fine
+    >>> check_names("steerlab-tiny", ["calm", "calm"])  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    PresetError: Preset 'calm' is given twice: preset names must differ from each other.
+    """
+    seen: set[str] = set()
+    for name in names:
+        if name == served:
+            raise PresetError(f"Preset {name!r} is the served model's own name: preset names "
+                              "must differ from the model's.")  # fmt: skip
+        if name in seen:
+            raise PresetError(f"Preset {name!r} is given twice: preset names must differ from "
+                              "each other.")  # fmt: skip
+        seen.add(name)
+
+
 def parse_preset(text: str) -> tuple[str, str, float]:
     """``NAME=VECTOR_FILE@ALPHA`` as ``(name, path, alpha)``.
 

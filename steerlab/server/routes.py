@@ -62,11 +62,18 @@ def _beta(state: ServerState, body: Sampled) -> float | None:
 
 
 @router.get("/health")
-def health(request: Request) -> dict[str, Any]:  # sync: counting vLLM's hooks is an RPC
+def health(request: Request) -> Response:  # sync: counting vLLM's hooks is an RPC
+    """200 and ``"status": "ok"`` while the engine thread decodes; 503, ``"unhealthy"`` and
+    why, once it has stopped (every request then gets a 503 too)."""
     state = _state(request)
-    return {"status": "ok", "model": state.name, "hooks": state.models.hook_count(),
-            "queued": state.batcher.pending(), "batches": state.batcher.batches,
-            "cancelled": state.batcher.cancelled}  # fmt: skip
+    batcher = state.batcher
+    if not batcher.running:
+        why = str(batcher.failure or "The engine thread is not running.")
+        return JSONResponse({"status": "unhealthy", "model": state.name, "error": why},
+                            status_code=503)  # fmt: skip
+    return JSONResponse({"status": "ok", "model": state.name, "hooks": state.models.hook_count(),
+                         "queued": batcher.pending(), "batches": batcher.batches,
+                         "cancelled": batcher.cancelled})  # fmt: skip
 
 
 @router.get("/v1/models")
@@ -181,6 +188,8 @@ def _submit(state: ServerState, plan: Plan, stream: bool) -> tuple[Job, asyncio.
             loop.call_soon_threadsafe(events.put_nowait, event)
 
     job = Job(plan.requests, plan.beta, post, stream=stream)
+    if state.batcher.failure is not None:  # a 503 now, before a stream's 200 goes out
+        raise api_error(state.batcher.failure, job)
     state.batcher.submit(job)
     return job, events
 

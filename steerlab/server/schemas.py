@@ -1,47 +1,57 @@
 """Request bodies as pydantic models: the OpenAI fields, plus ``steering`` and ``amplify``.
 
-Types are checked here (a string where a number belongs is refused with the field named);
-what depends on the model (sites, vector length, context window) is checked in ``plan``.
-Unknown fields are ignored, as OpenAI-compatible servers do, so clients can send extras.
+Types are checked here, strictly: every model is a ``Body``, whose fields take JSON values
+of their own type only (``"3"`` or ``true`` where an int belongs, ``3.0`` for an int, a
+string for a bool are all a 400 naming the field; a JSON int is a float). What depends on
+the model (sites, vector length, context window) is checked in ``plan``. Unknown fields
+are refused by name (``extra="forbid"``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+
+class Body(BaseModel):
+    """A request body, or a part of one: strict types, unknown fields refused.
+
+    Lax mode would turn ``"3"`` into 3, ``true`` into 1 and ``[true, false]`` into token ids
+    1 and 0: answers to questions nobody asked. Every request model derives from this one,
+    so the rule lives here alone.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
 
 Positions = Literal["all", "prompt", "generated"] | Annotated[int, Field(ge=0)]
-# A JSON number, never ``true``; ranges are ``core.request.Sampling``'s, checked in ``plan``.
-Number = Annotated[float, Strict()]
+# A vector's content fingerprint, as the upload answered it (``SteeringVector.sha256``).
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$")]
 
 
-class Steering(BaseModel):
+class Steering(Body):
     """One steer: ``vector`` is the name of a vector the server holds, or the floats inline.
 
     ``site`` may be left out for a named vector: it then steers at every site it has.
     ``alpha`` is a number, or (in ``/v1/batch``) a list giving one row per alpha.
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     site: str | None = None
     vector: str | list[float]
     alpha: float | list[float] | None = None
     positions: Positions = "all"
     op: str | dict[str, Any] = "add"  # a name, or core's data form; checked by op_from_data
-    sha256: str | None = None  # pins a named vector's content: a mismatch is a 409
+    sha256: Sha256 | None = None  # pins a named vector's content: a mismatch is a 409
 
 
-class Amplify(BaseModel):
+class Amplify(Body):
     """Logit-difference amplification: decode from ``after + beta * (after - before)``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     beta: float
 
 
-class Sampled(BaseModel):
+class Sampled(Body):
     """Decoding settings shared by every generation endpoint.
 
     Every field is honoured or refused: an unknown field (a typo such as ``"steer"``, or an
@@ -54,8 +64,6 @@ class Sampled(BaseModel):
     logits a row samples from; reported logprobs stay the model's own.
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     user: str | None = None
     metadata: dict[str, Any] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -65,16 +73,16 @@ class Sampled(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
-    repetition_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    presence_penalty: Number | None = None
-    logit_bias: dict[str, Number] | None = None
-    min_tokens: Annotated[int, Strict()] | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
     steering: list[Steering] = []
     amplify: Amplify | None = None
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(Body):
     """``stream_options`` (with ``stream: true`` only), as OpenAI and vLLM define it.
 
     ``include_usage`` (true when left out, as in vLLM): one more chunk before ``[DONE]``,
@@ -82,8 +90,6 @@ class StreamOptions(BaseModel):
     ``continuous_usage_stats`` (vLLM's; needs ``include_usage``): every chunk's ``usage`` is
     its row's so far instead.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
@@ -102,11 +108,9 @@ class CompletionRequest(Sampled):
     echo: bool = False
 
 
-class Message(BaseModel):
+class Message(Body):
     """A chat message: text, or a list of text parts (``core.prompts.check_messages`` joins
     them and refuses other part types by name)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     role: str
     content: str | list[dict[str, Any]]
@@ -125,10 +129,8 @@ class ChatRequest(Sampled):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
-class BatchItem(BaseModel):
+class BatchItem(Body):
     """One prompt of ``/v1/batch`` with its own settings (unset ones are the shared ones)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     prompt: str | list[Message]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -137,11 +139,11 @@ class BatchItem(BaseModel):
     top_k: Annotated[int, Field(ge=1)] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    repetition_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    presence_penalty: Number | None = None
-    logit_bias: dict[str, Number] | None = None
-    min_tokens: Annotated[int, Strict()] | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
     steering: list[Steering] | None = None
     alphas: list[float] | None = None
 

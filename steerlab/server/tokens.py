@@ -11,22 +11,20 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from steerlab.core.prompts import PromptError, encode
 from steerlab.server.bodies import body_of
 from steerlab.server.errors import ApiError
-from steerlab.server.schemas import Message
+from steerlab.server.schemas import Body, Message
 
 router = APIRouter()
 
 _PRIVATE = ("vocab_file", "merges_file", "name_or_path", "tokenizer_file")  # server paths
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Body):
     """Text (``prompt``) or a chat (``messages``, rendered by the model's template)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     prompt: str | None = None
@@ -36,8 +34,8 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DetokenizeRequest(Body):
+    """Token ids to decode (JSON integers: ``true`` is no token id)."""
 
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]

@@ -112,7 +112,7 @@ class VectorStore:
         if vector is None:
             known = ", ".join(sorted(self._vectors)) or "none yet"
             raise ApiError(400, f"No vector named {name!r} (known: {known}).", param)
-        if sha256 is not None and sha256 != vector.sha256:
+        if sha256 is not None and sha256.lower() != vector.sha256:  # its form: schemas.Sha256
             raise ApiError(409, f"Vector {name!r} has sha256 {vector.sha256}, not the pinned "
                                 f"{sha256}: it was replaced since you uploaded it.", param)  # fmt: skip
         return vector
