@@ -20,10 +20,11 @@ from reference import RefSteer, greedy
 from server_helpers import HEADERS, post, served
 
 import steerlab as sl
+from steerlab import cli
 from steerlab.core.request import Sampling
 from steerlab.core.rows import lay_out
 from steerlab.engine.scheduler import EngineStopped, Scheduler
-from steerlab.server import ServedModels, cli, create_app
+from steerlab.server import ServedModels, create_app
 
 MODEL = "steerlab-tiny"
 SITE = "blocks.1.hook_resid_pre"
@@ -53,7 +54,7 @@ def no_load(monkeypatch):
     def load(*args, **kwargs):
         raise AssertionError("a model was loaded before the flags were checked")
 
-    monkeypatch.setattr(sl, "load", load)
+    monkeypatch.setattr("steerlab.loading.load", load)
 
 
 def test_every_numeric_flag_is_one_of_the_checked_ones():
@@ -173,7 +174,7 @@ import sys
 from steerlab.core.request import Sampling
 from steerlab.core.rows import lay_out
 from steerlab.engine.scheduler import EngineStopped, Scheduler
-from steerlab.server import cli
+from steerlab import cli
 
 def collect(self):
     self._queue.get()

@@ -78,7 +78,7 @@ class Option:
     annotation: str
     doc: str
     wire: str
-    wire_type: str
+    wire_type: Any
     to_wire: Callable[[Any], Any]
     from_wire: Callable[[Any], Any]
     vllm: bool
@@ -89,7 +89,7 @@ def _same(value: Any) -> Any:
     return value
 
 
-def option(default: Any, doc: str, *, annotation: str, wire_type: str, wire: str = "",
+def option(default: Any, doc: str, *, annotation: str, wire_type: Any, wire: str = "",
            given: Any = MISSING, to_wire: Callable[[Any], Any] = _same,
            from_wire: Callable[[Any], Any] = _same, vllm: bool = False,
            sampler: bool = False) -> Any:  # fmt: skip
@@ -117,55 +117,55 @@ class Sampling:
 
     max_new_tokens: int = option(
         40, "at most this many new tokens per row.", annotation="int", wire="max_tokens",
-        wire_type="int")  # fmt: skip
+        wire_type=int)  # fmt: skip
     temperature: float = option(
         0.0, "0 is greedy; otherwise logits are divided by it before sampling.",
-        annotation="float", wire_type="float", sampler=True)  # fmt: skip
+        annotation="float", wire_type=float, sampler=True)  # fmt: skip
     top_k: int | None = option(
-        None, "keep only the k most likely tokens.", annotation="int | None", wire_type="int",
+        None, "keep only the k most likely tokens.", annotation="int | None", wire_type=int,
         sampler=True)  # fmt: skip
     top_p: float = option(
         1.0, "keep the smallest set of tokens whose probability reaches top_p.",
-        annotation="float", wire_type="float", vllm=True, sampler=True)  # fmt: skip
+        annotation="float", wire_type=float, vllm=True, sampler=True)  # fmt: skip
     min_p: float = option(
         0.0, "in [0, 1], as vLLM's and HF's: drop the tokens less likely than min_p times the "
         "likeliest one (after temperature, top-k and top-p, as HF's order; 0 is off).",
-        annotation="float", wire_type="float", vllm=True, sampler=True)  # fmt: skip
+        annotation="float", wire_type=float, vllm=True, sampler=True)  # fmt: skip
     seed: int = option(
         0, "makes sampling reproducible; rows of the same prompt share random numbers (None: "
-        "a fresh seed).", annotation="int | None", wire_type="int", given=None)  # fmt: skip
+        "a fresh seed).", annotation="int | None", wire_type=int, given=None)  # fmt: skip
     stop_at_eos: bool = option(
         True, "rows end at EOS; False gives fixed-length output.", annotation="bool",
-        wire="ignore_eos", wire_type="bool", to_wire=lambda v: not v,
+        wire="ignore_eos", wire_type=bool, to_wire=lambda v: not v,
         from_wire=lambda v: not v)  # fmt: skip
     stop: tuple[str, ...] = option(
         (), "strings that end a row; the text is cut before them.",
-        annotation="str | Sequence[str] | None", wire_type="str | list[str]", given=None,
+        annotation="str | Sequence[str] | None", wire_type=str | list[str], given=None,
         to_wire=lambda v: list(v) or None)  # fmt: skip
     logprobs: int | None = None  # per sampled token, its N most likely alternatives too
     prompt_logprobs: int | None = None  # score the prompt's tokens, each with N alternatives
     repetition_penalty: float = option(
         1.0, "> 0 (1 is off), as vLLM's: every token already in the prompt or the output has "
         "its logit divided by it where positive, multiplied by it otherwise.",
-        annotation="float", wire_type="float", vllm=True)  # fmt: skip
+        annotation="float", wire_type=float, vllm=True)  # fmt: skip
     frequency_penalty: float = option(
         0.0, "in [-2, 2], as vLLM's and OpenAI's: subtracted from a token's logit once for "
-        "each time it occurs in the output so far.", annotation="float", wire_type="float",
+        "each time it occurs in the output so far.", annotation="float", wire_type=float,
         vllm=True)  # fmt: skip
     presence_penalty: float = option(
         0.0, "in [-2, 2]: subtracted once from the logit of every token that occurs in the "
-        "output so far.", annotation="float", wire_type="float", vllm=True)  # fmt: skip
+        "output so far.", annotation="float", wire_type=float, vllm=True)  # fmt: skip
     logit_bias: tuple[tuple[int, float], ...] = option(
         (), "``{token_id: bias}``, biases in [-100, 100], added to the logits (-100 all but "
         "bans a token, 100 all but forces it).", annotation="Mapping[int, float] | None",
-        wire_type="dict[str, float]", given=None,
+        wire_type=dict[str, float], given=None,
         to_wire=lambda v: {str(t): b for t, b in v} or None)  # fmt: skip
     min_tokens: int = option(
         0, "no end of sequence before this many new tokens: EOS ids cannot be sampled and "
         "stop strings do not match until then (at most max_new_tokens). The penalties, "
         "logit_bias and min_tokens adjust the logits a row samples from, in vLLM's order, "
         "before temperature, top-k, top-p and min-p; reported logprobs are the model's own.",
-        annotation="int", wire_type="int", vllm=True)  # fmt: skip
+        annotation="int", wire_type=int, vllm=True)  # fmt: skip
 
     @classmethod
     def of(cls, options: Mapping[str, Any], *, where: str = "generate", **fixed: Any) -> Sampling:

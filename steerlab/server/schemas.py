@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+
+from steerlab.core.request import OPTIONS
 
 
 class Body(BaseModel):
@@ -51,7 +53,15 @@ class Amplify(Body):
     beta: float
 
 
-class Sampled(Body):
+# Every generation option (core.request.OPTIONS) by its wire name, in its JSON type; null (or
+# left out) is the option's default, and its range is Sampling's, checked in ``plan``.
+Options: type[Body] = create_model(  # type: ignore[call-overload]
+    "Options", __base__=Body, __doc__="The generation options, by wire name.",
+    **{o.wire: (o.wire_type | None, None) for o in OPTIONS},
+)  # fmt: skip
+
+
+class Sampled(Options):  # type: ignore[misc, valid-type]
     """Decoding settings shared by every generation endpoint.
 
     Every field is honoured or refused: an unknown field (a typo such as ``"steer"``, or an
@@ -59,25 +69,16 @@ class Sampled(Body):
     tools...) is a 400 naming it, never silently dropped. ``user`` and ``metadata`` are
     accepted: they never change output.
 
-    The penalties, ``logit_bias`` (token ids as JSON keys) and ``min_tokens`` are vLLM's,
-    with its ranges (``core.request.Sampling``); null means the default. They adjust the
-    logits a row samples from; reported logprobs stay the model's own.
+    The sampling fields are ``Options``: every generation option by its wire name
+    (``core.request.OPTIONS``), with vLLM's ranges checked by ``core.request.Sampling``;
+    null means the default. Penalties, ``logit_bias`` (token ids as JSON keys) and
+    ``min_tokens`` adjust the logits a row samples from; reported logprobs stay the model's.
     """
 
     user: str | None = None
     metadata: dict[str, Any] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Field(ge=1)] | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool = False
-    repetition_penalty: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    min_tokens: int | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None  # the endpoint's default when null
+    temperature: Annotated[float, Field(ge=0)] = 1.0  # OpenAI's default
     steering: list[Steering] = []
     amplify: Amplify | None = None
 
@@ -129,21 +130,11 @@ class ChatRequest(Sampled):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
-class BatchItem(Body):
+class BatchItem(Options):  # type: ignore[misc, valid-type]
     """One prompt of ``/v1/batch`` with its own settings (unset ones are the shared ones)."""
 
     prompt: str | list[Message]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=1)] | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    repetition_penalty: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    min_tokens: int | None = None
     steering: list[Steering] | None = None
     alphas: list[float] | None = None
 
