@@ -43,3 +43,15 @@ def test_penalties_bias_and_min_tokens_equal_hf_and_the_local_engine(lm, hf):
     assert [c.tokens for c in lm.engine.run(requests)] == [
         c.tokens for c in local.engine.run(requests)
     ]
+
+
+def test_min_p_one_leaves_only_the_likeliest_token_as_on_the_local_engine(lm):
+    """min_p reaches vLLM's SamplingParams through core.request.OPTIONS: at min_p 1 a sampled
+    row keeps only its likeliest token, so vLLM's sampler gives the greedy completion."""
+    local = sl.load("steerlab-tiny", backend="hf")
+    prompts = ["Once upon a time", "The sea was"]
+    greedy = local.generate(prompts, max_new_tokens=16).tokens
+    assert (
+        lm.generate(prompts, max_new_tokens=16, temperature=1.5, min_p=1.0, seed=0).tokens == greedy
+    )
+    assert lm.generate(prompts, max_new_tokens=16, temperature=1.5, seed=0).tokens != greedy
