@@ -17,7 +17,7 @@ from steerlab._version import __version__ as __version__
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.chat import ChatSession
-from steerlab.core import Ablate, Add, Cap, Clamp, Steer, SteerError
+from steerlab.core import Ablate, Add, Cap, Clamp, Rotate, Steer, SteerError
 from steerlab.core.activations import Activations
 from steerlab.core.results import Generation, Step
 from steerlab.core.sites import SiteError
@@ -74,6 +74,7 @@ __all__ = [
     "Generation",
     "ParityError",
     "ParityWarning",
+    "Rotate",
     "SiteError",
     "Steer",
     "SteerError",

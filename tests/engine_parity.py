@@ -59,6 +59,8 @@ class Case:
     high: float | None = None
     seed: int = 0
     sae: str = ""  # a feature of the toy SAE read as this architecture; ``seed`` is its index
+    angle: float = 0.0  # rotate: target angle (degrees), in the plane of the vector and
+    adaptive: bool = False  # ``direction(seed + 100)``
 
     def vector(self) -> torch.Tensor:
         return toy_sae(self.sae).W_dec[self.seed] if self.sae else direction(self.seed)
@@ -70,7 +72,12 @@ class Case:
             return sl.Cap(self.low, self.high)
         if self.op == "clamp":
             return sl.Clamp(self.value)
+        if self.op == "rotate":
+            return sl.Rotate(self.angle, self.toward(), adaptive=self.adaptive)
         return {"add": sl.Add(), "ablate": sl.Ablate()}[self.op]
+
+    def toward(self) -> torch.Tensor:
+        return direction(self.seed + 100)
 
     def row_steer(self) -> RowSteer:
         return RowSteer(self.site, self.vector(), self.alpha, self.positions,
@@ -80,8 +87,10 @@ class Case:
         low = -float("inf") if self.low is None else self.low
         high = float("inf") if self.high is None else self.high
         sae = ref_sae(toy_sae(self.sae)) if self.op == "feature_clamp" else None
+        toward = self.toward() if self.op == "rotate" else None
         return RefSteer(self.site, self.vector(), self.alpha, self.positions, self.op,
-                        self.value, low, high, sae, self.seed)  # fmt: skip
+                        self.value, low, high, sae, self.seed, toward, self.angle,
+                        self.adaptive)  # fmt: skip
 
 
 CASES = {
@@ -94,6 +103,10 @@ CASES = {
     "cap-high": Case("blocks.2.hook_resid_pre", "cap", 1.0, "all", high=-2.0, seed=6),
     "cap-range-half": Case("blocks.1.hook_resid_pre", "cap", 0.5, 4, low=1.0, high=1.5, seed=7),
     "cap-embed": Case("hook_embed", "cap", 1.0, "generated", low=0.5, seed=8),
+    "rotate-all": Case("blocks.2.hook_resid_pre", "rotate", 1.0, "all", angle=150.0, seed=9),
+    "rotate-adaptive-half": Case(
+        "blocks.1.hook_resid_post", "rotate", 0.5, "generated", angle=60.0, adaptive=True, seed=10
+    ),  # fmt: skip
     # SAE features (the toy SAE reads blocks.2.hook_resid_pre; 499 tracks positive sentiment)
     "feature-add": Case("blocks.2.hook_resid_pre", "add", 8.0, "all", seed=499, sae="standard"),
     "feature-clamp-standard": Case(

@@ -19,12 +19,15 @@ class RefSteer:
     vector: torch.Tensor
     alpha: float
     positions: Any = "all"  # "all" | "prompt" | "generated" | int
-    op: str = "add"  # "add" | "ablate" | "clamp" | "cap" | "feature_clamp"
+    op: str = "add"  # "add" | "ablate" | "clamp" | "cap" | "feature_clamp" | "rotate"
     value: float = 0.0  # the clamp target
     low: float = -float("inf")  # the cap's range
     high: float = float("inf")
     sae: RefSAE | None = None  # feature_clamp: the SAE, and ``index`` the feature
     index: int = 0
+    toward: torch.Tensor | None = None  # rotate: the plane's second direction
+    angle: float = 0.0  # rotate: the target angle, degrees
+    adaptive: bool = False  # rotate: only where the projection on the direction is positive
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
         w = steer.sae.W_dec[steer.index].to(act.dtype)
         new = act + steer.alpha * (steer.value - f).to(act.dtype)[..., None] * w
         return torch.where(mask[None, :, None], new, act)
+    if steer.op == "rotate":
+        new = _rotated(act, steer)
+        return torch.where(mask[None, :, None], new, act)
     if steer.op == "add":
         new = act + steer.alpha * v
     elif steer.op == "cap":  # clip the projection on the unit direction into [low, high]
@@ -87,6 +93,35 @@ def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
         else:
             new = act + steer.alpha * target[..., None] * unit
     return torch.where(mask[None, :, None], new, act)
+
+
+def _rotated(act: torch.Tensor, steer: RefSteer) -> torch.Tensor:
+    """Angular steering as the issue writes it, in float64: Gram-Schmidt for the plane,
+    the in-plane angle from the direction, alpha of the way to the target along the
+    shorter arc, the in-plane length kept."""
+    assert steer.toward is not None
+    b1 = steer.vector.double() / steer.vector.double().norm()
+    t = steer.toward.double()
+    b2 = t - (t @ b1) * b1
+    b2 = b2 / b2.norm()
+    h = act.double()
+    x, y = h @ b1, h @ b2
+    r = torch.sqrt(x * x + y * y)
+    phi = torch.atan2(y, x)
+    target = steer.angle * torch.pi / 180
+    d = target - phi
+    d = torch.where(
+        d > torch.pi, d - 2 * torch.pi, torch.where(d <= -torch.pi, d + 2 * torch.pi, d)
+    )
+    new_phi = phi + steer.alpha * d
+    new = (
+        h
+        + (r * torch.cos(new_phi) - x)[..., None] * b1
+        + (r * torch.sin(new_phi) - y)[..., None] * b2
+    )
+    if steer.adaptive:
+        new = torch.where((x > 0)[..., None], new, h)
+    return new.to(act.dtype)
 
 
 def _first(out: Any) -> torch.Tensor:

@@ -26,7 +26,7 @@ from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 
 __all__ = [
     "OPS", "STRENGTHS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
-    "SteerError", "tensor_fingerprint",
+    "Rotate", "SteerError", "tensor_fingerprint",
 ]  # fmt: skip
 
 TensorKey = Callable[[torch.Tensor], str]
@@ -137,6 +137,7 @@ class Op:
     """
 
     name: ClassVar[str] = ""
+    directional: ClassVar[bool] = False  # it reads only the unit direction of its vector
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -170,9 +171,9 @@ class Op:
             return act + alpha * direction
         return project(act, direction, alpha, form.low, form.high)
 
-    def check(self, site: str, d_model: int) -> None:
-        """Refuse a steer at ``site`` with a vector of width ``d_model`` that this operation's
-        own data does not fit (raise ``SteerError`` saying why)."""
+    def check(self, site: str, vector: torch.Tensor) -> None:
+        """Refuse a steer at ``site`` with ``vector`` ``[d_model]`` that this operation's own
+        data does not fit (raise ``SteerError`` saying why)."""
 
     def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
         """Parameters by name; tensors as nested lists, or as ``tensor_key(t)`` where
@@ -246,6 +247,7 @@ class Ablate(Op):
     """Remove ``alpha`` times the component along ``v`` (alpha 1 projects it out)."""
 
     name: ClassVar[str] = "ablate"
+    directional: ClassVar[bool] = True
 
     def form(self) -> Form:
         return Form(proj=1.0)
@@ -256,6 +258,7 @@ class Clamp(Op):
     """Move the projection on ``v`` towards ``value`` (alpha 1 sets it exactly)."""
 
     name: ClassVar[str] = "clamp"
+    directional: ClassVar[bool] = True
     value: float
 
     def __post_init__(self) -> None:
@@ -279,6 +282,7 @@ class Cap(Op):
     """
 
     name: ClassVar[str] = "cap"
+    directional: ClassVar[bool] = True
     low: float | None = None
     high: float | None = None
 
@@ -390,7 +394,8 @@ class FeatureClamp(Op):
         return Form(feat=1.0, low=-math.inf, high=math.inf, encoder=self.encoder,
                     bias=float(bias), threshold=threshold, value=self.value)  # fmt: skip
 
-    def check(self, site: str, d_model: int) -> None:
+    def check(self, site: str, vector: torch.Tensor) -> None:
+        d_model = vector.shape[0]
         if self.site and site != self.site:
             raise SteerError(
                 f"This feature clamp reads a feature of an SAE trained at {self.site}; it cannot "
@@ -426,6 +431,84 @@ class FeatureClamp(Op):
     def __repr__(self) -> str:
         sae = f", sae={self.sae[:12]}" if self.sae else ""
         return f"FeatureClamp({self.architecture} feature {self.index} -> {self.value:g}{sae})"
+
+
+@dataclass(frozen=True, eq=False)
+class Rotate(Op):
+    """Turn the activation inside a plane to ``angle`` degrees (angular steering, Vu and
+    Nguyen 2025), keeping its norm.
+
+    The plane is spanned by ``b1``, the steer's unit direction, and ``b2``, the unit part of
+    ``toward`` orthogonal to it. At a steered token, with ``φ`` the angle from ``b1`` of the
+    activation's component in the plane, that component turns to ``φ + alpha·(angle − φ)``
+    along the shorter arc, its length kept; the rest of the activation is untouched. So
+    alpha 0 changes nothing, alpha 1 sets the target angle exactly, and ``|h|`` is kept.
+    ``adaptive`` turns only tokens whose projection on ``b1`` is positive. It has no table
+    form: the compiled step runs it eagerly, and ``lm.explain`` says so.
+
+    >>> h = torch.tensor([[2.0, 0.0, 1.0]])
+    >>> turn = Rotate(90.0, toward=[0.0, 1.0, 0.0])
+    >>> turn(h, torch.tensor([1.0, 0.0, 0.0]), torch.ones(1, 1)).round(decimals=4)
+    tensor([[0., 2., 1.]])
+    """
+
+    name: ClassVar[str] = "rotate"
+    directional: ClassVar[bool] = True
+    angle: float
+    toward: torch.Tensor
+    adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "angle", _number(self.angle, "Rotate angle"))
+        if not isinstance(self.adaptive, bool):
+            raise SteerError(f"Rotate adaptive must be True or False; got {self.adaptive!r}.")
+        if self.toward.ndim != 1 or float(self.toward.abs().amax()) == 0.0:
+            raise SteerError("Rotate toward must be a non-zero 1-D vector [d_model].")
+
+    def form(self) -> None:
+        return None
+
+    def check(self, site: str, vector: torch.Tensor) -> None:
+        if self.toward.shape[0] != vector.shape[0]:
+            raise SteerError(f"Rotate toward has {self.toward.shape[0]} values; the steer's "
+                             f"vector has {vector.shape[0]}.")  # fmt: skip
+        if self._plane(vector.to(self.toward.device)) is None:
+            raise SteerError("Rotate toward is parallel to the steer's direction: the two span "
+                             "no plane to turn in. Give a second, independent direction.")  # fmt: skip
+
+    def _plane(self, direction: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(b1, b2)`` in float32 (at least), or None when ``toward`` lies along ``b1``."""
+        kind = torch.promote_types(direction.dtype, torch.float32)
+        b1 = unit(direction.to(kind))
+        toward = unit(self.on(direction.device)["toward"].to(kind))
+        rest = toward - (toward @ b1) * b1
+        if float(rest.norm()) < 1e-4:
+            return None
+        return b1, rest / rest.norm()
+
+    def __call__(self, act: torch.Tensor, direction: torch.Tensor,
+                 alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        plane = self._plane(direction)
+        assert plane is not None, "Steer checks the plane when it is made"
+        b1, b2 = plane
+        h = act.to(b1.dtype)
+        x, y = h @ b1, h @ b2  # [n]: the component in the plane
+        radius, phi = torch.hypot(x, y), torch.atan2(y, x)
+        turn = torch.remainder(math.radians(self.angle) - phi + math.pi, 2 * math.pi) - math.pi
+        to = phi + alpha[:, 0].to(h.dtype) * turn  # the shorter arc, alpha of the way
+        new = (
+            h
+            + (radius * torch.cos(to) - x)[:, None] * b1
+            + (radius * torch.sin(to) - y)[:, None] * b2
+        )
+        if self.adaptive:
+            new = torch.where((x > 0)[:, None], new, h)
+        return new.to(act.dtype)
+
+    def __repr__(self) -> str:
+        kind = ", adaptive" if self.adaptive else ""
+        return f"Rotate(angle={self.angle:g}, toward[{self.toward.shape[0]}]{kind})"
 
 
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -517,12 +600,11 @@ def operand(op: Operation, vector: torch.Tensor, dtype: torch.dtype,
             device: torch.device | str | None = None) -> torch.Tensor:  # fmt: skip
     """A steer's vector as ``op`` uses it, in ``dtype`` on ``device``, for every engine.
 
-    A projection operation needs only the unit direction, so it gets ``unit(vector)``
-    normalised in float32 before the cast: a 1e20 or 1e-20 vector would be inf or 0 in
+    An operation that reads only the unit direction (``Op.directional``: the projections,
+    a rotation) gets ``unit(vector)`` normalised in float32 before the cast: a 1e20 or 1e-20 vector would be inf or 0 in
     float16. Every other operation gets the vector itself, cast.
     """
-    form = form_of(op)
-    if form is not None and form.proj:
+    if isinstance(op, Op) and op.directional:
         return unit(vector, dtype).to(device)
     return vector.to(device, dtype)
 

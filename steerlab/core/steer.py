@@ -283,7 +283,7 @@ class Steer:
         if not isinstance(op, Add) and float(vector.float().abs().amax()) == 0.0:
             raise SteerError(f"{type(op).__name__} needs a non-zero direction.")
         if isinstance(op, Op):
-            op.check(site, vector.shape[0])
+            op.check(site, vector)
         object.__setattr__(self, "site", site)
         object.__setattr__(self, "vector", vector)
         object.__setattr__(self, "alpha", alphas)
