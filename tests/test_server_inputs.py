@@ -20,10 +20,11 @@ from reference import RefSteer, greedy
 from server_helpers import HEADERS, post, served
 
 import steerlab as sl
+from steerlab import cli, loading
 from steerlab.core.request import Sampling
 from steerlab.core.rows import lay_out
 from steerlab.engine.scheduler import EngineStopped, Scheduler
-from steerlab.server import ServedModels, cli, create_app
+from steerlab.server import ServedModels, create_app
 
 MODEL = "steerlab-tiny"
 SITE = "blocks.1.hook_resid_pre"
@@ -53,6 +54,7 @@ def no_load(monkeypatch):
     def load(*args, **kwargs):
         raise AssertionError("a model was loaded before the flags were checked")
 
+    monkeypatch.setattr(loading, "load", load)
     monkeypatch.setattr(sl, "load", load)
 
 
@@ -173,7 +175,7 @@ import sys
 from steerlab.core.request import Sampling
 from steerlab.core.rows import lay_out
 from steerlab.engine.scheduler import EngineStopped, Scheduler
-from steerlab.server import cli
+from steerlab import cli
 
 def collect(self):
     self._queue.get()
