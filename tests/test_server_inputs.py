@@ -20,7 +20,7 @@ from reference import RefSteer, greedy
 from server_helpers import HEADERS, post, served
 
 import steerlab as sl
-from steerlab import cli
+from steerlab import cli, loading
 from steerlab.core.request import Sampling
 from steerlab.core.rows import lay_out
 from steerlab.engine.scheduler import EngineStopped, Scheduler
@@ -54,7 +54,8 @@ def no_load(monkeypatch):
     def load(*args, **kwargs):
         raise AssertionError("a model was loaded before the flags were checked")
 
-    monkeypatch.setattr("steerlab.loading.load", load)
+    monkeypatch.setattr(loading, "load", load)
+    monkeypatch.setattr(sl, "load", load)
 
 
 def test_every_numeric_flag_is_one_of_the_checked_ones():
