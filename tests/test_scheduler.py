@@ -93,3 +93,21 @@ def test_the_server_answers_through_the_scheduler_on_the_fake_backend(lm):
         reply = post(url, "/v1/batch", body).json()
     want = lm.generate(["hello", "abc"], max_new_tokens=5, stop_at_eos=False)
     assert [r["rows"][0]["token_ids"] for r in reply["results"]] == want.tokens
+
+
+def test_the_after_batch_sweep_leaves_another_calls_hooks_alone(toy_lm):
+    """A batch's hook sweep while another call holds the model (a paused stream here, a
+    thread's generate in a server) must not strip that call's steering."""
+    steer = sl.Steer("blocks.2.hook_resid_pre", torch.randn(toy_lm.d_model) * 8.0)
+    want = toy_lm.generate("Once upon a time", steer=steer, max_new_tokens=12).text[0]
+    stream = toy_lm.stream("Once upon a time", steer=steer, max_new_tokens=12)
+    first = next(stream)  # the stream is paused holding the model, its hooks on
+    held = toy_lm.hook_count()
+    assert held > 0
+    scheduler = Scheduler(lambda _: toy_lm.engine)
+    scheduler._check_hooks(toy_lm.engine)
+    assert toy_lm.hook_count() == held
+    *_, last = [first, *stream]
+    assert last.result().text[0] == want
+    assert toy_lm.hook_count() == 0
+    assert toy_lm.engine.sweep_hooks() == 0  # nothing left, nothing in flight

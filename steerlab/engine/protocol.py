@@ -59,6 +59,10 @@ class Engine(Protocol):
 
     def remove_hooks(self) -> int: ...
 
+    def sweep_hooks(self) -> int:
+        """Remove hooks that no call in flight owns (none while one runs); how many."""
+        ...
+
     def check(self, requests: Sequence[Request], capture: Sequence[str] = ()) -> object:
         """Everything about ``requests`` that can fail, before any compute."""
         ...

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steerlab.core.request import Completion, Request, TokenScore
-from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.protocol import Engine
 from steerlab.engine.state import RowStates, find_stop
 
@@ -345,14 +344,12 @@ class Scheduler:
 
     def _check_hooks(self, engine: Engine) -> None:
         """A second line behind the engine's own ``finally``: hooks left after a batch go.
-        Hooks of a call another thread is running on the same model are that call's own."""
+        Hooks of a call another thread is running on the same model are that call's own, so
+        the engine sweeps only when no call holds the model (``Engine.sweep_hooks``)."""
         try:
-            left = engine.hook_count()
+            left = engine.sweep_hooks()
             if left:
-                log.warning("%d steerlab hooks left after a batch; removing them", left)
-                engine.remove_hooks()
-        except CallInFlightError:
-            pass
+                log.warning("%d steerlab hooks were left after a batch; removed them", left)
         except Exception:  # never let the engine thread die
             log.exception("checking for hooks left after a batch failed")
 

@@ -15,7 +15,7 @@ from steerlab.core.sites import Site, resolve
 from steerlab.core.tagging import count_hooks, remove_hooks
 from steerlab.core.window import check_window
 from steerlab.engine.batch import Batch
-from steerlab.engine.guard import Call, calling
+from steerlab.engine.guard import Call, CallInFlightError, calling
 from steerlab.engine.local import prefix
 from steerlab.engine.local.capture import Recorder
 from steerlab.engine.local.loop import decode
@@ -90,6 +90,15 @@ class LocalEngine:
 
     def remove_hooks(self) -> int:
         return sum(remove_hooks(m) for m in self.models())
+
+    def sweep_hooks(self) -> int:
+        """Remove hooks no call owns; returns how many. A call in flight (another thread's,
+        or a paused stream) owns the hooks on its model, so then nothing is touched."""
+        try:
+            with calling(self.models(), "a sweep for hooks left behind"):
+                return self.hook_count()  # leaving the call removes them
+        except CallInFlightError:
+            return 0
 
     def check(self, requests: Sequence[Request], capture: Sequence[str] = (), cached: int = 0,
               generating: bool = True) -> list[Site]:  # fmt: skip

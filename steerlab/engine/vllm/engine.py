@@ -88,6 +88,13 @@ class VLLMEngine:
         with self.exclusive("remove_hooks", wait):
             return sum(self.rpc("steerlab_end"))
 
+    def sweep_hooks(self) -> int:
+        """Remove hooks no call owns; nothing while a call is in flight (its hooks are its own)."""
+        try:
+            return self.remove_hooks(wait=0.0)
+        except CallInFlightError:
+            return 0
+
     def close(self) -> None:
         """Shut vLLM's engine processes down (``lm.engine.close()``); the model is unusable after."""
         with self.client_lock:
