@@ -17,6 +17,7 @@ import torch
 from steerlab.backends import backend_for
 from steerlab.backends.parity import Reference, bridge_reference, check, hf_reference, probe_ids
 from steerlab.core.bars import delayed_library_bars
+from steerlab.core.identity import config_sha256
 from steerlab.model import SteerableModel
 
 BackendName = Literal["bridge", "hooked", "hf", "vllm"]
@@ -237,18 +238,20 @@ def load(
     tokenizer = _tokenizer(path, trust_remote_code, revision)
     hub = dict(trust_remote_code=trust_remote_code, revision=revision)
     reference: Reference | None = None
+    fingerprint = None  # from the backend's HF config, where it keeps one
     if backend == "bridge":
         model = _load_bridge(path, tokenizer, device, torch_dtype, n_devices, device_map, **hub)
         reference = bridge_reference(model, probe_ids(tokenizer))
     elif backend == "hooked":
-        model, reference = _load_hooked(path, tokenizer, device, torch_dtype, n_devices,
-                                        device_map, **hub)  # fmt: skip
+        model, reference, fingerprint = _load_hooked(path, tokenizer, device, torch_dtype,
+                                                     n_devices, device_map, **hub)  # fmt: skip
     else:
         model = _load_hf(path, device, torch_dtype, _device_map(n_devices, device_map), **hub)
     loaded = backend_for(model)
     if reference is not None:
         check(loaded, reference, strict=strict, name=str(name))
-    lm = SteerableModel(loaded, tokenizer, name=str(name), revision=revision)
+    lm = SteerableModel(loaded, tokenizer, name=str(name), revision=revision,
+                        config_sha256=fingerprint)  # fmt: skip
     return lm.compile() if compile else lm
 
 
@@ -303,7 +306,8 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
         pipeline_parallel_size=options["pipeline_parallel_size"] or 1,
         vllm_args=options["vllm_args"],
     )  # fmt: skip
-    return SteerableModel(None, engine.tokenizer, name=str(name), revision=revision, engine=engine)
+    return SteerableModel(None, engine.tokenizer, name=str(name), revision=revision, engine=engine,
+                          config_sha256=engine.config_sha256)  # fmt: skip
 
 
 def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):
@@ -341,7 +345,8 @@ def _load_bridge(path, tokenizer, device, dtype, n_devices, device_map, trust_re
 
 def _load_hooked(path, tokenizer, device, dtype, n_devices, device_map, trust_remote_code,
                  revision):  # fmt: skip
-    """A HookedTransformer, and the HF model's logits on a probe to check it against."""
+    """A HookedTransformer, the HF model's logits on a probe to check it against, and the
+    fingerprint of the HF model's config (the HookedTransformer keeps none)."""
     if device_map is not None:
         raise ValueError(
             "HookedTransformer splits layers with n_devices, not device_map; "
@@ -362,7 +367,7 @@ def _load_hooked(path, tokenizer, device, dtype, n_devices, device_map, trust_re
             tokenizer=tokenizer, trust_remote_code=trust_remote_code, revision=revision,
         )  # fmt: skip
     model.generation_config = hf_model.generation_config
-    return model, hf_reference(hf_model, probe_ids(tokenizer))
+    return model, hf_reference(hf_model, probe_ids(tokenizer)), config_sha256(hf_model.config)
 
 
 def wrap(model: Any, tokenizer: Any = None) -> SteerableModel:

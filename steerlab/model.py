@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
-from steerlab.backends.base import Backend
+from steerlab.backends.base import Backend, hf_config
 from steerlab.backends.cache import KVCache
 from steerlab.core.activations import Activations
+from steerlab.core.identity import config_sha256 as model_config_sha256
 from steerlab.core.prompts import Prompt
 from steerlab.core.request import Request, Sampling, takes_options
 from steerlab.core.results import Generation, Step
@@ -64,6 +65,7 @@ class SteerableModel:
         revision: str | None = None,
         *,
         engine: Engine | None = None,
+        config_sha256: str | None = None,
     ) -> None:
         if backend is None and engine is None:
             raise ValueError("SteerableModel needs a backend, an engine, or both.")
@@ -71,6 +73,13 @@ class SteerableModel:
         self.tokenizer = tokenizer
         self.name = name
         self.revision = revision  # the hub revision it was loaded at, when one was asked for
+        # What the model is, beside its name (core.identity): recorded in the provenance of
+        # vectors made on it, and compared with theirs. From the backend's HF config unless
+        # given (a HookedTransformer keeps none; vLLM's engine knows the config it loaded).
+        if config_sha256 is None:
+            config = hf_config(backend.model) if backend is not None else None
+            config_sha256 = model_config_sha256(config)
+        self.config_sha256: str = config_sha256
         self.engine: Engine = engine or LocalEngine(backend, tokenizer, pad_id=self.pad_id)  # type: ignore[arg-type]
         self._sites = self.engine.sites()
 

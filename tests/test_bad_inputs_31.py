@@ -302,7 +302,7 @@ def test_an_sae_or_file_from_a_model_whose_name_contains_this_ones_warns(
 
 
 def test_names_of_one_model_still_match():
-    from steerlab.core.steer import same_model
+    from steerlab.core.identity import same_model
 
     assert same_model("gpt2-small", "openai-community/gpt2") and same_model("", "anything")
     assert same_model("steerlab-tiny", "/models/steerlab-tiny/")

@@ -5,10 +5,12 @@ trade-off figure against the summary it draws."""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 import numpy as np
 import pytest
+import torch
 from fastapi import FastAPI, Request
 from reference import RefSteer, greedy, logprobs
 from transformers import AutoTokenizer
@@ -110,6 +112,51 @@ def test_bad_arguments_are_refused_before_any_generation(toy_lm, vec, monkeypatc
     args = {"alphas": [0, 4], **kwargs}
     with pytest.raises((ValueError, TypeError), match=message):
         steerability(toy_lm, vec, PROMPTS, **args)
+
+
+@pytest.mark.parametrize("answer", [np.float32(0.5), np.float64(0.5), torch.tensor(0.5), 0.5])
+def test_a_scorer_may_answer_any_real_number(toy_lm, vec, answer):
+    res = steerability(toy_lm, vec, PROMPTS, [0, 4], concept=lambda text: answer,
+                       max_new_tokens=3, n_boot=10, progress=False)  # fmt: skip
+    assert [r["concept"] for r in res.summary] == [0.5, 0.5]
+    assert all(type(r["concept"]) is float for r in res.rows)
+
+
+def test_a_scorer_may_say_nan_for_no_evidence(toy_lm, vec):
+    res = steerability(toy_lm, vec, PROMPTS, [0, 4], concept=lambda text: np.float32("nan"),
+                       max_new_tokens=3, n_boot=10, progress=False)  # fmt: skip
+    assert all(math.isnan(r["concept"]) for r in res.summary)
+
+
+@pytest.mark.parametrize(("answer", "named"), [
+    (None, "NoneType None"),
+    ("0.5", "str '0.5'"),
+    (True, "bool True"),
+    ([0.5], "list [0.5]"),
+    (np.array([0.5, 0.5]), "ndarray array([0.5, 0.5])"),
+    (float("inf"), "float inf"),
+    (np.float32("-inf"), "float32 np.float32(-inf)"),
+])  # fmt: skip
+def test_a_scorer_that_answers_no_number_is_refused_before_any_generation(
+    toy_lm, vec, monkeypatch, answer, named
+):
+    def refuse(*args, **kw):
+        raise AssertionError("generated before checking the scorer's answer")
+
+    monkeypatch.setattr(type(toy_lm), "generate", refuse)
+    with pytest.raises(
+        TypeError, match=rf"concept must return .*it returned {re.escape(named)} for"
+    ):
+        steerability(toy_lm, vec, PROMPTS, [0, 4], concept=lambda text: answer, progress=False)
+
+
+def test_a_scorer_that_fails_on_one_completion_names_it(toy_lm, vec):
+    def scorer(text: str) -> float | None:
+        return None if text != PROMPTS[0] else 0.5  # fine on the probe, not on completions
+
+    with pytest.raises(TypeError, match="it returned NoneType None for"):
+        steerability(toy_lm, vec, PROMPTS, [0, 4], concept=scorer, max_new_tokens=3,
+                     progress=False)  # fmt: skip
 
 
 def test_steers_are_refused_by_what_is_wrong(toy_lm, vec):

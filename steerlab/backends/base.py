@@ -89,6 +89,15 @@ def config_eos(config: Any) -> set[int]:
     return {i for i in ids if isinstance(i, int)}
 
 
+def hf_config(model: Any) -> Any | None:
+    """The HuggingFace config a backend's model was built from: an HF model's own, a
+    bridge's original model's; None where there is none (a ``HookedTransformer`` keeps
+    TransformerLens's ``cfg`` only).
+    """
+    config = getattr(getattr(model, "original_model", model), "config", None)
+    return config if hasattr(config, "to_diff_dict") else None
+
+
 def position_ids(attention_mask: torch.Tensor, new_pos: int) -> torch.Tensor:
     """Positions counted from each row's first real token, for the last ``new_pos`` columns.
 

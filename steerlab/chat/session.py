@@ -114,7 +114,7 @@ class ChatSession:
         steers = as_steers(steer)
         for s in steers:
             check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model)
-            warn_other_model(s, getattr(self.lm, "name", ""))
+            warn_other_model(s, self.lm)
             if len(s.alpha) != 1:
                 raise SteerError(
                     f"A chat session is one conversation: give one alpha per steer, not "

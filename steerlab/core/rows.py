@@ -148,7 +148,7 @@ def checked_steers(lm: ModelLike, steer: SteerArg) -> list[Steer]:
     steers = as_steers(steer)
     for s in steers:
         check_steer(s.site, s.vector, lm.sites(), lm.d_model)
-        warn_other_model(s, getattr(lm, "name", ""))
+        warn_other_model(s, lm)
     return steers
 
 

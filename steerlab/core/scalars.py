@@ -31,12 +31,17 @@ def as_int(value: object) -> int | None:
     return None
 
 
-def as_real(value: object) -> float | None:
+def as_real(value: object, *, nan: bool = False) -> float | None:
     """``value`` as a plain float when it is one finite real number, else None (bools too).
+
+    With ``nan``, a NaN is a number too (where it means "no value", as a scorer's "no
+    evidence"); infinities never are.
 
     >>> import numpy as np
     >>> as_real(np.float32(0.5)), as_real(torch.tensor(2)), as_real(False), as_real(float("nan"))
     (0.5, 2.0, None, None)
+    >>> as_real(np.float32("nan"), nan=True)
+    nan
     """
     if isinstance(value, bool):
         return None
@@ -45,7 +50,7 @@ def as_real(value: object) -> float | None:
             number = float(value)  # type: ignore[arg-type]
         except OverflowError:  # an int past float's range
             return None
-        return number if math.isfinite(number) else None
+        return number if math.isfinite(number) or (nan and math.isnan(number)) else None
     return None
 
 

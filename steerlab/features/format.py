@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from steerlab.core import atomic, jsontext
+from steerlab.core.identity import is_config_sha256
 from steerlab.core.sites import Site, SiteError
 from steerlab.features.errors import SAEError
 from steerlab.features.sae import ARCHITECTURES, FLOAT_DTYPES, SAE
@@ -52,6 +53,7 @@ class Config:
     k: int | None = None
     rescale_acts_by_decoder_norm: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    model_config_sha256: str = ""
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The weight tensors this config needs, with their shapes."""
@@ -64,6 +66,16 @@ class Config:
         if self.architecture == "jumprelu":
             shapes["threshold"] = (self.d_sae,)
         return shapes
+
+    def sae(self, tensors: dict[str, torch.Tensor], source: str) -> SAE:
+        """The SAE this config describes, with ``tensors`` (by SAELens's names) as weights."""
+        return SAE(
+            site=self.site, architecture=self.architecture, k=self.k,
+            rescale_acts_by_decoder_norm=self.rescale_acts_by_decoder_norm,
+            apply_b_dec_to_input=self.apply_b_dec_to_input, model_name=self.model_name,
+            model_config_sha256=self.model_config_sha256, source=source,
+            metadata=self.metadata, **tensors,
+        )  # fmt: skip
 
 
 def parse_config(cfg: Any, where: str) -> Config:
@@ -124,6 +136,10 @@ def parse_config(cfg: Any, where: str) -> Config:
     model_name = metadata.get("model_name") or ""
     if not isinstance(model_name, str):
         raise SAEError(f"metadata.model_name in {where} must be a string; got {_kind(model_name)}.")
+    fingerprint = metadata.get("model_config_sha256", "")
+    if not is_config_sha256(fingerprint):
+        raise SAEError(f"metadata.model_config_sha256 in {where} must be 16 hex digits; got "
+                       f"{_kind(fingerprint)}.")  # fmt: skip
     k, rescale = None, False
     if architecture == "topk":
         k = cfg.get("k")
@@ -134,7 +150,7 @@ def parse_config(cfg: Any, where: str) -> Config:
             raise SAEError(f"rescale_acts_by_decoder_norm in {where} must be true or false.")
     return Config(
         architecture, d_in, d_sae, DTYPES[dtype_name], apply_b_dec, site, str(model_name),
-        k, rescale, dict(metadata),
+        k, rescale, dict(metadata), fingerprint,
     )  # fmt: skip
 
 
@@ -219,12 +235,7 @@ def read_folder(
                        f"{error.max_depth} deep; an SAE config is a few levels.") from None  # fmt: skip
     config = parse_config(cfg, str(cfg_path))
     tensors = _read_tensors(weights_path, config, device)
-    return SAE(
-        site=config.site, architecture=config.architecture, k=config.k,
-        rescale_acts_by_decoder_norm=config.rescale_acts_by_decoder_norm,
-        apply_b_dec_to_input=config.apply_b_dec_to_input, model_name=config.model_name,
-        source=str(source if source is not None else path), metadata=config.metadata, **tensors,
-    )  # fmt: skip
+    return config.sae(tensors, str(source if source is not None else path))
 
 
 def _read_tensors(path: Path, config: Config, device: str | torch.device) -> dict[str, Any]:
@@ -270,7 +281,10 @@ def config_dict(sae: SAE) -> dict[str, Any]:
     >>> config_dict(sl.load_sae("steerlab-tiny-sae"))["metadata"]["hook_name"]
     'blocks.2.hook_resid_pre'
     """
-    metadata = {**sae.metadata, "hook_name": sae.site, "model_name": sae.model_name}
+    metadata = {**sae.metadata, "hook_name": sae.site, "model_name": sae.model_name,
+                "model_config_sha256": sae.model_config_sha256}  # fmt: skip
+    if not sae.model_config_sha256:  # unknown: SAELens's own configs have no such key
+        del metadata["model_config_sha256"]
     metadata.setdefault("sae_lens_version", SAE_LENS_VERSION)
     cfg: dict[str, Any] = {
         "d_in": sae.d_in,

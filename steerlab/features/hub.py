@@ -73,12 +73,7 @@ def from_saelens(lens: Any, source: str = "") -> SAE:
         raise SAEError(
             f"SAELens SAE {source!r} holds {sorted(state)}; steerlab reads {sorted(config.shapes())}."
         )
-    return SAE(
-        site=config.site, architecture=config.architecture, k=config.k,
-        rescale_acts_by_decoder_norm=config.rescale_acts_by_decoder_norm,
-        apply_b_dec_to_input=config.apply_b_dec_to_input, model_name=config.model_name,
-        source=source, metadata=config.metadata, **state,
-    )  # fmt: skip
+    return config.sae(state, source)
 
 
 def _repo_id(registry: Path, release: str) -> str:

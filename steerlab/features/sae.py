@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from steerlab.core.identity import is_config_sha256
 from steerlab.core.ops import FeatureClamp
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 from steerlab.core.sites import Site, SiteError
@@ -47,6 +48,9 @@ class SAE:
         architecture: ``"standard"``, ``"jumprelu"`` or ``"topk"``.
         k: the number of active features of a ``topk`` SAE.
         model_name: SAELens's ``metadata.model_name``, kept for provenance.
+        model_config_sha256: the fingerprint of that model's config (``core.identity``),
+            ``metadata.model_config_sha256`` in ``cfg.json``; "" when unknown (SAELens's
+            own SAEs).
         source: the folder or name it was loaded from.
         metadata: the rest of SAELens's ``metadata``, written back by ``save``.
 
@@ -68,6 +72,7 @@ class SAE:
     model_name: str = ""
     source: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    model_config_sha256: str = ""
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -106,6 +111,11 @@ class SAE:
         elif self.k is not None or self.rescale_acts_by_decoder_norm:
             raise SAEError(
                 f"k and rescale_acts_by_decoder_norm are topk settings, not {self.architecture}."
+            )
+        if not is_config_sha256(self.model_config_sha256):
+            raise SAEError(
+                "model_config_sha256 must be 16 hex digits (core.identity.config_sha256) or "
+                f"''; got {self.model_config_sha256!r:.60}."
             )
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
 
@@ -212,6 +222,7 @@ class SAE:
         index = self._index(i)
         provenance = Provenance(
             model=plain_text(self.model_name),
+            model_config_sha256=self.model_config_sha256,
             method=plain_text(f"sae feature {index} of {self.source or 'an SAE'}"),
             data_sha256=self.content_hash,
         )

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
 
+from steerlab.core.identity import config_sha256
 from steerlab.features.load import TOY_SAES
 from steerlab.features.sae import SAE
 from steerlab.toy import asset_path
@@ -241,12 +242,14 @@ def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
     train_s = time.perf_counter() - t0
     metadata = {
         "model_name": "steerlab-tiny",
+        "model_config_sha256": config_sha256(model.config),
         "hook_name": recipe.site,
         "trained_by": "steerlab.toy.train_sae",
     }
     sae = SAE(
         weights["W_enc"], weights["W_dec"], weights["b_enc"], weights["b_dec"], recipe.site,
         model_name="steerlab-tiny", source=NAME, metadata=metadata,
+        model_config_sha256=metadata["model_config_sha256"],
     )  # fmt: skip
 
     t0 = time.perf_counter()

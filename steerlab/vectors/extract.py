@@ -172,6 +172,7 @@ def extract(
 
     provenance = Provenance(
         model=lm.name,
+        model_config_sha256=getattr(lm, "config_sha256", ""),
         revision=lm.revision or "",
         backend=lm.engine.kind,
         method=method.name,

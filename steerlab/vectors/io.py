@@ -21,8 +21,9 @@ import torch
 
 from steerlab.core import atomic, jsontext
 from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.identity import ModelId, is_config_sha256, model_id
 from steerlab.core.sites import Site, SiteError, resolve
-from steerlab.core.steer import same_model, user_stacklevel
+from steerlab.core.steer import user_stacklevel
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:
@@ -85,6 +86,12 @@ def _sha(value: str) -> str:
     return value
 
 
+def _short_sha(value: str) -> str:
+    if not value or not is_config_sha256(value):  # written only when known
+        raise VectorFileError(f"Expected 16 hex digits of a sha256, got {value[:60]!r}.")
+    return value
+
+
 def _site(value: Any) -> str:
     if not isinstance(value, str):
         raise VectorFileError(f"Expected a site name, got {type(value).__name__}.")
@@ -141,7 +148,10 @@ SCHEMA: dict[str, Callable[[str], Any]] = {
     "norms": _norms,
     "residual_norms": _norms,
     "steerlab_version": _text,
+    "model_config_sha256": _short_sha,
 }
+# Keys a file may lack: files written before they existed still load.
+OPTIONAL = frozenset({"model_config_sha256"})
 
 
 def _fail(message: str) -> Any:
@@ -168,7 +178,7 @@ def _metadata(vector: SteeringVector) -> dict[str, str]:
         "norms": json.dumps(vector.norms()),
         "residual_norms": json.dumps(dict(p.residual_norms)),
         "steerlab_version": p.steerlab_version,
-    }
+    } | ({"model_config_sha256": p.model_config_sha256} if p.model_config_sha256 else {})
 
 
 def save(vector: SteeringVector, path: str | Path) -> Path:
@@ -289,7 +299,7 @@ def _checked(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     unknown = sorted(set(raw) - set(SCHEMA))
     if unknown:
         raise VectorFileError(f"Refusing {path.name}: unexpected metadata keys {unknown[:5]}.")
-    missing = sorted(set(SCHEMA) - set(raw))
+    missing = sorted(set(SCHEMA) - set(raw) - OPTIONAL)
     if missing:
         raise VectorFileError(f"{path.name} lacks metadata keys {missing}.")
     meta = {key: _parsed(path, key, value) for key, value in raw.items()}
@@ -330,12 +340,13 @@ def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> Non
             resolve(site, model.sites())
         except SiteError as error:
             raise VectorFileError(f"{path.name} steers a site this model lacks: {error}") from None
-    made_for, this = meta["model"], getattr(model, "name", "")
-    if not same_model(made_for, this):
+    made_for, this = ModelId(meta["model"], meta.get("model_config_sha256", "")), model_id(model)
+    difference = made_for.difference(this)
+    if difference is not None:
         warnings.warn(
-            f"{path.name} was extracted on {made_for!r}; this model is {this!r}: their names "
-            "differ. Same width, but a direction found in one model's residual stream means "
-            "nothing in another's.",
+            f"{path.name} was extracted on {made_for.name!r}; this model is {this.name!r}: "
+            f"{difference}. Same width, but a direction found in one model's residual stream "
+            "means nothing in another's.",
             VectorMismatchWarning,
             stacklevel=user_stacklevel(),
         )

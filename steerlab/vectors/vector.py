@@ -40,9 +40,12 @@ class Provenance:
 
     ``residual_norms`` is the mean L2 norm of the residual at each site over the
     contrastive tokens, measured during extraction; ``relative()`` scales by it.
+    ``model_config_sha256`` fingerprints the model's config (``core.identity``), so a
+    model of the same name with another config is told apart; "" where unknown.
     """
 
     model: str = ""
+    model_config_sha256: str = ""
     revision: str = ""
     backend: str = ""
     method: str = ""

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from steerlab.backends.cache import KVCache
+from steerlab.core.identity import config_sha256
 from steerlab.core.ops import op_tensors, op_to_data
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
@@ -56,6 +57,7 @@ class VLLMEngine:
         # How many alternatives a score may list (vLLM's -1: all of them).
         self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
+        self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
         # Past this many, the workers drop their vectors at the end of a call (a server sent
