@@ -26,8 +26,11 @@ browser:
 # notebooks/ (made by lab-copy), so that running a notebook never changes the tracked ones,
 # whose stored outputs nbval compares against. lab-copy adds notebooks that are missing from
 # the copy and never overwrites one you have run or edited; delete $(LAB_DIR) to start afresh.
+# No news feed and no update check: JupyterLab otherwise opens a pop-up asking about news
+# over the first notebook (the live panel included).
 LAB_DIR    ?= lab
 LAB_HIDDEN := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~"]
+LAB_QUIET  := --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
 lab-copy:
 	@for nb in tutorials/*.ipynb notebooks/*.ipynb; do \
 		mkdir -p "$(LAB_DIR)/$$(dirname $$nb)"; \
@@ -37,7 +40,7 @@ lab-copy:
 lab: setup lab-copy
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab \
 		--ServerApp.root_dir="$(CURDIR)/$(LAB_DIR)" --LabApp.default_url=/lab/tree/tutorials \
-		'--ContentsManager.hide_globs=$(LAB_HIDDEN)' $(if $(filter 0,$(shell id -u)),--allow-root)
+		'--ContentsManager.hide_globs=$(LAB_HIDDEN)' $(LAB_QUIET) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(PYTEST) -q -rs -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15

@@ -284,7 +284,12 @@ def test_max_tokens_stops_at_the_context_window_minus_the_prompt(lm, vec):
 
 def test_a_failed_run_marks_the_panes_as_not_current(lm, vec):
     panel = make_panel(lm, {"v": vec, "short": torch.randn(7)})
-    panel.controls.vector.value = "short"
+    panel.controls.vector.value = "short"  # steered only: the baseline is still current
+    assert "steerlab-stale" in panel.steered_pane._dom_classes
+    assert "not current" in panel.steered_title.value
+    assert "steerlab-stale" not in panel.baseline_pane._dom_classes
+    assert "not current" not in panel.baseline_title.value
+    panel.controls.seed.value = 1  # feeds the baseline too: now both panes are old
     for pane in (panel.baseline_pane, panel.steered_pane):
         assert "steerlab-stale" in pane._dom_classes
     for title in (panel.baseline_title, panel.steered_title):

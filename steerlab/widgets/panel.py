@@ -41,6 +41,7 @@ from steerlab.widgets.runner import (
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PANE_BORDER, STALE_BORDER = "1px solid #ddd", "1px dashed #b00020"
 STALE_NOTE = "⚠ not current: the last run failed; this is the previous result"
+CLAMP_SITE_TIP = "a clamp acts at the SAE's own site"
 HINT = (
     "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
     "regenerates beside the baseline.</i>"
@@ -88,14 +89,17 @@ class SteeringPanel:
     feeds it changes (prompt, sampling, seed, max tokens); a change of vector, layer, site,
     positions or alpha reruns the steered row alone. Changes are debounced; a run made stale
     by a newer change stops at its next token, and only the latest request is rendered.
-    Errors show in the panel, and panes from an earlier run are marked as not current.
+    Errors show in the panel, and a pane from an earlier run is marked as not current (the
+    baseline only when the failed change fed it).
     The max-tokens slider stops at the context window minus the prompt's tokens.
 
     With ``sae``, the vector dropdown also offers ``"SAE feature"``: a feature picker (an
     index box, and the top features of the prompt to click) chooses the feature, which
     either adds alpha times its decoder row or clamps the feature to alpha (at the SAE's
     site). A strip under the completions shows the chosen feature's activation at each
-    generated token, baseline against steered.
+    generated token, baseline against steered. In clamp mode the layer and hook point
+    controls move to the SAE's site and are disabled. A feature index outside the SAE is
+    an error in the panel, not a silent change of feature.
 
     Args:
         lm: the model to steer.
@@ -196,6 +200,7 @@ class SteeringPanel:
         self._closed = False
         self._run_lock = threading.Lock()
         self._debouncer = Debouncer(self._run, debounce)
+        self._sync_site_controls()
         self._build_view(export_stem)
         for control in self.controls.all():
             control.observe(self._on_change, names="value")
@@ -279,8 +284,11 @@ class SteeringPanel:
     def _on_change(self, change: dict[str, Any]) -> None:
         if self._muted or self._closed:
             return
-        if change.get("owner") is self.controls.prompt:
+        owner = change.get("owner")
+        if owner is self.controls.prompt:
             self._fit_max_tokens()
+        if owner is self.controls.vector or owner is self.controls.feature_op:
+            self._sync_site_controls()
         self._debouncer.trigger(self._next_request())
 
     def _fit_max_tokens(self) -> None:
@@ -295,6 +303,27 @@ class SteeringPanel:
             slider.max = max(1, n_ctx - n_prompt)
         finally:
             self._muted = False
+
+    def _sync_site_controls(self) -> None:
+        """In clamp mode, put the layer and hook point at the SAE's site and disable them
+        (a clamp reads the SAE's own encoding); otherwise enable them. Part of the change
+        that switched the mode, not a run of its own."""
+        controls = self.controls
+        clamping = (self.sae is not None and controls.vector.value == FEATURE
+                    and controls.feature_op.value == "clamp")  # fmt: skip
+        muted, self._muted = self._muted, True
+        try:
+            if clamping:
+                assert self.sae is not None
+                site = Site.parse(self.sae.site)
+                if site.layer is not None:
+                    controls.layer.value = site.layer
+                controls.hook.value = site.kind
+        finally:
+            self._muted = muted
+        for control in (controls.layer, controls.hook):
+            control.disabled = clamping
+            control.tooltip = CLAMP_SITE_TIP if clamping else None
 
     def _is_current(self, request: PanelRequest) -> bool:
         return request.request_id == self._latest
@@ -313,7 +342,7 @@ class SteeringPanel:
             except Exception as error:  # anything: show it in the panel, keep the panel alive
                 outcome = "error"
                 if self._is_current(request):
-                    self._show_error(error)
+                    self._show_error(error, request)
             finally:
                 self.history.append((request.request_id, outcome))
                 self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
@@ -361,7 +390,7 @@ class SteeringPanel:
         self.baseline_text, self.steered_text = cached.text, steered_text
         self.generation, self.rendered, self.error = generation, request, None
         self.error_box.value = ""
-        self._mark_stale(False)
+        self._mark_stale(baseline=False, steered=False)
         self.steered_title.value = self._title(request, plan)
         self.render_count += 1
         return "rendered"
@@ -444,6 +473,7 @@ class SteeringPanel:
             self.controls.vector.value = FEATURE
         finally:
             self._muted = muted
+        self._sync_site_controls()
         self._debouncer.trigger(self._next_request())
 
     def _show_strip(self, baseline: BaselineRun, generation: Generation,
@@ -578,7 +608,7 @@ class SteeringPanel:
                 f"<span style='color:#888'>{html.escape(prompt)}</span>{html.escape(text)}</div>"
             )
 
-    def _show_error(self, error: BaseException) -> None:
+    def _show_error(self, error: BaseException, request: PanelRequest) -> None:
         self.error = f"{type(error).__name__}: {error}"
         self.error_box.value = (
             f"<div style='color:#b00020;white-space:pre-wrap'>⚠ {html.escape(self.error)}</div>"
@@ -586,18 +616,21 @@ class SteeringPanel:
         self._status("error")
         if self.rendered is not None:  # panes may hold a cancelled run's partial text
             self._show_texts(self.rendered.prompt, [self.baseline_text, self.steered_text])
-        self._mark_stale(True)
+        # The baseline pane is still current when the failed change left what feeds it alone.
+        held = self.rendered is not None and baseline_key(self.rendered) == baseline_key(request)
+        self._mark_stale(baseline=not held, steered=True)
 
-    def _mark_stale(self, stale: bool) -> None:
+    def _mark_stale(self, *, baseline: bool, steered: bool) -> None:
         """Say on each pane whether it shows the current controls' result."""
-        for title in (self.baseline_title, self.steered_title):
+        panes = ((self.baseline_title, self.baseline_pane, baseline),
+                 (self.steered_title, self.steered_pane, steered))  # fmt: skip
+        for title, pane, stale in panes:
             text = title.value.split(" <span class='steerlab-stale-note'")[0]
             if stale:
                 text += (
                     f" <span class='steerlab-stale-note' style='color:#b00020'>{STALE_NOTE}</span>"
                 )
             title.value = text
-        for pane in (self.baseline_pane, self.steered_pane):
             if stale:
                 pane.add_class("steerlab-stale")
                 pane.layout.border = STALE_BORDER
