@@ -49,8 +49,9 @@ def features(
     check_k(k, sae)
     acts = lm.run_with_cache(prompts, sites=[sae.site], steer=steer, chat=chat)
     return FeatureActivations.from_residual(
-        sae, acts[sae.site], acts.attention_mask, acts.tokens, acts.str_tokens, k=k, dense=dense
-    )
+        sae, acts[sae.site], acts.attention_mask, acts.tokens, acts.str_tokens, k=k, dense=dense,
+        bos_token_id=getattr(lm.tokenizer, "bos_token_id", None),
+    )  # fmt: skip
 
 
 def check_model(lm: SteerableModel, sae: SAE) -> None:

@@ -450,9 +450,7 @@ class SteeringPanel:
         if self.sae is None or prompt == self._top_prompt:
             return
         acts = self.lm.features(prompt, self.sae, k=n)
-        bos = getattr(self.lm.tokenizer, "bos_token_id", None)
-        first = acts.tokens[0, acts.real_positions(0)[0]].item()
-        skip = int(bos is not None and first == bos and len(acts.real_positions(0)) > 1)
+        skip = acts.leading_bos(0)
         self.top_features = acts.prompt_top(0, min(n, len(self.top_buttons)), skip=skip)
         self._top_prompt = prompt
         for k, button in enumerate(self.top_buttons):  # fixed buttons, relabelled
