@@ -156,7 +156,9 @@ def test_features_heatmap_shows_the_prompts_top_features_at_its_real_tokens(hf_l
     positions = acts.real_positions(0)[skip:]
     assert heat["type"] == "heatmap" and list(heat["x"]) == [str(i) for i in top]
     assert (
-        len(heat["y"]) == len(positions) == int(acts.attention_mask[0].sum()) - skip
+        len(heat["y"])
+        == len(positions)
+        == int(acts.attention_mask[0].sum()) - skip
         < acts.tokens.shape[1]
     )
     torch.testing.assert_close(torch.tensor(heat["z"]), acts.columns(top)[0, positions])

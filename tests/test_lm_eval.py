@@ -99,7 +99,10 @@ def test_a_bos_in_the_text_is_scored_after_the_rolling_prefix_bos(oracles):
     from steerlab.toy.tasks import story_docs
 
     path = asset_path("steerlab-tiny")
-    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    tokenizer, model = (
+        AutoTokenizer.from_pretrained(path),
+        AutoModelForCausalLM.from_pretrained(path),
+    )
     bos = tokenizer.bos_token_id
     want = {True: [], False: []}
     for doc in story_docs():
