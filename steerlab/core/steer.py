@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
 from steerlab.core.ops import Add, Op, Operation, SteerError, op_to_data, tensor_fingerprint
 from steerlab.core.sites import resolve
 
@@ -118,7 +118,7 @@ def direction_of(vector: torch.Tensor | DirectionSource, site: str) -> tuple[tor
     )
 
 
-def made_for(vector: object) -> str:
+def source_model(vector: object) -> str:
     """The model a vector or feature was made on, from its provenance ("" when unknown)."""
     return str(getattr(getattr(vector, "provenance", None), "model", "") or "")
 
@@ -145,7 +145,7 @@ def warn_other_model(steer: Steer, model: str) -> None:
             f"The steer at {steer.site} was made on {steer.made_for!r}; this model is "
             f"{model!r}. A direction from one model's residual stream means nothing in another's.",
             ModelMismatchWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 
@@ -189,10 +189,14 @@ class Steer:
         alpha: float | Sequence[float] | torch.Tensor = 1.0,
         positions: Positions = "all",
         op: Operation | None = None,
+        *,
+        made_for: str | None = None,
     ) -> None:
+        """``made_for`` names the model the direction was made on; by default the vector's
+        provenance says (``dataclasses.replace`` passes it on)."""
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
-        source = made_for(vector)
+        source = source_model(vector) if made_for is None else str(made_for)
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
 from steerlab.core.sites import resolve
 from steerlab.core.steer import same_model
 from steerlab.features.activations import FeatureActivations, check_k
@@ -73,5 +73,5 @@ def check_model(lm: SteerableModel, sae: SAE) -> None:
         warnings.warn(
             f"This SAE was trained on {sae.model_name!r}, the model is {lm.name!r}.",
             ModelMismatchWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )

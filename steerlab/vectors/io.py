@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
 from steerlab.core.sites import Site, SiteError, resolve
 from steerlab.core.steer import same_model
 from steerlab.vectors.vector import Provenance, SteeringVector
@@ -342,7 +342,7 @@ def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> Non
             f"{path.name} was extracted on {made_for!r}; this model is {this!r}. Same width, "
             "but a direction found in one model's residual stream means nothing in another's.",
             VectorMismatchWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 
