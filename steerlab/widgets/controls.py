@@ -41,6 +41,9 @@ class Controls:
 
     def request(self, request_id: int) -> PanelRequest:
         values = {f.name: getattr(self, f.name).value for f in fields(self)}
+        for f in fields(self):
+            if isinstance(getattr(self, f.name), widgets.FloatSlider):
+                values[f.name] = without_float_noise(values[f.name])
         return PanelRequest(request_id=request_id, **values)
 
     def box(self, features: widgets.Widget | None = None) -> widgets.VBox:
@@ -148,3 +151,16 @@ def build_controls(
             description="feature op",
         ),  # fmt: skip
     )
+
+
+def without_float_noise(value: float) -> float:
+    """A slider's value without the noise of the browser's float arithmetic (8.000000000000004
+    is the 8 the slider shows), so that runs, titles and exported records say 8. Twelve
+    significant digits: far finer than any slider step, far coarser than the noise.
+
+    >>> without_float_noise(8.000000000000004), without_float_noise(0.15000000000000002)
+    (8.0, 0.15)
+    >>> without_float_noise(5.3), without_float_noise(-0.0)
+    (5.3, 0.0)
+    """
+    return float(f"{value:.12g}") + 0.0  # + 0.0 turns -0.0 into 0.0
