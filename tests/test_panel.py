@@ -389,6 +389,25 @@ def test_heatmap_covers_prompt_and_generated_tokens(lm, vec):
     assert list(heat.z[layer_2][:n_prompt]) == pytest.approx(expected, abs=1e-4)
 
 
+def test_remove_vector_takes_a_demo_vector_out_of_the_dropdown(lm, vec):
+    """Tutorial 4 adds a wrong-size vector to show an error, then takes it out again."""
+    panel = make_panel(lm, {"v": vec, "w": -vec})
+    panel.add_vector("wrong size", torch.ones(lm.d_model + 1))
+    assert panel.error is not None and "d_model" in panel.error
+    renders = panel.render_count
+    panel.remove_vector("wrong size")  # selected: the first vector steers again
+    assert list(panel.controls.vector.options) == ["v", "w"] and "wrong size" not in panel.vectors
+    assert panel.controls.vector.value == "v" and panel.error is None
+    assert panel.render_count == renders + 1 and panel.rendered.vector == "v"
+    panel.remove_vector("w")  # not selected: no run
+    assert list(panel.controls.vector.options) == ["v"] and panel.render_count == renders + 1
+    with pytest.raises(sl.SteerError, match="No vector named 'w'"):
+        panel.remove_vector("w")
+    with pytest.raises(sl.SteerError, match="only vector"):
+        panel.remove_vector("v")
+    assert list(panel.controls.vector.options) == ["v"]
+
+
 def test_add_vector_updates_dropdown_and_data_in_one_call(lm, vec):
     panel = make_panel(lm, {"v": vec})
     other = -vec

@@ -168,3 +168,11 @@ def test_feature_starts_the_panel_on_that_feature(lm, sae):
         SteeringPanel(lm, sae=sae, feature=sae.d_sae, debounce=0)
     with pytest.raises(ValueError, match="give sae= too"):
         SteeringPanel(lm, {"ones": vector}, feature=3, debounce=0)
+
+
+def test_adding_and_removing_vectors_keeps_the_sae_feature_entry(lm, sae):
+    panel = SteeringPanel(lm, sae=sae, prompt=PROMPT, max_new_tokens=NEW, debounce=0)
+    panel.add_vector("ones", torch.ones(128), select=False)
+    assert list(panel.controls.vector.options) == ["ones", FEATURE]
+    panel.remove_vector("ones")
+    assert list(panel.controls.vector.options) == [FEATURE]

@@ -16,6 +16,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 
+from steerlab.core import SteerError
 from steerlab.core.prompts import encode
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
@@ -163,7 +164,7 @@ class SteeringPanel:
             hook = sae_site.kind
         self.controls = build_controls(
             prompt=prompt,
-            vector_names=list(self.vectors) + ([FEATURE] if sae is not None else []),
+            vector_names=self._vector_options(),
             n_layers=lm.n_layers,
             kinds=hook_kinds(lm.sites()),
             layer=_default_layer(lm, self.vectors, layer),
@@ -240,7 +241,7 @@ class SteeringPanel:
         dropdown = self.controls.vector
         current, self._muted = dropdown.value, True
         try:  # new options reset the selection: put it back without a run
-            dropdown.options = list(self.vectors)
+            dropdown.options = self._vector_options()
             dropdown.value = current
         finally:
             self._muted = False
@@ -248,6 +249,38 @@ class SteeringPanel:
             dropdown.value = name  # observed: a debounced rerun
         elif replaced and dropdown.value == name:
             self._debouncer.trigger(self._next_request())
+
+    def remove_vector(self, name: str) -> None:
+        """Take a vector out of the running panel: its data and its dropdown entry.
+
+        If it is selected, the first remaining entry is selected and the completions
+        regenerate with it.
+
+        Raises:
+            SteerError: For a name the panel does not offer, or its last vector (with no
+                SAE feature to fall back on), before the panel changes.
+
+        >>> panel.remove_vector("wrong size")  # doctest: +SKIP
+        """
+        if name not in self.vectors:
+            raise SteerError(f"No vector named {name!r}; the panel has {sorted(self.vectors)}.")
+        if len(self.vectors) == 1 and self.sae is None:
+            raise SteerError(f"{name!r} is the panel's only vector; add another one first.")
+        del self.vectors[name]
+        dropdown = self.controls.vector
+        selected, self._muted = dropdown.value == name, True
+        current = dropdown.value
+        try:  # new options reset the selection: put it back without a run
+            dropdown.options = self._vector_options()
+            dropdown.value = dropdown.options[0] if selected else current
+        finally:
+            self._muted = False
+        if selected:
+            self._sync_site_controls()
+            self._debouncer.trigger(self._next_request())
+
+    def _vector_options(self) -> list[str]:
+        return list(self.vectors) + ([FEATURE] if self.sae is not None else [])
 
     def wait(self, timeout: float = 60.0) -> bool:
         """Block until the pending change (if any) has run; True unless ``timeout`` passed."""
