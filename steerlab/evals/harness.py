@@ -136,7 +136,7 @@ def lm_eval(
         raise ValueError(f"alpha must be finite; got {alpha!r}.")
     if include_path is not None and not Path(include_path).is_dir():
         raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
-    manager = TaskManager(include_path=None if include_path is None else str(include_path))
+    manager = _task_manager(TaskManager, names, include_path)
 
     with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key):
         args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
@@ -195,6 +195,17 @@ def _server(lm_or_url: Any, steer: Any, alpha: float,
     with serve_in_background(app) as url:
         model = _get(url, "/v1/models", key)["data"][0]["id"]
         yield url, model, STEERED if presets else None, key
+
+
+def _task_manager(manager: Any, names: list[str], include_path: str | Path | None) -> Any:
+    """lm-eval's task index over ``include_path`` alone when that folder holds every task
+    named: indexing lm-eval's own ~15,000 task files takes 5-20 s on a laptop, and dominated
+    a toy run. Otherwise the folder and lm-eval's tasks together."""
+    if include_path is not None:
+        local = manager(include_path=str(include_path), include_defaults=False)
+        if all(name in local.all_tasks for name in names):
+            return local
+    return manager(include_path=None if include_path is None else str(include_path))
 
 
 @contextmanager
