@@ -131,10 +131,20 @@ def test_the_lm_eval_recipes_agree_on_the_bos_and_make_their_task_folder():
 
 
 def test_make_lab_turns_off_the_news_pop_up():
-    lab = MAKEFILE.read_text().split("\nlab: ")[1].split("\n\n")[0]
-    quiet = re.search(r"^LAB_QUIET\s*:=\s*(.*)$", MAKEFILE.read_text(), re.M)
-    assert "$(LAB_QUIET)" in lab and quiet
-    assert "--LabApp.news_url=None" in quiet[1]
+    """JupyterLab asks about news until its fetchNews setting is set; make lab sets it as a
+    default setting of the venv's lab (checked in a real browser when it was written)."""
+    import json
+    import shlex
+
+    text = MAKEFILE.read_text()
+    target = re.search(r"^LAB_DEFAULTS\s*:=\s*(\S+)$", text, re.M)
+    assert target and target[1].endswith("etc/jupyter/labconfig/default_setting_overrides.json")
+    assert "$(LAB_DEFAULTS)" in text.split("\nlab: ")[1].split("\n")[0]
+    recipe = text.split("$(LAB_DEFAULTS):\n")[1].split("\n\n")[0]
+    echo = next(line for line in recipe.splitlines() if "echo" in line)
+    written = json.loads(shlex.split(echo.split("echo", 1)[1].split(">")[0])[0])
+    notification = written["@jupyterlab/apputils-extension:notification"]
+    assert notification == {"fetchNews": "false", "checkForUpdates": False}
 
 
 def test_the_screenshot_list_shows_every_tutorial_with_figures():
