@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 
 
 class SteerError(ValueError):
@@ -43,7 +44,8 @@ def user_stacklevel() -> int:
     1
     """
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frame, level = sys._getframe(1), 1  # the function that warns is level 1
+    frame: FrameType | None = sys._getframe(1)  # the function that warns: level 1
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level
