@@ -34,7 +34,16 @@ lab-copy:
 		[ -e "$(LAB_DIR)/$$nb" ] || cp "$$nb" "$(LAB_DIR)/$$nb"; \
 	done
 
-lab: setup lab-copy
+# JupyterLab 4 asks "Would you like to get notified about official Jupyter news?" in a pop-up
+# over the first notebook (the live panel included) until its fetchNews setting is set, even
+# with --LabApp.news_url=None. The venv's lab gets it as a default (the user can still change
+# it in Settings), with update checks off too.
+LAB_DEFAULTS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
+$(LAB_DEFAULTS):
+	mkdir -p $(dir $@)
+	echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+
+lab: setup lab-copy $(LAB_DEFAULTS)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab \
 		--ServerApp.root_dir="$(CURDIR)/$(LAB_DIR)" --LabApp.default_url=/lab/tree/tutorials \
 		'--ContentsManager.hide_globs=$(LAB_HIDDEN)' $(if $(filter 0,$(shell id -u)),--allow-root)

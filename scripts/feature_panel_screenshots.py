@@ -12,6 +12,7 @@ picker, completions and strip at 1024 and 1440 px wide (768 px tall), as
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from conftest import run_notebook  # noqa: E402
 
 NOTEBOOK = "tutorials/08_sae_features.ipynb"
 TITLE = ".steerlab-panel .steerlab-steered-title"
+DISABLED = "e => e.disabled === true || e.hasAttribute('disabled')"
 
 
 def shoot(page, lab, out: Path) -> None:
@@ -46,6 +48,11 @@ def shoot(page, lab, out: Path) -> None:
     )
     page.wait_for_timeout(2000)  # plotly draws the strip and the figure
     print("steered title:", page.locator(TITLE).inner_text())
+    site_controls = panel.locator(".widget-slider, .widget-dropdown").filter(
+        has=page.locator(".widget-label", has_text=re.compile(r"^(layer|hook point)$"))
+    )
+    print("in clamp mode, layer and hook point disabled:",
+          [c.locator("select, .noUi-target").first.evaluate(DISABLED) for c in site_controls.all()])  # fmt: skip
     print("strip drawn:", panel.locator(".steerlab-feature-strip .js-plotly-plot").count() == 1)
     for width in (1024, 1440):
         page.set_viewport_size({"width": width, "height": 768})

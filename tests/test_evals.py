@@ -210,6 +210,19 @@ def test_trade_off_figure_draws_the_summary(toy_lm, vec):
     assert fig.data[1].name == "unsteered" and fig.data[1].x[0] == res.summary[1]["perplexity"]
 
 
+def test_trade_off_figure_leaves_room_for_the_alpha_labels_over_its_highest_points():
+    """The labels sit above each point; an axis sized to the data alone clipped the top ones."""
+    from steerlab.plots.steerability import steerability_tradeoff
+
+    summary = [{"alpha": a, "concept": c, "concept_low": c - 0.1, "concept_high": min(c + 0.1, 1.0),
+                "perplexity": p} for a, c, p in [(0, 0.5, 3.0), (2, 1.0, 3.5), (4, 1.0, 80.0)]]  # fmt: skip
+    fig = steerability_tradeoff(summary)
+    low, high = fig.layout.yaxis.range
+    assert high >= 1.0 + 0.1 * (1.0 - 0.4) and low < 0.4
+    assert fig.data[0].cliponaxis is False
+    assert fig.layout.legend.yref == "container"  # under the axis title, not over it
+
+
 # --- the judge -------------------------------------------------------------------------
 
 

@@ -113,3 +113,20 @@ def test_lm_eval_arguments_are_checked_before_any_server_starts(toy_lm, vec, tas
         sl.evals.lm_eval(toy_lm, TASKS, "happy", include_path=tasks)
     with pytest.raises(ValueError, match="not a folder"):
         sl.evals.lm_eval(toy_lm, TASKS, vec, include_path=tasks / "toy_sentiment.yaml")
+
+
+def test_lm_eval_draws_no_request_bars_and_shows_a_missing_stderr_as_n_a(toy_lm, tasks, capfd):
+    """lm-eval has no formula for a perplexity's stderr and prints "N/A"; so does the table.
+    Its "Requesting API" bars stay out of the notebook, and only during the call."""
+    from lm_eval.models import api_models
+    from tqdm import tqdm
+
+    result = sl.evals.lm_eval(toy_lm, list(TASKS), limit=2, include_path=tasks)
+    err = capfd.readouterr().err
+    assert "Requesting API" not in err and "Tokenizing inputs" not in err
+    assert api_models.tqdm is tqdm  # put back
+    rows = {r["task"]: r for r in result.table()}
+    assert rows["toy_stories"]["unsteered_stderr"] != rows["toy_stories"]["unsteered_stderr"]
+    line = next(x for x in repr(result.table()).splitlines() if "toy_stories" in x)
+    assert line.split()[-1] == "N/A" and "nan" not in line
+    assert "<td>N/A</td>" in result._repr_html_()

@@ -211,3 +211,50 @@ def test_steering_with_a_feature_made_on_another_model_warns(toy_lm):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the toy SAE on its own model: no word
         toy_lm.generate("Hi", steer=sae.clamp(1, 1.0), max_new_tokens=2)
+
+
+def test_a_model_mismatch_warning_points_at_the_users_line(toy_lm, tmp_path):
+    """Not at steerlab/model.py: at the line that called steerlab, on every path."""
+    other = replace(toy_sae("standard"), model_name="gpt2-small")
+    calls = {
+        "generate": lambda: toy_lm.generate("Hi", steer=other.clamp(1, 1.0), max_new_tokens=2),
+        "stream": lambda: list(
+            toy_lm.stream("Hi", sl.Steer(other.site, other.feature(1)), max_new_tokens=2)
+        ),  # fmt: skip
+        "features": lambda: toy_lm.features("Hi", other),
+    }
+    for name, call in calls.items():
+        with pytest.warns(ModelMismatchWarning) as record:
+            call()
+        assert {w.filename for w in record} == {__file__}, name
+    vec = sl.extract(toy_lm, ["I was happy."], ["I was sad."], [other.site], progress=False)
+    path = vec.save(tmp_path / "v.safetensors")  # made on steerlab-tiny
+    with pytest.warns(ModelMismatchWarning) as record:
+        sl.SteeringVector.load(path, model=_renamed(toy_lm, "gpt2-small"))
+    assert {w.filename for w in record} == {__file__}
+
+
+def _renamed(lm, name):
+    class Renamed:  # what load checks: name, width and sites
+        d_model = lm.d_model
+
+        def sites(self):
+            return lm.sites()
+
+    renamed = Renamed()
+    renamed.name = name
+    return renamed
+
+
+def test_dataclasses_replace_moves_a_steer_and_keeps_its_source_model(toy_lm):
+    sae = replace(toy_sae("standard"), model_name="gpt2-small")
+    steer = sl.Steer(sae.site, sae.feature(1), alpha=2.0)
+    moved = replace(steer, site="blocks.1.hook_resid_pre")
+    assert (moved.site, moved.alpha, moved.made_for) == (
+        "blocks.1.hook_resid_pre",
+        (2.0,),
+        "gpt2-small",
+    )
+    assert torch.equal(moved.vector, steer.vector)
+    clamp = toy_sae("standard").clamp(1, 20.0)
+    assert replace(clamp, alpha=[0.0, 1.0]).alpha == (0.0, 1.0)

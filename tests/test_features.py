@@ -151,11 +151,15 @@ def test_features_heatmap_shows_the_prompts_top_features_at_its_real_tokens(hf_l
     acts = features(hf_lm, PROMPTS, random_sae, k=8)
     fig = sl.plots.features(acts, row=0, n=5).to_dict()
     heat = fig["data"][0]
-    top = acts.prompt_top(0, 5)
-    positions = acts.real_positions(0)
+    skip = acts.leading_bos(0)  # the tiny model's tokenizer starts with a BOS: left out
+    top = acts.prompt_top(0, 5, skip=skip)
+    positions = acts.real_positions(0)[skip:]
     assert heat["type"] == "heatmap" and list(heat["x"]) == [str(i) for i in top]
     assert (
-        len(heat["y"]) == len(positions) == int(acts.attention_mask[0].sum()) < acts.tokens.shape[1]
+        len(heat["y"])
+        == len(positions)
+        == int(acts.attention_mask[0].sum()) - skip
+        < acts.tokens.shape[1]
     )
     torch.testing.assert_close(torch.tensor(heat["z"]), acts.columns(top)[0, positions])
     assert "%{z:.3f}" in heat["hovertemplate"] and "feature %{x}" in heat["hovertemplate"]
@@ -178,6 +182,38 @@ def test_feature_trace_alone_and_against_a_baseline(hf_lm, random_sae):
     )
     assert both["layout"]["yaxis"]["range"] == both["layout"]["yaxis2"]["range"]  # one scale
     assert max(both["data"][1]["y"]) <= both["layout"]["yaxis"]["range"][1]
+
+
+def test_features_heatmap_leaves_a_bos_token_out_by_default(toy_lm):
+    """As the panel's picker does: on steerlab-tiny most of a prompt's strongest features
+    are the BOS token's."""
+    sae = sl.load_sae("steerlab-tiny-sae")
+    acts = toy_lm.features("Once upon a time, there was a little cat called Finn.", sae)
+    first = acts.tokens[0, acts.real_positions(0)[0]].item()
+    assert first == toy_lm.tokenizer.bos_token_id and acts.leading_bos(0) == 1
+    assert acts.prompt_top(0, 10) != acts.prompt_top(0, 10, skip=1)  # BOS features rank high
+    heat = sl.plots.features(acts).data[0]
+    assert list(heat.x) == [str(i) for i in acts.prompt_top(0, 10, skip=1)]
+    assert len(heat.y) == len(acts.real_positions(0)) - 1  # no BOS row either
+    assert not any("bos" in c[0] for c in heat.customdata)
+    kept = sl.plots.features(acts, skip_bos=False).data[0]
+    assert list(kept.x) == [str(i) for i in acts.prompt_top(0, 10)]
+    assert "bos" in kept.customdata[0][0]
+
+
+def test_feature_trace_names_its_panels_where_token_labels_cannot_cover_them(hf_lm, random_sae):
+    """Subplot titles sat between the panels, under the upper panel's rotated token labels."""
+    plain = features(hf_lm, PROMPTS, random_sae)
+    steered = features(hf_lm, PROMPTS, random_sae, steer=sl.Steer(SITE, random_sae.W_dec[3], 4.0))
+    fig = sl.plots.feature_trace(steered, 3, baseline=plain, row=2)
+    assert not fig.layout.annotations
+    assert "baseline" in fig.layout.yaxis.title.text and "steered" in fig.layout.yaxis2.title.text
+    assert fig.layout.xaxis.showticklabels is False  # the same tokens: labelled once, below
+    assert fig.layout.xaxis2.showticklabels is not False
+    other = features(hf_lm, PROMPTS[0], random_sae)
+    apart = sl.plots.feature_trace(other, 3, baseline=plain, row=0)
+    if [t for t in other.str_tokens[0] if t] != [t for t in plain.str_tokens[0] if t]:
+        assert apart.layout.xaxis.showticklabels is not False
 
 
 def test_feature_figures_export_like_the_others(tmp_path, hf_lm, random_sae):

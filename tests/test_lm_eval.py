@@ -54,12 +54,14 @@ def oracles(task_dir) -> dict[bool, dict]:
 
 
 # The remote tokenizer is the server's own /tokenize, /detokenize and /tokenizer_info: no
-# tokenizer on the client. It never adds a BOS (lm-eval's RemoteTokenizer), so its oracle is
-# the hf model without one. lm-eval picks the rolling window's prefix token as bos or eos and
-# reads steerlab-tiny's bos id 0 as false, so the prefix is named (0, the hf model's) in both.
+# tokenizer on the client. It never adds a BOS (lm-eval's RemoteTokenizer), and the README's
+# local-tokenizer recipe adds none either (a BOS in the text would be scored after the rolling
+# window's prefix BOS), so both have the hf model without one as their oracle. lm-eval picks
+# the rolling window's prefix token as bos or eos and reads steerlab-tiny's bos id 0 as false,
+# so the prefix is named (0, the hf model's) in both.
 TOKENIZERS = {
     "local": {"tokenizer_backend": "huggingface", "tokenizer": str(asset_path("steerlab-tiny")),
-              "add_bos_token": True, "custom_prefix_token_id": 0},
+              "add_bos_token": False, "custom_prefix_token_id": 0},
     "remote": {"tokenizer_backend": "remote", "custom_prefix_token_id": 0, "auth_token": KEY},
 }  # fmt: skip
 
@@ -83,3 +85,36 @@ def test_local_completions_against_the_server_equals_lm_evals_hf_model(
         assert got == pytest.approx(want, abs=1e-3), task
         assert len(set(want)) == len(want) and all(v < 0 for v in want)  # real, distinct scores
         print(tokenizer, task, [round(v, 4) for v in got])
+
+
+@pytest.mark.slow
+def test_a_bos_in_the_text_is_scored_after_the_rolling_prefix_bos(oracles):
+    """Why the README keeps ``add_bos_token`` off: with it, lm-eval's rolling loglikelihood
+    of a story is log P(BOS | BOS) plus the story after two BOS tokens, computed here with
+    plain transformers; without it, the story after exactly one BOS (what the model was
+    trained on)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from steerlab.toy.tasks import story_docs
+
+    path = asset_path("steerlab-tiny")
+    tokenizer, model = (
+        AutoTokenizer.from_pretrained(path),
+        AutoModelForCausalLM.from_pretrained(path),
+    )
+    bos = tokenizer.bos_token_id
+    want = {True: [], False: []}
+    for doc in story_docs():
+        ids = tokenizer(doc["text"], add_special_tokens=False).input_ids
+        for with_bos, prefix in ((True, [bos, bos]), (False, [bos])):
+            with torch.no_grad():
+                logits = model(torch.tensor([prefix + ids])).logits[0].float()
+            scored = prefix[1:] + ids  # each token after the one before it
+            logp = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(scored)[:, None])
+            want[with_bos].append(logp.sum().item())
+    for with_bos in (True, False):
+        got = _loglikelihoods(oracles[with_bos], "toy_stories")
+        assert got == pytest.approx(want[with_bos], abs=1e-3)
+    ppl = {b: oracles[b]["results"]["toy_stories"]["word_perplexity,none"] for b in (True, False)}
+    assert ppl[True] > ppl[False]  # the extra BOS is counted against the text

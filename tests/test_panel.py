@@ -191,6 +191,7 @@ def test_export_completions_and_display(lm, vec, tmp_path):
     assert "alpha: 5\n" in text and panel.steered_text in text
     assert "α = 5 " not in panel.steered_title.value and panel.steered_title.value.endswith("α = 5")
     assert panel.figure.layout.meta["steerlab_panel"]["alpha"] == 5.0
+    assert panel.rendered is not None and panel.rendered.alpha == 5.0
     bundle = panel._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"] == repr(panel) and "renders=2" in repr(panel)
@@ -286,7 +287,12 @@ def test_max_tokens_stops_at_the_context_window_minus_the_prompt(lm, vec):
 
 def test_a_failed_run_marks_the_panes_as_not_current(lm, vec):
     panel = make_panel(lm, {"v": vec, "short": torch.randn(7)})
-    panel.controls.vector.value = "short"
+    panel.controls.vector.value = "short"  # steered only: the baseline is still current
+    assert "steerlab-stale" in panel.steered_pane._dom_classes
+    assert "not current" in panel.steered_title.value
+    assert "steerlab-stale" not in panel.baseline_pane._dom_classes
+    assert "not current" not in panel.baseline_title.value
+    panel.controls.seed.value = 1  # feeds the baseline too: now both panes are old
     for pane in (panel.baseline_pane, panel.steered_pane):
         assert "steerlab-stale" in pane._dom_classes
     for title in (panel.baseline_title, panel.steered_title):
@@ -381,6 +387,25 @@ def test_heatmap_covers_prompt_and_generated_tokens(lm, vec):
     expected = (steered[site][0].norm(dim=-1) - plain.norm(dim=-1)).tolist()
     layer_2 = list(heat.y).index(2)
     assert list(heat.z[layer_2][:n_prompt]) == pytest.approx(expected, abs=1e-4)
+
+
+def test_remove_vector_takes_a_demo_vector_out_of_the_dropdown(lm, vec):
+    """Tutorial 4 adds a wrong-size vector to show an error, then takes it out again."""
+    panel = make_panel(lm, {"v": vec, "w": -vec})
+    panel.add_vector("wrong size", torch.ones(lm.d_model + 1))
+    assert panel.error is not None and "d_model" in panel.error
+    renders = panel.render_count
+    panel.remove_vector("wrong size")  # selected: the first vector steers again
+    assert list(panel.controls.vector.options) == ["v", "w"] and "wrong size" not in panel.vectors
+    assert panel.controls.vector.value == "v" and panel.error is None
+    assert panel.render_count == renders + 1 and panel.rendered.vector == "v"
+    panel.remove_vector("w")  # not selected: no run
+    assert list(panel.controls.vector.options) == ["v"] and panel.render_count == renders + 1
+    with pytest.raises(sl.SteerError, match="No vector named 'w'"):
+        panel.remove_vector("w")
+    with pytest.raises(sl.SteerError, match="only vector"):
+        panel.remove_vector("v")
+    assert list(panel.controls.vector.options) == ["v"]
 
 
 def test_add_vector_updates_dropdown_and_data_in_one_call(lm, vec):

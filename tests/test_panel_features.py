@@ -96,9 +96,56 @@ def test_the_strip_reads_the_feature_at_each_generated_token(lm, sae):
 def test_a_clamp_away_from_the_sae_site_is_an_error_in_the_panel(lm, sae):
     panel = feature_panel(lm, sae)
     panel.controls.feature_op.value = "clamp"
-    panel.controls.layer.value = 1
+    panel.controls.layer.value = 1  # disabled in the browser; code can still move it
     assert panel.error is not None and "acts at the SAE's site" in panel.error
     assert lm.hook_count() == 0
+    # A steered-only change: the baseline pane still shows the current baseline.
+    assert "steerlab-stale" in panel.steered_pane._dom_classes
+    assert "steerlab-stale" not in panel.baseline_pane._dom_classes
+    assert "not current" not in panel.baseline_title.value
+
+
+@pytest.mark.filterwarnings("ignore:Vector .* was extracted at")
+def test_clamp_mode_puts_layer_and_hook_at_the_sae_site_and_disables_them(lm, sae):
+    vector = sl.SteeringVector({"blocks.0.hook_resid_pre": torch.ones(128)})
+    panel = SteeringPanel(lm, {"ones": vector}, sae=sae, prompt=PROMPT, max_new_tokens=NEW,
+                          debounce=0, layer=0, hook="hook_resid_post")  # fmt: skip
+    layer, hook = panel.controls.layer, panel.controls.hook
+    panel.controls.vector.value = FEATURE
+    assert not layer.disabled and not hook.disabled  # add lends the decoder row anywhere
+    runs = panel.render_count
+    panel.controls.feature_op.value = "clamp"
+    assert layer.disabled and hook.disabled
+    assert f"blocks.{layer.value}.{hook.value}" == sae.site
+    assert panel.error is None and panel.render_count == runs + 1  # one run for the switch
+    assert panel.rendered is not None and panel.rendered.site == sae.site
+    panel.controls.feature_op.value = "add"
+    assert not layer.disabled and not hook.disabled
+    panel.controls.feature_op.value = "clamp"
+    panel.controls.vector.value = "ones"  # clamp applies to SAE features only
+    assert not layer.disabled and not hook.disabled
+
+
+def test_clamp_mode_from_the_start_disables_the_site_controls(lm, sae):
+    panel = SteeringPanel(lm, sae=sae, prompt=PROMPT, max_new_tokens=NEW, debounce=0)
+    assert not panel.controls.layer.disabled
+    panel.controls.feature_op.value = "clamp"
+    assert panel.controls.layer.disabled and panel.controls.hook.disabled
+
+
+def test_a_feature_past_the_sae_width_is_an_error_not_a_snap(lm, sae):
+    panel = feature_panel(lm, sae)
+    panel.controls.feature.value = 7
+    good = panel.steered_text
+    panel.controls.feature.value = sae.d_sae  # typed 512 on a 512-feature SAE
+    assert panel.controls.feature.value == sae.d_sae  # kept as typed, not snapped to 511
+    assert panel.error is not None and f"Feature {sae.d_sae} is out of range" in panel.error
+    assert panel.rendered is not None and panel.rendered.feature == 7
+    assert panel.steered_text == good
+    panel.controls.feature.value = -1
+    assert panel.error is not None and "Feature -1 is out of range" in panel.error
+    panel.controls.feature.value = sae.d_sae - 1
+    assert panel.error is None and panel.rendered.feature == sae.d_sae - 1
 
 
 def test_bad_sae_arguments_are_refused(lm, sae, tiny_dirs):
@@ -121,3 +168,11 @@ def test_feature_starts_the_panel_on_that_feature(lm, sae):
         SteeringPanel(lm, sae=sae, feature=sae.d_sae, debounce=0)
     with pytest.raises(ValueError, match="give sae= too"):
         SteeringPanel(lm, {"ones": vector}, feature=3, debounce=0)
+
+
+def test_adding_and_removing_vectors_keeps_the_sae_feature_entry(lm, sae):
+    panel = SteeringPanel(lm, sae=sae, prompt=PROMPT, max_new_tokens=NEW, debounce=0)
+    panel.add_vector("ones", torch.ones(128), select=False)
+    assert list(panel.controls.vector.options) == ["ones", FEATURE]
+    panel.remove_vector("ones")
+    assert list(panel.controls.vector.options) == [FEATURE]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from types import FrameType
+
 
 class SteerError(ValueError):
     """A steer that cannot be applied to this model or input; ``field`` names the key of
@@ -34,6 +38,22 @@ class SamplingError(ValueError):
 
 class ModelMismatchWarning(UserWarning):
     """A direction made on one model (a vector, an SAE feature) used on another."""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first line outside steerlab, the
+    user's, however deep inside steerlab it is raised: ``warnings.warn(message, category,
+    stacklevel=user_stacklevel())``.
+
+    >>> user_stacklevel()  # called from outside steerlab: the caller's own line
+    1
+    """
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame: FrameType | None = sys._getframe(1)  # the function that warns: level 1
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class NonFiniteError(FloatingPointError):

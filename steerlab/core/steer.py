@@ -9,17 +9,14 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-import os
-import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import PurePath
 from typing import Any, Literal, Protocol
 
 import torch
 
-from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
 from steerlab.core.identity import ModelId, model_id
 from steerlab.core.ops import (
     Add,
@@ -203,20 +200,6 @@ def warn_other_model(steer: Steer, model: object) -> None:
         )
 
 
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning raised here point at the first caller outside
-    steerlab (the user's line), for ``warnings.warn`` called by this function's caller."""
-    frame = sys._getframe(1)  # the function about to call warnings.warn: level 1
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame = frame.f_back
-        level += 1
-    return level
-
-
-_PACKAGE = str(PurePath(__file__).parents[1]) + os.sep  # steerlab/
-
-
 def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int) -> None:
     """The one check of a steer against a model: a site it has, a vector of its width.
 
@@ -257,8 +240,11 @@ class Steer:
         alpha: float | Sequence[float] | torch.Tensor = 1.0,
         positions: Positions = "all",
         op: Operation | None = None,
+        *,
         made_for: ModelId | str | None = None,
     ) -> None:
+        """``made_for`` names the model the direction was made on; by default the vector's
+        provenance says (``dataclasses.replace`` passes it on)."""
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
         source = _made_for(vector) if made_for is None else _as_model_id(made_for)

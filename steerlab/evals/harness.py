@@ -72,7 +72,8 @@ class HarnessResult:
         if self.steered is not None:
             columns += ["steered", "steered_stderr", "delta"]
         title = f"lm-eval: {self.model}" + (f" vs preset {self.preset!r}" if self.preset else "")
-        return Table(title, columns, records, {c: ".4g" for c in columns[2:]})
+        # A stderr lm-eval has no formula for is "N/A" in its own tables; the records hold NaN.
+        return Table(title, columns, records, {c: ".4g" for c in columns[2:]}, missing="N/A")
 
     def __repr__(self) -> str:
         return repr(self.table())
@@ -140,7 +141,7 @@ def lm_eval(
         raise ValueError(f"alpha must be finite; got {alpha!r}.")
     if include_path is not None and not Path(include_path).is_dir():
         raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
-    manager = TaskManager(include_path=None if include_path is None else str(include_path))
+    manager = _task_manager(TaskManager, names, include_path)
     _check_task_names(manager, names)
 
     with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key):
@@ -162,7 +163,7 @@ def lm_eval(
                 raise RuntimeError("lm-eval returned no results.")
             return dict(out)
 
-        with _no_dataset_bars():
+        with _no_dataset_bars(), _no_request_bars():
             unsteered = run(model)
             steered = run(preset) if preset else None
     return HarnessResult(unsteered, steered, model, preset)
@@ -217,6 +218,17 @@ def _server(lm_or_url: Any, steer: Any, alpha: float,
         yield url, model, STEERED if presets else None, key
 
 
+def _task_manager(manager: Any, names: list[str], include_path: str | Path | None) -> Any:
+    """lm-eval's task index over ``include_path`` alone when that folder holds every task
+    named: indexing lm-eval's own ~15,000 task files takes 5-20 s on a laptop, and dominated
+    a toy run. Otherwise the folder and lm-eval's tasks together."""
+    if include_path is not None:
+        local = manager(include_path=str(include_path), include_defaults=False)
+        if all(name in local.all_tasks for name in names):
+            return local
+    return manager(include_path=None if include_path is None else str(include_path))
+
+
 @contextmanager
 def _no_dataset_bars() -> Iterator[None]:
     """Without the ``datasets`` library's bar for loading a task's split (lm-eval's own bars
@@ -230,6 +242,44 @@ def _no_dataset_bars() -> Iterator[None]:
     finally:
         if was:
             logging.enable_progress_bar()
+
+
+@contextmanager
+def _no_request_bars() -> Iterator[None]:
+    """Without lm-eval's "Requesting API" bars (and its per-request tokenizing bars), which
+    its API models draw with no option to turn them off: kilobytes of stderr in a notebook
+    for a few seconds of requests."""
+    from lm_eval.api import model
+    from lm_eval.models import api_models
+
+    saved = [(module, name, getattr(module, name)) for module in (model, api_models)
+             for name in ("tqdm", "tqdm_asyncio") if hasattr(module, name)]  # fmt: skip
+    try:
+        for module, name, bar in saved:
+            setattr(module, name, _QuietGather if name == "tqdm_asyncio" else _quiet(bar))
+        yield
+    finally:
+        for module, name, bar in saved:
+            setattr(module, name, bar)
+
+
+def _quiet(bar: Any) -> Any:
+    """``bar`` (tqdm) with ``disable=True`` whatever the caller passed."""
+
+    def quiet_bar(*args: Any, **kwargs: Any) -> Any:
+        return bar(*args, **{**kwargs, "disable": True})
+
+    return quiet_bar
+
+
+class _QuietGather:
+    """``tqdm_asyncio.gather`` without its bar."""
+
+    @staticmethod
+    async def gather(*tasks: Any, **_: Any) -> list[Any]:
+        import asyncio
+
+        return list(await asyncio.gather(*tasks))
 
 
 def _get(url: str, path: str, key: str | None) -> dict[str, Any]:

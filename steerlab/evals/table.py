@@ -15,7 +15,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Table:
-    """Records (plain dicts) shown by ``columns``; ``formats`` maps a column to a format spec.
+    """Records (plain dicts) shown by ``columns``; ``formats`` maps a column to a format spec,
+    and ``missing`` is what a NaN shows as (the records keep the NaN).
 
     >>> Table("demo", ["a", "b"], [{"a": 1.0, "b": 2.0, "b_low": 1.5, "b_high": 2.5}])
     demo
@@ -27,6 +28,7 @@ class Table:
     columns: Sequence[str]
     records: list[dict[str, Any]]
     formats: Mapping[str, str] = field(default_factory=dict)
+    missing: str = "nan"
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.records)
@@ -47,6 +49,8 @@ class Table:
         value = record.get(column, "")
         if not isinstance(value, float):
             return str(value)
+        if math.isnan(value):
+            return self.missing
         spec = self.formats.get(column, ".3g")
         low, high = record.get(f"{column}_low"), record.get(f"{column}_high")
         if low is None or high is None or math.isnan(low):

@@ -54,6 +54,7 @@ class FeatureActivations:
     tokens: torch.Tensor  # [batch, pos]
     str_tokens: list[list[str]]
     dense: torch.Tensor | None = None  # [batch, pos, d_sae] when asked for; pads 0
+    bos_token_id: int | None = None  # the model's BOS, so that views can leave it out
 
     @classmethod
     def from_residual(
@@ -66,6 +67,7 @@ class FeatureActivations:
         *,
         k: int = 16,
         dense: bool = False,
+        bos_token_id: int | None = None,
     ) -> FeatureActivations:
         """Encode ``residual [batch, pos, d_in]`` chunk by chunk, keeping the top ``k`` per token.
 
@@ -97,7 +99,7 @@ class FeatureActivations:
         return cls(
             sae, residual, values.reshape(batch, pos, k), indices.reshape(batch, pos, k),
             attention_mask, tokens, str_tokens,
-            None if full is None else full.reshape(batch, pos, sae.d_sae),
+            None if full is None else full.reshape(batch, pos, sae.d_sae), bos_token_id,
         )  # fmt: skip
 
     # --- reading ------------------------------------------------------------------------
@@ -198,6 +200,17 @@ class FeatureActivations:
 
     def _row(self, row: object, what: str) -> int:
         return int_in(row, what, 0, self.attention_mask.shape[0] - 1, " (one per prompt)")
+
+    def leading_bos(self, row: int) -> int:
+        """1 when prompt ``row`` begins with the model's BOS and has other tokens, else 0:
+        the ``skip`` of ``prompt_top`` that leaves a BOS token out (its features are the
+        strongest of most prompts and say little about any).
+
+        >>> acts.prompt_top(0, 8, skip=acts.leading_bos(0))  # doctest: +SKIP
+        """
+        real = self.real_positions(row)
+        first = int(self.tokens[row, real[0]]) if real else None
+        return int(self.bos_token_id is not None and first == self.bos_token_id and len(real) > 1)
 
     # --- display ------------------------------------------------------------------------
 

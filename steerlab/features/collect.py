@@ -5,10 +5,9 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
 from steerlab.core.identity import ModelId, model_id
 from steerlab.core.sites import resolve
-from steerlab.core.steer import user_stacklevel
 from steerlab.features.activations import FeatureActivations, check_k
 from steerlab.features.errors import SAEError
 from steerlab.features.sae import SAE
@@ -52,8 +51,9 @@ def features(
     check_k(k, sae)
     acts = lm.run_with_cache(prompts, sites=[sae.site], steer=steer, chat=chat)
     return FeatureActivations.from_residual(
-        sae, acts[sae.site], acts.attention_mask, acts.tokens, acts.str_tokens, k=k, dense=dense
-    )
+        sae, acts[sae.site], acts.attention_mask, acts.tokens, acts.str_tokens, k=k, dense=dense,
+        bos_token_id=getattr(lm.tokenizer, "bos_token_id", None),
+    )  # fmt: skip
 
 
 def check_model(lm: SteerableModel, sae: SAE) -> None:

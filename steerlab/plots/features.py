@@ -17,18 +17,26 @@ BASELINE_COLOUR = "#999999"
 
 
 def features(
-    acts: FeatureActivations, *, row: int = 0, n: int = 10, title: str | None = None
+    acts: FeatureActivations,
+    *,
+    row: int = 0,
+    n: int = 10,
+    title: str | None = None,
+    skip_bos: bool = True,
 ) -> go.Figure:
     """Heatmap of prompt ``row``'s ``n`` top features: tokens down, features across.
 
     Features are ranked by their largest activation anywhere in the prompt (largest first);
-    each cell is the feature's exact activation at that token. Pads are left out.
+    each cell is the feature's exact activation at that token. Pads are left out, and so is
+    a leading BOS token by default (as the panel's picker does): its features are the
+    strongest of almost every prompt and would fill the top ``n``.
 
     Args:
         acts: from ``features(lm, prompts, sae)``.
         row: which prompt.
         n: how many features (at most the ``k`` kept per token).
         title: figure title; the site and prompt when ``None``.
+        skip_bos: leave a leading BOS token out of the ranking and the rows.
 
     Returns:
         A one-trace heatmap figure; hover shows token, feature and value.
@@ -38,8 +46,9 @@ def features(
     >>> len(z), len(z[0])  # tokens, features
     (5, 8)
     """
-    top = acts.prompt_top(row, n)
-    positions = acts.real_positions(row)
+    skip = acts.leading_bos(row) if skip_bos else 0
+    top = acts.prompt_top(row, n, skip=skip)
+    positions = acts.real_positions(row)[skip:]
     labels = [display_token(acts.str_tokens[row][p]) for p in positions]
     z = acts.columns(top)[row, positions].float().cpu()  # [pos, n]
     names = [str(i) for i in top]  # categories, so the ranked order is kept
@@ -58,7 +67,9 @@ def features(
         f" (prompt {row})" if acts.attention_mask.shape[0] > 1 else ""
     )
     fig.update_layout(title_text=default if title is None else title)
-    fig.update_xaxes(title_text=f"feature (top {len(top)} by peak activation)", type="category")
+    left_out = ", BOS left out" if skip else ""
+    fig.update_xaxes(title_text=f"feature (top {len(top)} by peak activation{left_out})",
+                     type="category")  # fmt: skip
     ticks = {**token_ticks(labels, max_ticks=32, max_chars=10), "tickangle": 0}
     fig.update_yaxes(title_text="token", autorange="reversed", **ticks)  # read top to bottom
     return fig
@@ -76,6 +87,10 @@ def feature_trace(
 
     With a baseline (say the same text unsteered, ``acts`` steered) the two traces sit one
     above the other, baseline on top, on one activation scale, each under its own tokens.
+    Each panel is named in its y axis title, not above it, where the rotated token labels
+    of the panel above would print over its name. When both have the same tokens (the same
+    text, steered and not) the labels are written once, under the lower panel; otherwise
+    each panel has its own, with room between them.
 
     Args:
         acts: the activations to show (the steered ones, when comparing).
@@ -103,10 +118,9 @@ def feature_trace(
         values = source.feature(i)[row, positions].float().cpu().tolist()
         traces.append((name, labels, values, colour))
     top = max((max(v, default=0.0) for _, _, v, _ in traces), default=0.0) or 1.0
-    fig = make_subplots(
-        rows=len(traces), cols=1, subplot_titles=[t[0] for t in traces] if baseline else None,
-        vertical_spacing=0.25 if baseline else 0.1,
-    )  # fmt: skip
+    shared = len(traces) == 2 and traces[0][1] == traces[1][1]
+    spacing = 0.08 if shared or len(traces) == 1 else 0.3
+    fig = make_subplots(rows=len(traces), cols=1, shared_xaxes=shared, vertical_spacing=spacing)
     for n, (name, labels, values, colour) in enumerate(traces, start=1):
         fig.add_trace(
             go.Bar(
@@ -115,9 +129,14 @@ def feature_trace(
             ),
             row=n, col=1,
         )  # fmt: skip
-        fig.update_xaxes(**token_ticks(labels, max_ticks=32, max_chars=8), row=n, col=1)
-        fig.update_yaxes(title_text="activation", range=[0, 1.05 * top], row=n, col=1)
+        ticks = token_ticks(labels, max_ticks=32, max_chars=8)
+        if shared and n < len(traces):
+            ticks["showticklabels"] = False
+        fig.update_xaxes(**ticks, row=n, col=1)
+        axis_title = f"{name}<br>activation" if baseline is not None else "activation"
+        fig.update_yaxes(title_text=axis_title, range=[0, 1.05 * top], row=n, col=1)
     default = f"feature {i} at {acts.sae.site}"
-    fig.update_layout(title_text=default if title is None else title, showlegend=False)
+    fig.update_layout(title_text=default if title is None else title, showlegend=False,
+                      height=None if len(traces) == 1 else 560)  # fmt: skip
     fig.update_xaxes(title_text="token", row=len(traces), col=1)
     return fig

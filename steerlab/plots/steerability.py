@@ -15,6 +15,7 @@ _LABELS = {"concept": "concept score", "judge": "judge score (harmonic mean, 0-2
            "kl": "KL to unsteered (first token)", "length": "length (tokens)",
            "perplexity": "perplexity under the unsteered model"}  # fmt: skip
 _LOG_SPAN = 30.0  # a log x axis once the largest perplexity is this many times the smallest
+_LABEL_ROOM = 0.16  # headroom above the highest bar, as a share of the y span: its α label
 
 
 def steerability_tradeoff(
@@ -48,7 +49,7 @@ def steerability_tradeoff(
     fig = go.Figure()
     fig.add_trace(go.Scatter(
         x=xs, y=ys, mode="lines+markers+text", name="steered",
-        text=[f"α={r['alpha']:g}" for r in rows], textposition="top center",
+        text=[f"α={r['alpha']:g}" for r in rows], textposition="top center", cliponaxis=False,
         line={"color": colour}, marker={"size": 8},
         error_x=_bars(rows, x, colour), error_y=_bars(rows, y, colour),
         hovertemplate=f"%{{text}}<br>{x} %{{x:.3g}}<br>{y} %{{y:.3g}}<extra></extra>",
@@ -64,11 +65,27 @@ def steerability_tradeoff(
     fig.update_layout(
         xaxis_title=_LABELS.get(x, x) + (" (log)" if log_x else ""),
         yaxis_title=_LABELS.get(y, y), xaxis_type="log" if log_x else "linear",
-        title=title or "Steerability: concept against fluency, per alpha (bars: intervals)",
-        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.2, "yanchor": "top"},
-        showlegend=True,
+        title=title or "Steerability: concept against fluency per alpha",
+        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 0, "yanchor": "bottom",
+                "yref": "container"},
+        yaxis_range=y_range(rows, y), showlegend=True,
     )  # fmt: skip
     return fig
+
+
+def y_range(rows: list[Mapping[str, Any]], y: str) -> list[float]:
+    """The y axis from the lowest interval to the highest, with room above it for the
+    ``α=`` labels that sit over each point (plotly sizes an axis to the data alone).
+
+    >>> y_range([{"concept": 0.0}, {"concept": 1.0, "concept_high": 1.0}], "concept")
+    [-0.05, 1.16]
+    """
+    bars = _bars(rows, y, "")
+    highs = [float(r[y]) + up for r, up in zip(rows, bars["array"])]
+    lows = [float(r[y]) - down for r, down in zip(rows, bars["arrayminus"])]
+    top, bottom = max(highs), min(lows)
+    span = (top - bottom) or max(abs(top), 1.0)
+    return [round(bottom - 0.05 * span, 6), round(top + _LABEL_ROOM * span, 6)]
 
 
 def steerability(result: Any, *, x: str = "perplexity", y: str | None = None,
@@ -85,7 +102,7 @@ def steerability(result: Any, *, x: str = "perplexity", y: str | None = None,
     level = f"{result.level:.0%}"
     return steerability_tradeoff(
         result.summary, y=y or result.headline, x=x, log_x=log_x,
-        title=f"Steerability: concept against fluency, per alpha ({level} bootstrap intervals)",
+        title=f"Steerability per alpha ({level} bootstrap intervals)",
     )  # fmt: skip
 
 

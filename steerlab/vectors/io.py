@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from steerlab.core import atomic, jsontext
-from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
 from steerlab.core.identity import ModelId, is_config_sha256, model_id
 from steerlab.core.sites import Site, SiteError, resolve
-from steerlab.core.steer import user_stacklevel
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:

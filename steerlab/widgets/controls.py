@@ -34,7 +34,7 @@ class Controls:
     top_p: widgets.FloatSlider
     seed: widgets.IntText
     max_new_tokens: widgets.IntSlider
-    feature: widgets.BoundedIntText  # used when the vector is the SAE's feature
+    feature: widgets.IntText  # used when the vector is the SAE's feature
     feature_op: widgets.ToggleButtons
 
     def all(self) -> list[widgets.ValueWidget]:
@@ -42,7 +42,9 @@ class Controls:
 
     def request(self, request_id: int) -> PanelRequest:
         values = {f.name: getattr(self, f.name).value for f in fields(self)}
-        values["alpha"] = without_noise(values["alpha"])  # a slider step's last-bit noise
+        for f in fields(self):  # a slider step's last-bit noise goes where values are read
+            if isinstance(getattr(self, f.name), widgets.FloatSlider):
+                values[f.name] = without_noise(values[f.name])
         return PanelRequest(request_id=request_id, **values)
 
     def box(self, features: widgets.Widget | None = None) -> widgets.VBox:
@@ -130,11 +132,12 @@ def build_controls(
         top_p=slider(widgets.FloatSlider, "top_p", 1.0, 0.05, 1.0, 0.05),
         seed=widgets.IntText(value=0, description="seed", style=_STYLE),
         max_new_tokens=slider(widgets.IntSlider, "max tokens", max_new_tokens, 1, 200, 1),
-        feature=widgets.BoundedIntText(
+        # Unbounded on purpose: a bounded box snaps 512 to 511 without a word; the run checks
+        # the index and an index outside the SAE is an error in the panel.
+        feature=widgets.IntText(
             value=0,
-            min=0,
-            max=d_sae - 1,
             description="feature",
+            tooltip=f"an SAE feature, 0 to {d_sae - 1}",
             style=_STYLE,
             layout=widgets.Layout(width="14em"),
         ),  # fmt: skip

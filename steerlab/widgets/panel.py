@@ -16,6 +16,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 
+from steerlab.core import SteerError
 from steerlab.core.prompts import encode
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
@@ -41,6 +42,7 @@ from steerlab.widgets.runner import (
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PANE_BORDER, STALE_BORDER = "1px solid #ddd", "1px dashed #b00020"
 STALE_NOTE = "⚠ not current: the last run failed; this is the previous result"
+CLAMP_SITE_TIP = "a clamp acts at the SAE's own site"
 HINT = (
     "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
     "regenerates beside the baseline.</i>"
@@ -88,14 +90,17 @@ class SteeringPanel:
     feeds it changes (prompt, sampling, seed, max tokens); a change of vector, layer, site,
     positions or alpha reruns the steered row alone. Changes are debounced; a run made stale
     by a newer change stops at its next token, and only the latest request is rendered.
-    Errors show in the panel, and panes from an earlier run are marked as not current.
+    Errors show in the panel, and a pane from an earlier run is marked as not current (the
+    baseline only when the failed change fed it).
     The max-tokens slider stops at the context window minus the prompt's tokens.
 
     With ``sae``, the vector dropdown also offers ``"SAE feature"``: a feature picker (an
     index box, and the top features of the prompt to click) chooses the feature, which
     either adds alpha times its decoder row or clamps the feature to alpha (at the SAE's
     site). A strip under the completions shows the chosen feature's activation at each
-    generated token, baseline against steered.
+    generated token, baseline against steered. In clamp mode the layer and hook point
+    controls move to the SAE's site and are disabled. A feature index outside the SAE is
+    an error in the panel, not a silent change of feature.
 
     Args:
         lm: the model to steer.
@@ -165,7 +170,7 @@ class SteeringPanel:
             hook = sae_site.kind
         self.controls = build_controls(
             prompt=prompt,
-            vector_names=list(self.vectors) + ([FEATURE] if sae is not None else []),
+            vector_names=self._vector_options(),
             n_layers=lm.n_layers,
             kinds=hook_kinds(lm.sites()),
             layer=_default_layer(lm, self.vectors, layer),
@@ -202,6 +207,7 @@ class SteeringPanel:
         self._closed = False
         self._run_lock = threading.Lock()
         self._debouncer = Debouncer(self._run, debounce)
+        self._sync_site_controls()
         self._build_view(export_stem)
         for control in self.controls.all():
             control.observe(self._on_change, names="value")
@@ -245,7 +251,7 @@ class SteeringPanel:
         dropdown = self.controls.vector
         current, self._muted = dropdown.value, True
         try:  # new options reset the selection: put it back without a run
-            dropdown.options = list(self.vectors)
+            dropdown.options = self._vector_options()
             dropdown.value = current
         finally:
             self._muted = False
@@ -253,6 +259,38 @@ class SteeringPanel:
             dropdown.value = name  # observed: a debounced rerun
         elif replaced and dropdown.value == name:
             self._debouncer.trigger(self._next_request())
+
+    def remove_vector(self, name: str) -> None:
+        """Take a vector out of the running panel: its data and its dropdown entry.
+
+        If it is selected, the first remaining entry is selected and the completions
+        regenerate with it.
+
+        Raises:
+            SteerError: For a name the panel does not offer, or its last vector (with no
+                SAE feature to fall back on), before the panel changes.
+
+        >>> panel.remove_vector("wrong size")  # doctest: +SKIP
+        """
+        if name not in self.vectors:
+            raise SteerError(f"No vector named {name!r}; the panel has {sorted(self.vectors)}.")
+        if len(self.vectors) == 1 and self.sae is None:
+            raise SteerError(f"{name!r} is the panel's only vector; add another one first.")
+        del self.vectors[name]
+        dropdown = self.controls.vector
+        selected, self._muted = dropdown.value == name, True
+        current = dropdown.value
+        try:  # new options reset the selection: put it back without a run
+            dropdown.options = self._vector_options()
+            dropdown.value = dropdown.options[0] if selected else current
+        finally:
+            self._muted = False
+        if selected:
+            self._sync_site_controls()
+            self._debouncer.trigger(self._next_request())
+
+    def _vector_options(self) -> list[str]:
+        return list(self.vectors) + ([FEATURE] if self.sae is not None else [])
 
     def wait(self, timeout: float = 60.0) -> bool:
         """Block until the pending change (if any) has run; True unless ``timeout`` passed."""
@@ -289,8 +327,11 @@ class SteeringPanel:
     def _on_change(self, change: dict[str, Any]) -> None:
         if self._muted or self._closed:
             return
-        if change.get("owner") is self.controls.prompt:
+        owner = change.get("owner")
+        if owner is self.controls.prompt:
             self._fit_max_tokens()
+        if owner is self.controls.vector or owner is self.controls.feature_op:
+            self._sync_site_controls()
         self._debouncer.trigger(self._next_request())
 
     def _fit_max_tokens(self) -> None:
@@ -305,6 +346,27 @@ class SteeringPanel:
             slider.max = max(1, n_ctx - n_prompt)
         finally:
             self._muted = False
+
+    def _sync_site_controls(self) -> None:
+        """In clamp mode, put the layer and hook point at the SAE's site and disable them
+        (a clamp reads the SAE's own encoding); otherwise enable them. Part of the change
+        that switched the mode, not a run of its own."""
+        controls = self.controls
+        clamping = (self.sae is not None and controls.vector.value == FEATURE
+                    and controls.feature_op.value == "clamp")  # fmt: skip
+        muted, self._muted = self._muted, True
+        try:
+            if clamping:
+                assert self.sae is not None
+                site = Site.parse(self.sae.site)
+                if site.layer is not None:
+                    controls.layer.value = site.layer
+                controls.hook.value = site.kind
+        finally:
+            self._muted = muted
+        for control in (controls.layer, controls.hook):
+            control.disabled = clamping
+            control.tooltip = CLAMP_SITE_TIP if clamping else None
 
     def _is_current(self, request: PanelRequest) -> bool:
         return request.request_id == self._latest
@@ -323,7 +385,7 @@ class SteeringPanel:
             except Exception as error:  # anything: show it in the panel, keep the panel alive
                 outcome = "error"
                 if self._is_current(request):
-                    self._show_error(error)
+                    self._show_error(error, request)
             finally:
                 self.history.append((request.request_id, outcome))
                 self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
@@ -371,7 +433,7 @@ class SteeringPanel:
         self.baseline_text, self.steered_text = cached.text, steered_text
         self.generation, self.rendered, self.error = generation, request, None
         self.error_box.value = ""
-        self._mark_stale(False)
+        self._mark_stale(baseline=False, steered=False)
         self.steered_title.value = self._title(request, plan)
         self.render_count += 1
         return "rendered"
@@ -431,9 +493,7 @@ class SteeringPanel:
         if self.sae is None or prompt == self._top_prompt:
             return
         acts = self.lm.features(prompt, self.sae, k=n)
-        bos = getattr(self.lm.tokenizer, "bos_token_id", None)
-        first = acts.tokens[0, acts.real_positions(0)[0]].item()
-        skip = int(bos is not None and first == bos and len(acts.real_positions(0)) > 1)
+        skip = acts.leading_bos(0)
         self.top_features = acts.prompt_top(0, min(n, len(self.top_buttons)), skip=skip)
         self._top_prompt = prompt
         for k, button in enumerate(self.top_buttons):  # fixed buttons, relabelled
@@ -454,6 +514,7 @@ class SteeringPanel:
             self.controls.vector.value = FEATURE
         finally:
             self._muted = muted
+        self._sync_site_controls()
         self._debouncer.trigger(self._next_request())
 
     def _show_strip(self, baseline: BaselineRun, generation: Generation,
@@ -592,7 +653,7 @@ class SteeringPanel:
                 f"<span style='color:#888'>{html.escape(prompt)}</span>{html.escape(text)}</div>"
             )
 
-    def _show_error(self, error: BaseException) -> None:
+    def _show_error(self, error: BaseException, request: PanelRequest) -> None:
         self.error = f"{type(error).__name__}: {error}"
         self.error_box.value = (
             f"<div style='color:#b00020;white-space:pre-wrap'>⚠ {html.escape(self.error)}</div>"
@@ -600,18 +661,21 @@ class SteeringPanel:
         self._status("error")
         if self.rendered is not None:  # panes may hold a cancelled run's partial text
             self._show_texts(self.rendered.prompt, [self.baseline_text, self.steered_text])
-        self._mark_stale(True)
+        # The baseline pane is still current when the failed change left what feeds it alone.
+        held = self.rendered is not None and baseline_key(self.rendered) == baseline_key(request)
+        self._mark_stale(baseline=not held, steered=True)
 
-    def _mark_stale(self, stale: bool) -> None:
+    def _mark_stale(self, *, baseline: bool, steered: bool) -> None:
         """Say on each pane whether it shows the current controls' result."""
-        for title in (self.baseline_title, self.steered_title):
+        panes = ((self.baseline_title, self.baseline_pane, baseline),
+                 (self.steered_title, self.steered_pane, steered))  # fmt: skip
+        for title, pane, stale in panes:
             text = title.value.split(" <span class='steerlab-stale-note'")[0]
             if stale:
                 text += (
                     f" <span class='steerlab-stale-note' style='color:#b00020'>{STALE_NOTE}</span>"
                 )
             title.value = text
-        for pane in (self.baseline_pane, self.steered_pane):
             if stale:
                 pane.add_class("steerlab-stale")
                 pane.layout.border = STALE_BORDER
