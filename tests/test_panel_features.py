@@ -139,11 +139,11 @@ def test_a_feature_past_the_sae_width_is_an_error_not_a_snap(lm, sae):
     good = panel.steered_text
     panel.controls.feature.value = sae.d_sae  # typed 512 on a 512-feature SAE
     assert panel.controls.feature.value == sae.d_sae  # kept as typed, not snapped to 511
-    assert panel.error is not None and f"Feature {sae.d_sae} is out of range" in panel.error
+    assert panel.error is not None and f"feature index {sae.d_sae} is out of range" in panel.error
     assert panel.rendered is not None and panel.rendered.feature == 7
     assert panel.steered_text == good
     panel.controls.feature.value = -1
-    assert panel.error is not None and "Feature -1 is out of range" in panel.error
+    assert panel.error is not None and "feature index -1 is out of range" in panel.error
     panel.controls.feature.value = sae.d_sae - 1
     assert panel.error is None and panel.rendered.feature == sae.d_sae - 1
 
