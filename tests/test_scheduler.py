@@ -111,3 +111,15 @@ def test_the_after_batch_sweep_leaves_another_calls_hooks_alone(toy_lm):
     assert last.result().text[0] == want
     assert toy_lm.hook_count() == 0
     assert toy_lm.engine.sweep_hooks() == 0  # nothing left, nothing in flight
+
+
+def test_the_after_batch_sweep_never_holds_an_idle_model(toy_lm, monkeypatch):
+    """With no hooks to remove, a sweep takes no hold: another thread's call that starts
+    at that moment is never refused."""
+    import steerlab.engine.local.engine as local
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the sweep held the model with nothing to remove")
+
+    monkeypatch.setattr(local, "calling", refuse)
+    assert toy_lm.engine.sweep_hooks() == 0

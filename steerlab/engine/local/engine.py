@@ -93,7 +93,11 @@ class LocalEngine:
 
     def sweep_hooks(self) -> int:
         """Remove hooks no call owns; returns how many. A call in flight (another thread's,
-        or a paused stream) owns the hooks on its model, so then nothing is touched."""
+        or a paused stream) owns the hooks on its model, so then nothing is touched. The
+        model is held only while there are hooks to remove, so a sweep after every batch
+        never refuses another thread's call."""
+        if not self.hook_count():
+            return 0
         try:
             with calling(self.models(), "a sweep for hooks left behind"):
                 return self.hook_count()  # leaving the call removes them

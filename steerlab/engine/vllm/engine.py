@@ -91,7 +91,10 @@ class VLLMEngine:
             return sum(self.rpc("steerlab_end"))
 
     def sweep_hooks(self) -> int:
-        """Remove hooks no call owns; nothing while a call is in flight (its hooks are its own)."""
+        """Remove hooks no call owns; nothing while a call is in flight (its hooks are its
+        own). The engine is held only while there are hooks to remove."""
+        if not self.hook_count():
+            return 0
         try:
             return self.remove_hooks(wait=0.0)
         except CallInFlightError:
