@@ -206,7 +206,9 @@ class FeatureActivations:
         the ``skip`` of ``prompt_top`` that leaves a BOS token out (its features are the
         strongest of most prompts and say little about any).
 
-        >>> acts.prompt_top(0, 8, skip=acts.leading_bos(0))  # doctest: +SKIP
+        >>> acts = lm.features("Once upon a time", sl.load_sae("steerlab-tiny-sae"))
+        >>> acts.leading_bos(0), acts.str_tokens[0][0]
+        (1, '<|bos|>')
         """
         real = self.real_positions(row)
         first = int(self.tokens[row, real[0]]) if real else None

@@ -270,7 +270,12 @@ class SteeringPanel:
             SteerError: For a name the panel does not offer, or its last vector (with no
                 SAE feature to fall back on), before the panel changes.
 
-        >>> panel.remove_vector("wrong size")  # doctest: +SKIP
+        >>> panel = SteeringPanel(lm, {"ones": torch.ones(lm.d_model),
+        ...                            "wrong size": torch.ones(7)}, max_new_tokens=2)
+        >>> panel.remove_vector("wrong size")
+        >>> list(panel.vectors), panel.controls.vector.options
+        (['ones'], ('ones',))
+        >>> panel.close()
         """
         if name not in self.vectors:
             raise SteerError(f"No vector named {name!r}; the panel has {sorted(self.vectors)}.")
