@@ -1,7 +1,7 @@
 """``connect``: a steering server as a model, with ``generate`` and ``stream`` like a local one.
 
 >>> remote = sl.connect("http://127.0.0.1:8000")  # needs a running steerlab server  # doctest: +SKIP
->>> remote.generate("Once upon a time", max_new_tokens=5).text  # doctest: +SKIP
+>>> remote.generate("Once upon a time", max_new_tokens=5).text  # needs that server  # doctest: +SKIP
 [', there was a little']
 
 Requests go to the server's ``/v1/batch`` endpoint, which lays rows out and seeds them as
