@@ -22,7 +22,7 @@ def tiny():
     return sl.load("steerlab-tiny", backend="hf")
 
 
-@pytest.fixture(scope="module", params=["eager", "compiled"])
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.slow)])
 def engine(request):
     lm = sl.load("steerlab-tiny", backend="hf")
     if request.param == "compiled":

@@ -313,18 +313,17 @@ def test_names_of_one_model_still_match():
 # --- lm-eval task names are resolved before any server starts -----------------------------
 
 
+@pytest.mark.slow  # lm-eval indexes its task files
 def test_an_unknown_lm_eval_task_is_named_with_close_matches_before_a_server(
-    toy, tmp_path, monkeypatch
+    toy, lm_eval_tasks, monkeypatch
 ):
-    pytest.importorskip("lm_eval")
     from steerlab.evals import harness
-    from steerlab.toy.tasks import lm_eval_tasks
 
     def no_server(*args):
         raise AssertionError("a server was started for a task that does not exist")
 
     monkeypatch.setattr(harness, "_server", no_server)
-    tasks = lm_eval_tasks(tmp_path / "tasks")
+    tasks = lm_eval_tasks
     with pytest.raises(ValueError, match=r"no task 'no_such_task'"):
         sl.evals.lm_eval(toy, "no_such_task", include_path=tasks)
     with pytest.raises(ValueError, match=r"no task 'toy_sentimnt'.*Did you mean 'toy_sentiment'"):

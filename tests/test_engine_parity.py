@@ -4,7 +4,6 @@ compiled; ``tests_vllm/test_parity.py`` runs the same suite on vLLM."""
 from __future__ import annotations
 
 import pytest
-import torch
 from engine_parity import (
     CASES,
     check_case,
@@ -16,18 +15,15 @@ from engine_parity import (
 )
 
 import steerlab as sl
-from steerlab.toy import asset_path
 
 
 @pytest.fixture(scope="module")
-def hf():
-    from transformers import AutoModelForCausalLM
-
-    path = asset_path("steerlab-tiny")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+def hf(toy_hf):
+    return toy_hf  # the session's plain transformers copy of steerlab-tiny
 
 
-@pytest.fixture(scope="module", params=["eager", "compiled"])
+# The compiled step is traced once per model (seconds), so make test-fast runs the eager half.
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.slow)])
 def lm(request):
     model = sl.load("steerlab-tiny", backend="hf")
     if request.param == "compiled":

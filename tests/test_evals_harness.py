@@ -13,7 +13,7 @@ import steerlab as sl
 from steerlab.server.presets import Preset
 from steerlab.toy import asset_path
 from steerlab.toy.evidence import CONTRAST_PAIRS
-from steerlab.toy.tasks import TASKS, lm_eval_tasks
+from steerlab.toy.tasks import TASKS
 
 lm_eval = pytest.importorskip("lm_eval")
 pytestmark = pytest.mark.slow
@@ -27,8 +27,8 @@ def vec(toy_lm) -> sl.SteeringVector:
 
 
 @pytest.fixture(scope="module")
-def tasks(tmp_path_factory):
-    return lm_eval_tasks(tmp_path_factory.mktemp("tasks"))
+def tasks(lm_eval_tasks):
+    return lm_eval_tasks
 
 
 @pytest.fixture(autouse=True)

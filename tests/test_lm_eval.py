@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 from server_helpers import KEY, served
 
-import steerlab as sl
 from steerlab.toy import asset_path
-from steerlab.toy.tasks import TASKS, lm_eval_tasks
+from steerlab.toy.tasks import TASKS
 
 lm_eval = pytest.importorskip("lm_eval")
 
 
 @pytest.fixture(scope="module")
-def task_dir(tmp_path_factory) -> Path:
-    """The toy world's multiple-choice and rolling-loglikelihood tasks (``steerlab.toy.tasks``)."""
-    return lm_eval_tasks(tmp_path_factory.mktemp("tasks"))
+def task_dir(lm_eval_tasks) -> Path:
+    """The toy world's multiple-choice and rolling-loglikelihood tasks (``steerlab.toy.tasks``),
+    the session's folder, whose lm-eval task index is made once."""
+    return lm_eval_tasks
 
 
 def _loglikelihoods(results: dict, task: str) -> list[float]:
@@ -69,12 +69,12 @@ TOKENIZERS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", sorted(TOKENIZERS))
 def test_local_completions_against_the_server_equals_lm_evals_hf_model(
-    task_dir, oracles, monkeypatch, tokenizer
+    task_dir, oracles, monkeypatch, tokenizer, toy_lm
 ):
     oracle = oracles[TOKENIZERS[tokenizer].get("add_bos_token", False)]
     monkeypatch.setenv("OPENAI_API_KEY", KEY)  # local-completions sends it as the bearer token
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with served(sl.load("steerlab-tiny", backend="hf")) as url:
+    with served(toy_lm) as url:
         ours = _run(task_dir, "local-completions", {
             "model": "steerlab-tiny", "base_url": f"{url}/v1/completions", "num_concurrent": 1,
             "max_retries": 1, **TOKENIZERS[tokenizer],

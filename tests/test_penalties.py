@@ -155,6 +155,7 @@ def test_bad_settings_and_out_of_vocab_ids_fail_before_any_compute():
 # --- end to end on steerlab-tiny ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # the reference decodes without a cache
 def test_the_suite_penalizes_for_real(toy_lm, toy_hf):
     """Each row of the parity suite's settings changes the reference's own greedy tokens."""
     for p, case, settings in PENALTIES:
