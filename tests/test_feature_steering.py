@@ -250,10 +250,11 @@ def test_dataclasses_replace_moves_a_steer_and_keeps_its_source_model(toy_lm):
     sae = replace(toy_sae("standard"), model_name="gpt2-small")
     steer = sl.Steer(sae.site, sae.feature(1), alpha=2.0)
     moved = replace(steer, site="blocks.1.hook_resid_pre")
+    assert steer.made_for.name == "gpt2-small"
     assert (moved.site, moved.alpha, moved.made_for) == (
         "blocks.1.hook_resid_pre",
         (2.0,),
-        "gpt2-small",
+        steer.made_for,
     )
     assert torch.equal(moved.vector, steer.vector)
     clamp = toy_sae("standard").clamp(1, 20.0)
