@@ -52,6 +52,8 @@ test: setup
 	$(PYTEST) -q -rs -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
 	$(PYTEST) -q -p no:cacheprovider --doctest-modules steerlab
 
+# The core, the engines (eager), the server and vectors: tests/conftest.py's FAST_MODULES
+# less the tests marked slow by hand; the other modules are not even collected.
 test-fast: $(STAMP)
 	$(PYTEST) -q -rs -m "not browser and not slow" tests
 
