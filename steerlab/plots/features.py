@@ -43,8 +43,8 @@ def features(
 
     >>> acts = lm.features("Once upon a time", sl.load_sae("steerlab-tiny-sae"))
     >>> z = sl.plots.features(acts, n=8).data[0].z
-    >>> len(z), len(z[0])  # tokens, features
-    (5, 8)
+    >>> len(z), len(z[0])  # tokens (the BOS left out), features
+    (4, 8)
     """
     skip = acts.leading_bos(row) if skip_bos else 0
     top = acts.prompt_top(row, n, skip=skip)
