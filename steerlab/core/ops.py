@@ -26,7 +26,7 @@ from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 
 __all__ = [
     "OPS", "STRENGTHS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
-    "Rotate", "SteerError", "tensor_fingerprint",
+    "Rotate", "SteerError", "TensorValue", "tensor_fingerprint",
 ]  # fmt: skip
 
 TensorKey = Callable[[torch.Tensor], str]
@@ -116,13 +116,14 @@ def project(act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor,
 
 
 @dataclass(frozen=True, eq=False)
-class Op:
-    """Base of steerlab's operations: subclassing registers the name for ``op_from_data``.
+class TensorValue:
+    """A frozen dataclass whose tensor fields are handled by the base: the value base of
+    operations (``Op``) and of reads such as a steer's condition (``core.reads``).
 
-    An operation is a frozen dataclass declared with ``eq=False``: equality and hashing
-    come from here, by the operation's data form with tensors by content
-    (``tensor_fingerprint``), so two ops with equal tensors are equal whatever objects hold
-    them. Fields annotated as tensors get, from the base alone:
+    Declare subclasses ``@dataclass(frozen=True, eq=False)``: equality and hashing come from
+    here, by the data form with tensors by content (``tensor_fingerprint``), so two values
+    with equal tensors are equal whatever objects hold them. Fields annotated as tensors
+    get, from the base alone:
 
     - conversion: nested lists of numbers become tensors (float32, or ``dtype=`` in the
       data form), and every tensor field takes the first one's dtype; each must be dense,
@@ -131,9 +132,81 @@ class Op:
     - the data form: lists of floats, or content keys where tensors travel once by key
       (``op_tensors``), plus their ``dtype``.
 
-    A subclass gives its ``name``, its fields, a ``form()`` (or ``__call__`` when it has
-    none) and, where it needs them, ``check`` (against a steer's site and width) and
-    ``__post_init__`` checks (call ``super().__post_init__()`` first).
+    Subclasses that check their fields in ``__post_init__`` call ``super().__post_init__()``
+    first.
+    """
+
+    def __post_init__(self) -> None:
+        kind: torch.dtype | None = None
+        for name in self.tensor_fields():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            tensor = _tensor(value, f"{self._label()} {name}", kind)
+            kind = kind or tensor.dtype
+            object.__setattr__(self, name, tensor)
+
+    def _label(self) -> str:
+        return type(self).__name__
+
+    @classmethod
+    def tensor_fields(cls) -> tuple[str, ...]:
+        """The fields that hold tensors (annotated ``torch.Tensor``), in declaration order."""
+        return tuple(f.name for f in fields(cls) if "Tensor" in str(f.type))
+
+    def fields_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        """Fields by name; tensors as nested lists, or as ``tensor_key(t)`` where tensors
+        travel once by key, with their ``dtype``."""
+        data: dict[str, Any] = {}
+        kind = None
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                kind = kind or str(value.dtype).removeprefix("torch.")
+                value = tensor_key(value) if tensor_key is not None else value.tolist()
+            data[f.name] = value
+        if kind is not None:
+            data["dtype"] = kind
+        return data
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor parameters, by name."""
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name),
+                                                               torch.Tensor)}  # fmt: skip
+
+    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The tensor parameters on ``device``, moved once per device."""
+        moved = self._moved
+        if device not in moved:
+            moved[device] = {n: t.to(device) for n, t in self.tensors().items()}
+        return moved[device]
+
+    @cached_property
+    def _moved(self) -> dict[torch.device, dict[str, torch.Tensor]]:
+        return {}
+
+    @cached_property
+    def _identity(self) -> tuple[Any, ...]:
+        data = self.fields_data(tensor_fingerprint if self.tensor_fields() else None)
+        return tuple(sorted((k, _hashable(v)) for k, v in data.items()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorValue):
+            return NotImplemented
+        return type(self) is type(other) and self._identity == other._identity
+
+    def __hash__(self) -> int:
+        return hash(self._identity)
+
+
+@dataclass(frozen=True, eq=False)
+class Op(TensorValue):
+    """Base of steerlab's operations: subclassing registers the name for ``op_from_data``.
+
+    Tensor fields, equality, hashing, per-device copies and the data form come from
+    ``TensorValue``. A subclass gives its ``name``, its fields, a ``form()`` (or
+    ``__call__`` when it has none) and, where it needs them, ``check`` (against a steer's
+    site and width) and ``__post_init__`` checks (call ``super().__post_init__()`` first).
     """
 
     name: ClassVar[str] = ""
@@ -143,20 +216,8 @@ class Op:
         super().__init_subclass__(**kwargs)
         OPS[cls.name] = cls
 
-    def __post_init__(self) -> None:
-        kind: torch.dtype | None = None
-        for name in self.tensor_fields():
-            value = getattr(self, name)
-            if value is None:
-                continue
-            tensor = _tensor(value, f"{self.name} {name}", kind)
-            kind = kind or tensor.dtype
-            object.__setattr__(self, name, tensor)
-
-    @classmethod
-    def tensor_fields(cls) -> tuple[str, ...]:
-        """The fields that hold tensors (annotated ``torch.Tensor``), in declaration order."""
-        return tuple(f.name for f in fields(cls) if "Tensor" in str(f.type))
+    def _label(self) -> str:
+        return self.name
 
     def form(self) -> Form | None:
         """The operation as table data, or None when it is not of that shape (it then runs
@@ -176,48 +237,8 @@ class Op:
         data does not fit (raise ``SteerError`` saying why)."""
 
     def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
-        """Parameters by name; tensors as nested lists, or as ``tensor_key(t)`` where
-        tensors travel once by key, with their ``dtype``."""
-        data: dict[str, Any] = {"name": self.name}
-        kind = None
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                kind = kind or str(value.dtype).removeprefix("torch.")
-                value = tensor_key(value) if tensor_key is not None else value.tolist()
-            data[f.name] = value
-        if kind is not None:
-            data["dtype"] = kind
-        return data
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The operation's tensor parameters, by name (none for the projection ops)."""
-        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name),
-                                                               torch.Tensor)}  # fmt: skip
-
-    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """The tensor parameters on ``device``, moved once per device."""
-        moved = self._moved
-        if device not in moved:
-            moved[device] = {n: t.to(device) for n, t in self.tensors().items()}
-        return moved[device]
-
-    @cached_property
-    def _moved(self) -> dict[torch.device, dict[str, torch.Tensor]]:
-        return {}
-
-    @cached_property
-    def _identity(self) -> tuple[Any, ...]:
-        data = self.to_data(tensor_fingerprint if self.tensor_fields() else None)
-        return tuple(sorted((k, _hashable(v)) for k, v in data.items()))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Op):
-            return NotImplemented
-        return type(self) is type(other) and self._identity == other._identity
-
-    def __hash__(self) -> int:
-        return hash(self._identity)
+        """Parameters by name, after the op's ``name`` (``fields_data``)."""
+        return {"name": self.name, **self.fields_data(tensor_key)}
 
 
 def _hashable(value: Any) -> Any:
