@@ -19,7 +19,8 @@ from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.chat import ChatSession
 from steerlab.core import Ablate, Add, Cap, Clamp, Rotate, Steer, SteerError
 from steerlab.core.activations import Activations
-from steerlab.core.results import Generation, Step
+from steerlab.core.reads import Condition, Monitor, all_of, any_of
+from steerlab.core.results import Generation, MonitorTrace, Step
 from steerlab.core.sites import SiteError
 from steerlab.features import SAE, FeatureActivations, load_sae
 from steerlab.loading import load, wrap
@@ -70,8 +71,11 @@ __all__ = [
     "Cap",
     "ChatSession",
     "Clamp",
+    "Condition",
     "FeatureActivations",
     "Generation",
+    "Monitor",
+    "MonitorTrace",
     "ParityError",
     "ParityWarning",
     "Rotate",
@@ -83,7 +87,9 @@ __all__ = [
     "Step",
     "SweepResult",
     "VectorFileError",
+    "all_of",
     "amplify",
+    "any_of",
     "extract",
     "load_sae",
     "load",

@@ -16,7 +16,7 @@ from steerlab.core.identity import config_sha256 as model_config_sha256
 from steerlab.core.prompts import Prompt
 from steerlab.core.request import Request, Sampling, takes_options
 from steerlab.core.results import Generation, Step
-from steerlab.core.rows import Rows, SteerArg, as_steers, lay_out
+from steerlab.core.rows import Rows, SteerArg, as_steers, checked_monitors, lay_out
 from steerlab.core.sites import resolve, site_names
 from steerlab.engine.local import LocalEngine
 from steerlab.engine.protocol import Engine
@@ -158,6 +158,7 @@ class SteerableModel:
         *,
         max_new_tokens: int = 40,
         chat: bool = False,
+        monitor: Any = None,
         **options: Any,
     ) -> str:
         """Which path a call would take, compiled or eager, and why.
@@ -176,7 +177,7 @@ class SteerableModel:
             requests = list(given)
         else:
             rows = lay_out(self, given, steer, chat=chat, new_tokens=max_new_tokens)
-            requests = rows.requests(Sampling(max_new_tokens))
+            requests = rows.requests(Sampling(max_new_tokens), checked_monitors(self, monitor))
         return self.engine.explain(requests, **options)
 
     @takes_options
@@ -192,6 +193,7 @@ class SteerableModel:
         keep_cache: bool = False,
         wait: float = 0.0,
         on_token: OnToken | None = None,
+        monitor: Any = None,
         **options: Any,
     ) -> Iterator[Step]:
         """Generate token by token, yielding a ``Step`` after each new token.
@@ -202,9 +204,10 @@ class SteerableModel:
         if capture and not use_cache:
             raise ValueError("capture needs use_cache=True.")
         sampling = Sampling.of(options, where="stream")
+        monitors = checked_monitors(self, monitor)
         rows = self._rows(prompts, steer, chat, sampling.max_new_tokens, cache)
         progress = self.engine.stream(
-            rows.requests(sampling), cache=cache, keep_cache=keep_cache, capture=site_names(capture),
+            rows.requests(sampling, monitors), cache=cache, keep_cache=keep_cache, capture=site_names(capture),
             use_cache=use_cache, wait=wait, description=f"stream of {len(rows.encoded)} rows",
         )  # fmt: skip
         return steps(progress, rows, sampling.seed, on_token)
@@ -241,6 +244,7 @@ class SteerableModel:
         keep_cache: bool = False,
         wait: float = 0.0,
         on_token: OnToken | None = None,
+        monitor: Any = None,
         **options: Any,
     ) -> Generation:
         """Generate completions, steered or not, one row per prompt x alpha.
@@ -262,13 +266,19 @@ class SteerableModel:
                 logprobs, captured activations). An exception in it stops generation
                 cleanly (no hooks left; a kept cache is valid to the last token fed) and
                 propagates.
+            monitor: projections to read at every token while generating: a dict of name
+                -> ``vector.at(site)`` or ``(site, vector)``; ``out.monitors[name]`` holds
+                them (``MonitorTrace``). Monitors never change a token.
+
+        A steer with ``when=`` (``sl.Condition``) acts only on rows whose prompt fires it:
+        ``out.fired`` and ``out.condition_scores`` say which did, and on what score.
 
         >>> lm.generate("Once upon a time", max_new_tokens=10).text
         [', there was a little cat called Finn. The']
         """
         steps = self.stream(prompts, steer, chat=chat, capture=capture, use_cache=use_cache,
                             cache=cache, keep_cache=keep_cache, wait=wait, on_token=on_token,
-                            **options)  # fmt: skip
+                            monitor=monitor, **options)  # fmt: skip
         (last,) = deque(steps, maxlen=1)  # max_new_tokens >= 1: there is a last step
         return last.result()
 

@@ -535,7 +535,7 @@ class Rotate(Op):
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-def _dtype(name: object) -> torch.dtype:
+def dtype_named(name: object) -> torch.dtype:
     """A tensor dtype named in data: one a model computes in (not float8, not integers)."""
     if not isinstance(name, str) or name not in _DTYPES:
         raise SteerError(f"dtype must name a torch floating dtype, one of {list(_DTYPES)}; got "
@@ -608,7 +608,7 @@ def op_from_data(data: dict[str, Any] | str,
         params = {k: tensors[v] if k in held and isinstance(v, str) and v in tensors else v
                   for k, v in params.items()}  # fmt: skip
     if held and "dtype" in params:  # every tensor parameter in the dtype the data names
-        kind = _dtype(params.pop("dtype"))
+        kind = dtype_named(params.pop("dtype"))
         params = {k: _tensor(v, f"{cls.name} {k}", kind) if k in held and v is not None else v
                   for k, v in params.items()}  # fmt: skip
     try:

@@ -20,6 +20,7 @@ import torch
 
 from steerlab.core.errors import SamplingError
 from steerlab.core.ops import Operation, SteerError
+from steerlab.core.reads import Gate, Monitor
 from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Positions, Steer, steer_data, vector_fingerprint
 
@@ -35,19 +36,21 @@ class RowSteer:
     alpha: float
     positions: Positions
     op: Operation
+    when: Gate | None = None  # the condition that gates this steer on this row
 
     @classmethod
     def of(cls, steer: Steer, alpha: float) -> RowSteer:
-        return cls(steer.site, steer.vector, float(alpha), steer.positions, steer.op)
+        return cls(steer.site, steer.vector, float(alpha), steer.positions, steer.op, steer.when)
 
     def to_data(self, *, vector_key: str | None = None) -> dict[str, Any]:
         """Plain data; the vector inline, or by ``vector_key`` where vectors travel once."""
         return steer_data(self.site, self.vector, self.alpha, self.positions, self.op,
-                          vector_key=vector_key)  # fmt: skip
+                          vector_key=vector_key, when=self.when)  # fmt: skip
 
     def fingerprint(self) -> str:
-        """The steer minus its alpha: site, vector content, positions and op."""
-        return Steer(self.site, self.vector, 1.0, self.positions, self.op).fingerprint()
+        """The steer minus its alpha: site, vector content, positions, op and condition."""
+        return Steer(self.site, self.vector, 1.0, self.positions, self.op,
+                     when=self.when).fingerprint()  # fmt: skip
 
     @property
     def vector_key(self) -> str:
@@ -392,6 +395,7 @@ class Request:
         generated: per prompt token, True where the model produced it in an earlier call
             (a chat history's replies fed again), so ``positions="generated"`` still
             touches it; empty means none.
+        monitors: projections to read on this row while it generates (``Readout``).
     """
 
     prompt: tuple[int, ...]
@@ -399,6 +403,7 @@ class Request:
     sampling: Sampling = field(default_factory=Sampling)
     stream: str = ""
     generated: tuple[bool, ...] = ()
+    monitors: tuple[Monitor, ...] = ()
 
     def __post_init__(self) -> None:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.prompt):
@@ -411,6 +416,20 @@ class Request:
         for steer in self.steers:
             if not isinstance(steer, RowSteer):
                 raise SteerError(f"Request.steers takes RowSteer values; got {steer!r}.")
+
+
+@dataclass(frozen=True)
+class Readout:
+    """What a monitor read on one row: ``h·v/|v|`` at ``site``, after the steers there.
+
+    ``prompt`` has one value per prompt token fed by the call; ``generated[t]`` is read at
+    the position whose forward chose new token ``t`` (the last prompt token for t = 0, new
+    token t-1 after that).
+    """
+
+    site: str
+    prompt: tuple[float, ...]
+    generated: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -442,3 +461,6 @@ class Completion:
     finish_reason: str  # "eos", "stop" (a stop string), "length" or "cancelled"
     scores: list[TokenScore] = field(default_factory=list)
     prompt_scores: list[TokenScore | None] = field(default_factory=list)
+    fired: bool | None = None  # did the row's condition fire (None: the row has none)
+    condition_score: float | None = None  # the score that decision was made on
+    readouts: dict[str, Readout] = field(default_factory=dict)  # by monitor name

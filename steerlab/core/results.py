@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,11 @@ class Generation:
         seed: the sampling seed (drawn fresh when none was given), to repeat the run.
         activations: site -> [row, pos, d_model] over prompt and new tokens, when captured.
         cache: the KV cache at the end of the text, with ``keep_cache=True`` or ``cache=``.
+        fired: [rows] bool, whether each row's condition fired (a row's first conditioned
+            steer; False on rows without one); None when no steer is conditioned.
+        condition_scores: [rows] float, the score each decision was made on (NaN on rows
+            without a condition); None when no steer is conditioned.
+        monitors: name -> ``MonitorTrace``, with ``monitor=``.
     """
 
     text: list[str]
@@ -39,6 +45,9 @@ class Generation:
     seed: int = 0
     activations: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     cache: Any = field(default=None, repr=False)
+    fired: torch.Tensor | None = field(default=None, repr=False)
+    condition_scores: torch.Tensor | None = field(default=None, repr=False)
+    monitors: dict[str, MonitorTrace] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -47,7 +56,12 @@ class Generation:
         lines = [f"Generation({len(self)} rows)"]
         for i, text in enumerate(self.text):
             alpha = f" alpha={list(self.alphas[i])}" if self.alphas[i] else ""
-            lines.append(f"  [{i}]{alpha} ({self.finish_reasons[i]}) {text[:80]!r}")
+            fired = ""
+            if self.fired is not None and not math.isnan(float(self.condition_scores[i])):  # type: ignore[index]
+                fired = " fired" if bool(self.fired[i]) else " not fired"
+            lines.append(f"  [{i}]{alpha}{fired} ({self.finish_reasons[i]}) {text[:80]!r}")
+        if self.monitors:
+            lines.append(f"  monitors: {', '.join(self.monitors)}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -63,6 +77,28 @@ class Generation:
             "<table><thead><tr><th>row</th><th>prompt</th><th>alpha</th>"
             f"<th>completion</th><th>finish</th></tr></thead><tbody>{rows}</tbody></table>"
         )
+
+
+@dataclass(frozen=True)
+class MonitorTrace:
+    """What one monitor read over a generation: ``h·v/|v|`` at ``site``.
+
+    Attributes:
+        name: the monitor's name.
+        site: where it read, after any steer there.
+        prompt: [rows, prompt tokens], NaN where a left-padded row has no token.
+        generated: [rows, new tokens]: at the position whose forward chose each new token
+            (the last prompt token for the first), NaN after a row ended.
+    """
+
+    name: str
+    site: str
+    prompt: torch.Tensor
+    generated: torch.Tensor
+
+    def __repr__(self) -> str:
+        rows, new = self.generated.shape
+        return f"MonitorTrace({self.name!r} at {self.site}: {rows} rows, {new} new tokens)"
 
 
 class Step:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
+from steerlab.core.reads import Monitor, as_monitors
 from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.core.steer import Steer, check_steer, warn_other_model
 from steerlab.core.window import check_text_window, check_window
@@ -86,8 +87,9 @@ class Rows:
     prompt_index: list[int]
     alphas: list[tuple[float, ...]]
 
-    def requests(self, sampling: Sampling) -> list[Request]:
-        """One engine request per row; rows of one prompt share a random stream."""
+    def requests(self, sampling: Sampling, monitors: Sequence[Monitor] = ()) -> list[Request]:
+        """One engine request per row; rows of one prompt share a random stream; every row
+        reads ``monitors``."""
         seen: dict[str, int] = {}
         streams = []
         for prompt in self.prompts:  # repeats of one text get different streams
@@ -100,6 +102,7 @@ class Rows:
                 tuple(RowSteer.of(s, a) for s, a in zip(self.steers, alphas)),
                 sampling,
                 streams[p],
+                monitors=tuple(monitors),
             )  # fmt: skip
             for ids, p, alphas in zip(self.encoded, self.prompt_index, self.alphas)
         ]
@@ -147,9 +150,17 @@ def checked_steers(lm: ModelLike, steer: SteerArg) -> list[Steer]:
     was made on another model)."""
     steers = as_steers(steer)
     for s in steers:
-        check_steer(s.site, s.vector, lm.sites(), lm.d_model)
+        check_steer(s.site, s.vector, lm.sites(), lm.d_model, s.when)
         warn_other_model(s, lm)
     return steers
+
+
+def checked_monitors(lm: ModelLike, monitor: object) -> tuple[Monitor, ...]:
+    """``monitor=`` as monitors (``core.reads.as_monitors``), each checked against ``lm``."""
+    monitors = as_monitors(monitor)
+    for m in monitors:
+        m.check(lm.sites(), lm.d_model)
+    return monitors
 
 
 def lay_out_ids(lm: ModelLike, prompts: Sequence[Sequence[int]], steer: SteerArg, *,

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from steerlab.core.directions import DirectionSource, direction_of
 from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
 from steerlab.core.identity import ModelId, model_id
 from steerlab.core.ops import (
@@ -27,6 +28,7 @@ from steerlab.core.ops import (
     op_to_data,
     tensor_fingerprint,
 )
+from steerlab.core.reads import Gate, as_gate, check_gate_order, gate_from_data
 from steerlab.core.scalars import without_noise
 from steerlab.core.sites import resolve
 
@@ -101,35 +103,6 @@ def _as_vector(vector: torch.Tensor) -> torch.Tensor:
 vector_fingerprint = tensor_fingerprint
 
 
-class DirectionSource(Protocol):
-    """A vector with a direction per site and a scale, such as a ``SteeringVector``."""
-
-    @property
-    def scale(self) -> float: ...
-
-    @property
-    def sites(self) -> list[str]: ...
-
-    def direction_at(self, site: str) -> torch.Tensor: ...
-
-
-def direction_of(vector: torch.Tensor | DirectionSource, site: str) -> tuple[torch.Tensor, float]:
-    """The one rule from a vector to a steer: ``(direction at site, scale)``.
-
-    A ``SteeringVector``'s scale always goes to alpha and never into the direction, so an
-    Ablate, Clamp or Cap sees the same direction whatever the vector's scale; a tensor has
-    scale 1.
-    """
-    if isinstance(vector, torch.Tensor):
-        return vector, 1.0
-    if hasattr(vector, "direction_at") and hasattr(vector, "scale"):
-        return vector.direction_at(site), float(vector.scale)
-    raise SteerError(
-        f"vector must be a torch.Tensor or a SteeringVector, got {type(vector).__name__}"
-        " (for a numpy array: torch.as_tensor(array, dtype=torch.float32))."
-    )
-
-
 def steers_at(
     source: torch.Tensor | DirectionSource,
     site: str | None,
@@ -200,8 +173,10 @@ def warn_other_model(steer: Steer, model: object) -> None:
         )
 
 
-def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int) -> None:
-    """The one check of a steer against a model: a site it has, a vector of its width.
+def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int,
+                when: Gate | None = None) -> None:  # fmt: skip
+    """The one check of a steer against a model: a site it has, a vector of its width, and
+    a condition (``when``) whose every part reads a site it has, at its width.
 
     Raises:
         SiteError: the model has no such site (naming the closest ones).
@@ -212,6 +187,8 @@ def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: 
         raise SteerError(
             f"Vector for {site} has size {vector.shape[0]}, but this model has d_model={d_model}."
         )
+    for condition in when.leaves() if when is not None else ():
+        condition.check(sites, d_model)
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,6 +209,7 @@ class Steer:
     positions: Positions = "all"
     op: Operation = field(default_factory=Add)
     made_for: ModelId = field(default_factory=ModelId)  # the model the direction was made on
+    when: Gate | None = None  # steer only the rows (or positions) where this gate fires
 
     def __init__(
         self,
@@ -242,9 +220,12 @@ class Steer:
         op: Operation | None = None,
         *,
         made_for: ModelId | str | None = None,
+        when: Gate | None = None,
     ) -> None:
         """``made_for`` names the model the direction was made on; by default the vector's
-        provenance says (``dataclasses.replace`` passes it on)."""
+        provenance says (``dataclasses.replace`` passes it on). ``when`` is a condition
+        (``sl.Condition``, ``sl.any_of``, ``sl.all_of``): the steer acts only on rows whose
+        prompt fires it (or, with ``read="token"``, only at positions that do)."""
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
         source = _made_for(vector) if made_for is None else _as_model_id(made_for)
@@ -261,22 +242,27 @@ class Steer:
             raise SteerError(f"{type(op).__name__} needs a non-zero direction.")
         if isinstance(op, Op):
             op.check(site, vector)
+        gate = as_gate(when)
+        if gate is not None:
+            check_gate_order(gate, site, touches_prompt=position_form(positions)[0])
         object.__setattr__(self, "site", site)
         object.__setattr__(self, "vector", vector)
         object.__setattr__(self, "alpha", alphas)
         object.__setattr__(self, "positions", positions)
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "made_for", source)
+        object.__setattr__(self, "when", gate)
 
     def _key(self) -> tuple[Any, ...]:
-        return (self.site, vector_fingerprint(self.vector), self.alpha, self.positions, self.op)
+        return (self.site, vector_fingerprint(self.vector), self.alpha, self.positions, self.op,
+                self.when)  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Steer):
             return NotImplemented
         return (
-            (self.site, self.alpha, self.positions, self.op)
-            == (other.site, other.alpha, other.positions, other.op)
+            (self.site, self.alpha, self.positions, self.op, self.when)
+            == (other.site, other.alpha, other.positions, other.op, other.when)
             and self.vector.dtype == other.vector.dtype
             and self.vector.shape == other.vector.shape
             and bool(torch.equal(self.vector.cpu(), other.vector.cpu()))
@@ -289,7 +275,8 @@ class Steer:
         alphas = self.alpha[0] if len(self.alpha) == 1 else list(self.alpha)
         return (
             f"Steer({self.site!r}, vector[{self.vector.shape[0]}] |v|={self.vector.norm():.3g}, "
-            f"alpha={alphas}, positions={self.positions!r}, op={self.op!r})"
+            f"alpha={alphas}, positions={self.positions!r}, op={self.op!r}"
+            + (f", when={self.when!r})" if self.when is not None else ")")
         )
 
     def steers(self) -> list[Steer]:
@@ -298,10 +285,11 @@ class Steer:
     def to_data(self, *, vector_key: str | None = None) -> dict[str, Any]:
         """This steer in the wire format (``steer_data``), every alpha included."""
         return steer_data(self.site, self.vector, list(self.alpha), self.positions, self.op,
-                          vector_key=vector_key)  # fmt: skip
+                          vector_key=vector_key, when=self.when)  # fmt: skip
 
     def fingerprint(self) -> str:
-        """What this steer does, minus its alphas, as a short hash (site, vector, op, positions).
+        """What this steer does, minus its alphas, as a short hash (site, vector, op,
+        positions, condition).
 
         Custom operations have no data form; they fingerprint by identity.
         """
@@ -310,6 +298,8 @@ class Steer:
         except SteerError:
             op = f"custom:{id(self.op)}"
         text = f"{self.site}|{vector_fingerprint(self.vector)}|{self.positions}|{op}"
+        if self.when is not None:
+            text += f"|{sorted(self.when.to_data(tensor_fingerprint).items())!r}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -374,10 +364,12 @@ def position_mask(
 
 
 def steer_data(site: str, vector: torch.Tensor, alpha: float | list[float], positions: Positions,
-               op: Operation, *, vector_key: str | None = None) -> dict[str, Any]:  # fmt: skip
+               op: Operation, *, vector_key: str | None = None,
+               when: Gate | None = None) -> dict[str, Any]:  # fmt: skip
     """THE wire format of a steer, for the server's clients and vLLM's workers alike.
 
-    ``{"site", "vector", "alpha", "positions", "op"}``: the vector as floats, or as
+    ``{"site", "vector", "alpha", "positions", "op"}`` (and ``"when"``, a condition's
+    ``gate_from_data`` form, on a conditioned steer): the vector as floats, or as
     ``vector_key`` where vectors travel once by key; the op as ``op_to_data`` gives it
     (a custom callable is refused, with why), its tensors (a ``FeatureClamp``'s encoder)
     as floats or, with ``vector_key``, by ``tensor_fingerprint`` too.
@@ -387,8 +379,11 @@ def steer_data(site: str, vector: torch.Tensor, alpha: float | list[float], posi
     """
     values: Any = vector_key if vector_key is not None else vector.float().tolist()
     by_key = tensor_fingerprint if vector_key is not None else None  # op tensors travel alike
-    return {"site": site, "vector": values, "alpha": alpha, "positions": positions,
+    data = {"site": site, "vector": values, "alpha": alpha, "positions": positions,
             "op": op_to_data(op, by_key)}  # fmt: skip
+    if when is not None:
+        data["when"] = when.to_data(by_key)
+    return data
 
 
 @dataclass(frozen=True)
@@ -403,17 +398,20 @@ class SteerData:
     alpha: float | list[float] | None
     positions: Positions
     op: Op
+    when: Gate | None = None
 
 
-_WIRE_KEYS = ("site", "vector", "alpha", "positions", "op")
+_WIRE_KEYS = ("site", "vector", "alpha", "positions", "op", "when")
 
 
 def steer_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None,
-                    *, partial: bool = False) -> SteerData:  # fmt: skip
+                    *, partial: bool = False, vectors: Any = None) -> SteerData:  # fmt: skip
     """THE reader of the wire format that ``steer_data`` writes: the server's requests and
     vLLM's workers both read steers here. The op is ``op_from_data``'s (its tensors looked
     up in ``tensors`` by key); positions and alphas are checked by the rules ``Steer``
     uses. ``partial`` lets ``site`` and ``alpha`` be absent (a request body's named vector).
+    A ``"when"`` condition is ``gate_from_data``'s; a string vector in it is resolved by
+    ``vectors(name, site)``, or looked up in ``tensors``.
 
     Raises:
         SteerError: a key is missing or unknown, or a value is not valid; ``field`` on the
@@ -449,6 +447,18 @@ def steer_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
         op = op_from_data(data.get("op", "add"), tensors)
     except SteerError as error:
         raise SteerError(str(error), "op") from None
+    when = None
+    if data.get("when") is not None:
+        when = gate_from_data(data["when"], vectors or _by_key(tensors))
     if alphas is not None and not isinstance(alpha, (list, tuple)):
-        return SteerData(site, vector, alphas[0], positions, op)
-    return SteerData(site, vector, None if alphas is None else list(alphas), positions, op)
+        return SteerData(site, vector, alphas[0], positions, op, when)
+    return SteerData(site, vector, None if alphas is None else list(alphas), positions, op, when)
+
+
+def _by_key(tensors: Mapping[str, torch.Tensor] | None) -> Any:
+    def look_up(key: str, site: str) -> torch.Tensor:
+        if tensors is None or key not in tensors:
+            raise SteerError(f"a condition's vector {key!r:.40} is not a known key.", "vector")
+        return tensors[key]
+
+    return look_up

@@ -30,6 +30,7 @@ class Batch:
                  pad_id: int, use_cache: bool) -> None:  # fmt: skip
         self.backend, self.use_cache = backend, use_cache
         self.rows = list(range(len(requests)))  # call rows still in the batch
+        self.sampled = False  # a token was appended: forwards no longer feed the prompt
         new = [list(r.prompt) for r in requests]
         first_generated = [False] * len(new)  # is each row's first new token a generated one
         if cache is not None and not all(new):
@@ -68,7 +69,7 @@ class Batch:
         start = self.fed if self.use_cache else 0
         device = self.backend.input_device
         context = ForwardContext.for_mask(torch.tensor(self.rows), self.mask,
-                                          self.generated[:, start:])  # fmt: skip
+                                          self.generated[:, start:], prefill=not self.sampled)  # fmt: skip
         call.context = context
         try:
             with torch.inference_mode():
@@ -83,6 +84,7 @@ class Batch:
 
     def append(self, tokens: torch.Tensor, live: torch.Tensor) -> None:
         """One new column: ``tokens`` [batch], real where ``live`` [batch] bool."""
+        self.sampled = True
         self.tokens = torch.cat([self.tokens, tokens.cpu()[:, None]], 1)
         self.mask = torch.cat([self.mask, live.long()[:, None]], 1)
         self.generated = torch.cat([self.generated, live[:, None]], 1)

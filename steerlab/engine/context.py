@@ -21,20 +21,23 @@ class ForwardContext:
         rows: [batch] which of the call's rows each batch row is.
         pos: [batch, new] index of each new token from its row's first real token; -1 on pads.
         generated: [batch, new] True where the token was produced by the model.
+        prefill: this forward feeds the call's prompt (it comes before the call's first new
+            token); a condition reads the prompt from such forwards only.
     """
 
     rows: torch.Tensor
     pos: torch.Tensor
     generated: torch.Tensor
+    prefill: bool = False
     _moved: dict[torch.device, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def for_mask(
-        cls, rows: torch.Tensor, mask: torch.Tensor, generated: torch.Tensor
+        cls, rows: torch.Tensor, mask: torch.Tensor, generated: torch.Tensor, prefill: bool = False
     ) -> ForwardContext:
         """The context for the last ``generated.shape[1]`` columns of a full attention mask."""
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, -1)
-        return cls(rows, pos[:, -generated.shape[1] :], generated)
+        return cls(rows, pos[:, -generated.shape[1] :], generated, prefill)
 
     @property
     def position_ids(self) -> torch.Tensor:

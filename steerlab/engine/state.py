@@ -25,6 +25,13 @@ class RowStates:
         self.prompt_scores: list[list[TokenScore | None]] = [[] for _ in range(n)]
         self.reasons = ["length"] * n
         self.done = [r.sampling.max_new_tokens == 0 for r in self.requests]  # scored only
+        self.reads: Any = None  # the call's ``CallReads`` when it has conditions or monitors
+
+    def reads_of(self, row: int, kept: int) -> tuple[bool | None, float | None, dict[str, Any]]:
+        """A row's condition decision, its score, and its monitors' readouts."""
+        if self.reads is None:
+            return None, None, {}
+        return self.reads.row(row, kept)
 
     def extend(self, requests: Sequence[Request]) -> range:
         """Rows for more requests, joining a call that is under way; returns their indices."""
@@ -110,9 +117,10 @@ class RowStates:
 
     def completion(self, row: int) -> Completion:
         kept = self.kept(row)
+        fired, score, readouts = self.reads_of(row, kept)
         return Completion(self.text(row), self.tokens[row][:kept], self.logprobs[row][:kept],
                           self.reasons[row], self.scores_kept(row, kept),
-                          list(self.prompt_scores[row]))  # fmt: skip
+                          list(self.prompt_scores[row]), fired, score, readouts)  # fmt: skip
 
     def completions(self) -> list[Completion]:
         return [self.completion(r) for r in range(len(self.requests))]

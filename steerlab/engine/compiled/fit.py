@@ -35,8 +35,14 @@ def foreign_hooks(model: nn.Module) -> bool:
 
 def steer_reason(requests: Sequence[Request]) -> str | None:
     """Steers the compiled step cannot hold: custom operations, operations with no table
-    form (a topk feature clamp reads the whole encoder), two on one site of a row."""
+    form (a topk feature clamp reads the whole encoder), two on one site of a row,
+    per-token conditions, monitors."""
     for i, request in enumerate(requests):
+        if request.monitors:
+            return "monitors (monitor=) are read by hooks the compiled step does not run"
+        if any(s.when is not None and s.when.per_token for s in request.steers):
+            return ("a read='token' condition gates each position in the forward; the "
+                    "compiled table holds one decision per row")  # fmt: skip
         sites = [s.site for s in request.steers]
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled table holds one per site)"

@@ -22,6 +22,7 @@ from steerlab.engine.local.loop import decode
 from steerlab.engine.local.steering import attach_steer, check_row_steers, group_steers
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
+from steerlab.engine.reads import CallReads
 from steerlab.engine.state import RowStates
 
 if TYPE_CHECKING:
@@ -173,16 +174,19 @@ class LocalEngine:
                 compact: bool, shared: int | None = None,
                 static: bool = False) -> Iterator[Progress]:  # fmt: skip
         states = RowStates(self.tokenizer, requests)
+        reads = CallReads(requests)
+        states.reads = reads if reads else None
         with calling(self.models(), description, wait=wait) as call:
-            self._attach(requests, recorder, call)
+            self._attach(requests, recorder, call, reads)
             given, feed = cache, requests
             if shared is not None:  # each distinct prompt once, then every row goes on from it
                 cache = self._shared_prefix(requests, shared, call)
+                reads.spread(shared)
                 feed = prefix.last_tokens(requests)
             batch: Batch | StaticBatch
             if static:  # the compiled step: eager prefill, then one compiled graph per step
                 assert self.compiled is not None
-                batch = self.compiled.batch(requests)
+                batch = self.compiled.batch(requests, reads)
             else:
                 batch = Batch(self.backend, feed, cache, self.pad_id, use_cache)
             steps = decode(batch, states, call, eos_ids=self.eos_ids(), pad_id=self.pad_id,
@@ -207,9 +211,15 @@ class LocalEngine:
         batch.forward(call)
         return batch.cache().repeat(k)
 
-    def _attach(self, requests: list[Request], recorder: Recorder | None, call: Call) -> None:
+    def _attach(self, requests: list[Request], recorder: Recorder | None, call: Call,
+                reads: CallReads | None = None) -> None:  # fmt: skip
+        """Hooks in the order they must run at one site: conditions read what the steers are
+        given, steers act, then monitors and the recorder read what the next layer sees."""
+        reads = reads if reads is not None else CallReads(requests)
+        reads.attach_conditions(self.backend, call)
         for steer in group_steers([r.steers for r in requests]):
-            attach_steer(self.backend, steer, call)
+            attach_steer(self.backend, steer, call, reads)
+        reads.attach_monitors(self.backend, call)
         if recorder is not None:
             recorder.attach(self.backend, call)
 

@@ -12,8 +12,10 @@ the shared tokens:
 - a steer from token ``k`` on, with ``k`` at or past the last prompt token,
 - any steer whose alpha is the same on every row of the group.
 
-Rows that do not qualify run the ordinary way. Capturing activations turns it off (the
-prompt's activations belong to every row).
+Rows that do not qualify run the ordinary way. Capturing activations or monitors turns it
+off (the prompt's activations belong to every row), and so does a conditioned steer that
+touches the prefix (its decision needs the whole prompt first). A conditioned steer on
+generated tokens shares: each row's condition takes its run's prefix sums.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from steerlab.core.steer import position_mask
 
 def group_size(requests: Sequence[Request]) -> int | None:
     """``k`` when the requests come in runs of ``k >= 2`` rows that can share a prefix."""
+    if any(r.monitors for r in requests):
+        return None  # a monitor reads every prompt token of every row
     first = requests[0]
     k = next((i for i, r in enumerate(requests) if not _same_prompt(r, first)), len(requests))
     if k < 2 or len(requests) % k:
@@ -39,6 +43,8 @@ def group_size(requests: Sequence[Request]) -> int | None:
             return None
         shared = [_on_prefix(r) for r in group]
         if any(s != shared[0] for s in shared):
+            return None
+        if any(_gated_on_prefix(r) for r in group):
             return None
     return k
 
@@ -68,6 +74,14 @@ def _on_prefix(request: Request) -> list[tuple[str, float]]:
     flags = request.generated[:n] if request.generated else (False,) * n
     return [(s.fingerprint(), s.alpha) for s in request.steers
             if s.alpha != 0 and _touches(s, n, flags)]  # fmt: skip
+
+
+def _gated_on_prefix(request: Request) -> bool:
+    """A conditioned steer that touches the prefix: its row's decision needs the whole
+    prompt, which the shared prefix is fed without."""
+    n = len(request.prompt) - 1
+    flags = request.generated[:n] if request.generated else (False,) * n
+    return any(s.when is not None and _touches(s, n, flags) for s in request.steers)
 
 
 def _touches(steer: RowSteer, n: int, generated: Sequence[bool]) -> bool:

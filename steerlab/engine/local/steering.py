@@ -15,10 +15,12 @@ import torch
 
 from steerlab.backends.base import Backend
 from steerlab.core.ops import Operation, operand
+from steerlab.core.reads import Gate
 from steerlab.core.request import RowSteer
 from steerlab.core.sites import Site
 from steerlab.core.steer import Positions, check_steer, position_mask
 from steerlab.engine.guard import Call
+from steerlab.engine.reads import CallReads
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class AttachedSteer:
     positions: Positions
     op: Operation
     alphas: torch.Tensor  # [rows]
+    when: Gate | None = None
 
 
 def check_row_steers(backend: Backend, rows: Sequence[Sequence[RowSteer]]) -> None:
@@ -37,7 +40,7 @@ def check_row_steers(backend: Backend, rows: Sequence[Sequence[RowSteer]]) -> No
     valid = backend.sites()
     for steers in rows:
         for steer in steers:
-            check_steer(steer.site, steer.vector, valid, backend.d_model)
+            check_steer(steer.site, steer.vector, valid, backend.d_model, steer.when)
 
 
 def group_steers(rows: Sequence[Sequence[RowSteer]]) -> list[AttachedSteer]:
@@ -45,20 +48,22 @@ def group_steers(rows: Sequence[Sequence[RowSteer]]) -> list[AttachedSteer]:
     groups: dict[tuple, tuple[RowSteer, list[float]]] = {}
     for r, steers in enumerate(rows):
         for steer in steers:
-            key = (steer.site, id(steer.vector), steer.positions, steer.op)
+            key = (steer.site, id(steer.vector), steer.positions, steer.op, steer.when)
             if key not in groups:
                 groups[key] = (steer, [0.0] * len(rows))
             groups[key][1][r] = steer.alpha
     attached = [
-        AttachedSteer(Site.parse(s.site), s.vector, s.positions, s.op, torch.tensor(alphas))
+        AttachedSteer(Site.parse(s.site), s.vector, s.positions, s.op, torch.tensor(alphas), s.when)
         for s, alphas in groups.values()
         if any(alphas)
     ]
     return sorted(attached, key=lambda a: a.site.forward_order)
 
 
-def attach_steer(backend: Backend, steer: AttachedSteer, call: Call) -> None:
-    """Hook ``steer`` in for ``call``; it acts on that call's forwards only."""
+def attach_steer(backend: Backend, steer: AttachedSteer, call: Call,
+                 reads: CallReads | None = None) -> None:  # fmt: skip
+    """Hook ``steer`` in for ``call``; it acts on that call's forwards only, and, for a
+    conditioned steer, only where ``reads`` says its gate fired."""
     moved: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def apply(act: torch.Tensor) -> torch.Tensor | None:
@@ -74,6 +79,10 @@ def attach_steer(backend: Backend, steer: AttachedSteer, call: Call) -> None:
         alphas = row_alphas[rows]  # [batch]
         batch, seq, d = act.shape
         touched = position_mask(steer.positions, pos, generated) & (alphas != 0)[:, None]
+        if steer.when is not None:
+            assert reads is not None, "a conditioned steer needs the call's reads"
+            gate = reads.gate(steer.when, rows)
+            touched = touched & (gate if gate.ndim == 2 else gate[:, None])
         alpha = alphas[:, None].expand(batch, seq).reshape(-1, 1)
         new = steer.op(act.reshape(-1, d), vector, alpha).reshape(batch, seq, d)
         return torch.where(touched[..., None], new, act)

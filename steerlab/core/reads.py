@@ -1,0 +1,440 @@
+"""Reads: a number per position from the activation at a site, and what is built on them.
+
+A *read* is a small function of the activation ``h`` at a site and a direction ``c``:
+
+- ``"projection"``: ``h·c/|c|``;
+- ``"cosine"``: CAST's ``cos(h, tanh(P h))`` with ``P = c cᵀ / (c·c)``.
+
+With a reduction over the prompt and a comparator, a read becomes a gate, a ``Condition``:
+``read="mean"`` scores the mean of the prompt's activations, ``"last"`` its last token's,
+both decided once per row at prefill and kept with the row; ``"token"`` gates each
+position by its own score, in the same forward. ``any_of`` / ``all_of`` combine them. A
+projection recorded at every token is a *readout*: a ``Monitor``.
+
+Every engine scores with ``score`` and decides with ``Gate.decide``, so they cannot
+disagree on what a condition means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from steerlab.core.directions import direction_of
+from steerlab.core.errors import SteerError
+from steerlab.core.ops import TensorKey, TensorValue, dtype_named, tensor_fingerprint, unit
+from steerlab.core.scalars import as_real
+from steerlab.core.sites import Site, resolve
+
+COMPARES = ("above", "below")
+READS = ("mean", "last", "token")
+SCORES = ("cosine", "projection")
+PROMPT_READS = ("mean", "last")  # decided once per row, at prefill
+
+
+def score(h: torch.Tensor, direction: torch.Tensor, kind: str) -> torch.Tensor:
+    """The read ``kind`` of each row of ``h [n, d]`` along ``direction [d]``: ``[n]`` in
+    float32 (at least).
+
+    >>> score(torch.tensor([[3.0, 4.0]]), torch.tensor([2.0, 0.0]), "projection")
+    tensor([3.])
+    """
+    wide = torch.promote_types(h.dtype, torch.float32)
+    h = h.to(wide)
+    u = unit(direction.to(h.device), wide)
+    along = h @ u  # [n]
+    if kind == "projection":
+        return along
+    projected = torch.tanh(along[:, None] * u)  # tanh(P h) [n, d]
+    norms = h.norm(dim=-1) * projected.norm(dim=-1)
+    cos = (h * projected).sum(-1) / norms
+    return torch.where(norms > 0, cos, torch.zeros_like(cos))
+
+
+def _choice(value: object, what: str, allowed: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise SteerError(f"{what} must be one of {list(allowed)}; got {value!r:.60}.", what)
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class Condition(TensorValue):
+    """Steer a row only when its prompt reads as ``direction`` (CAST's condition).
+
+    Args:
+        site: where the condition reads the activation (before any steer at that site,
+            after steers at earlier ones).
+        direction: ``[d_model]``, a tensor or a steering vector (its direction at ``site``).
+        threshold: the score a row is compared with.
+        compare: ``"above"`` fires when the score is above the threshold, ``"below"`` when
+            it is below.
+        read: ``"mean"`` of the prompt's activations (every token the call feeds before its
+            first new token, BOS included, pads excluded), its ``"last"`` token, or
+            ``"token"``: each position gated by its own score.
+        score: ``"cosine"`` (CAST) or ``"projection"`` (``h·c/|c|``).
+
+    >>> cond = Condition("blocks.1.hook_resid_post", torch.ones(128), threshold=0.2)
+    >>> cond
+    Condition(blocks.1.hook_resid_post: mean cosine above 0.2)
+    """
+
+    kind: ClassVar[str] = "condition"
+    site: str
+    direction: torch.Tensor
+    threshold: float = 0.0
+    compare: str = "above"
+    read: str = "mean"
+    score: str = "cosine"
+
+    def __init__(self, site: str, direction: Any, threshold: float = 0.0, compare: str = "above",
+                 read: str = "mean", score: str = "cosine") -> None:  # fmt: skip
+        if not isinstance(site, str):
+            raise SteerError(f"Condition site must be a site name; got {site!r:.60}.", "site")
+        if not isinstance(direction, torch.Tensor) and not isinstance(direction, list):
+            direction, _ = direction_of(direction, site)
+        number = as_real(threshold)
+        if number is None:
+            raise SteerError(f"Condition threshold must be a finite number; got {threshold!r}.",
+                             "threshold")  # fmt: skip
+        object.__setattr__(self, "site", site)
+        object.__setattr__(self, "direction", direction)
+        object.__setattr__(self, "threshold", number)
+        object.__setattr__(self, "compare", _choice(compare, "compare", COMPARES))
+        object.__setattr__(self, "read", _choice(read, "read", READS))
+        object.__setattr__(self, "score", _choice(score, "score", SCORES))
+        try:
+            self.__post_init__()
+        except SteerError as error:
+            raise SteerError(str(error), "vector") from None
+        d = self.direction
+        if d.ndim != 1:
+            raise SteerError(f"Condition direction must be 1-D [d_model]; got shape "
+                             f"{tuple(d.shape)}.", "vector")  # fmt: skip
+        if float(d.abs().amax()) == 0.0:
+            raise SteerError("Condition direction has zero norm: it reads nothing.", "vector")
+
+    def _label(self) -> str:
+        return "Condition"
+
+    # --- as a gate -----------------------------------------------------------------------
+
+    def leaves(self) -> list[Condition]:
+        return [self]
+
+    @property
+    def per_token(self) -> bool:
+        return self.read == "token"
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        """This condition's score of each row of ``h [n, d]``: ``[n]``."""
+        return score(h, self.on(h.device)["direction"], self.score)
+
+    def fires(self, scores: torch.Tensor) -> torch.Tensor:
+        """Which scores fire: ``[n]`` bool (a NaN score never does)."""
+        return scores > self.threshold if self.compare == "above" else scores < self.threshold
+
+    def decide(self, scores: Mapping[Condition, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(fired, score)`` from the scores of every leaf, by leaf."""
+        mine = scores[self]
+        return self.fires(mine), mine
+
+    def check(self, sites: Sequence[str], d_model: int) -> None:
+        """Against a model: a site it has, a direction of its width."""
+        resolve(self.site, list(sites))
+        if self.direction.shape[0] != d_model:
+            raise SteerError(f"Condition direction at {self.site} has {self.direction.shape[0]} "
+                             f"values; this model has d_model={d_model}.", "vector")  # fmt: skip
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        """The wire form: ``{"site", "vector", "threshold", "compare", "read", "score"}``."""
+        data = self.fields_data(tensor_key)
+        data["vector"] = data.pop("direction")
+        return data
+
+    def __repr__(self) -> str:
+        return (f"Condition({self.site}: {self.read} {self.score} {self.compare} "
+                f"{self.threshold:g})")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Fires when any of its conditions fires (CAST's multi-condition OR)."""
+
+    conditions: tuple[Gate, ...]
+    kind: ClassVar[str] = "any_of"
+
+    def __post_init__(self) -> None:
+        _check_parts(self.conditions, self.kind)
+
+    def leaves(self) -> list[Condition]:
+        return list(dict.fromkeys(c for part in self.conditions for c in part.leaves()))
+
+    @property
+    def per_token(self) -> bool:
+        return self.conditions[0].per_token
+
+    def decide(self, scores: Mapping[Condition, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fired where any part fired; the score of the first part that fired (of the first
+        part where none did)."""
+        return _combine([c.decide(scores) for c in self.conditions], want=True)
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        return {self.kind: [c.to_data(tensor_key) for c in self.conditions]}
+
+    def __repr__(self) -> str:
+        return f"any_of({', '.join(map(repr, self.conditions))})"
+
+
+@dataclass(frozen=True)
+class AllOf:
+    """Fires when all of its conditions fire."""
+
+    conditions: tuple[Gate, ...]
+    kind: ClassVar[str] = "all_of"
+
+    def __post_init__(self) -> None:
+        _check_parts(self.conditions, self.kind)
+
+    def leaves(self) -> list[Condition]:
+        return list(dict.fromkeys(c for part in self.conditions for c in part.leaves()))
+
+    @property
+    def per_token(self) -> bool:
+        return self.conditions[0].per_token
+
+    def decide(self, scores: Mapping[Condition, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fired where every part fired; the score of the first part that did not fire (of
+        the first part where all did)."""
+        return _combine([c.decide(scores) for c in self.conditions], want=False)
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        return {self.kind: [c.to_data(tensor_key) for c in self.conditions]}
+
+    def __repr__(self) -> str:
+        return f"all_of({', '.join(map(repr, self.conditions))})"
+
+
+Gate = Condition | AnyOf | AllOf
+
+
+def _check_parts(parts: object, kind: str) -> None:
+    if not isinstance(parts, tuple) or not parts:
+        raise SteerError(f"{kind} needs at least one condition.", "when")
+    for part in parts:
+        if not isinstance(part, (Condition, AnyOf, AllOf)):
+            raise SteerError(f"{kind} takes sl.Condition values (or any_of / all_of of them); "
+                             f"got {part!r:.60}.", "when")  # fmt: skip
+    if len({p.per_token for p in parts}) > 1:
+        raise SteerError(f"{kind} mixes read='token' with a prompt read: a gate is either "
+                         "decided once per row or per position, not both.", "when")  # fmt: skip
+
+
+def _combine(decided: list[tuple[torch.Tensor, torch.Tensor]],
+             want: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    fired = torch.stack([f for f, _ in decided])  # [parts, ...]
+    scores = torch.stack([s for _, s in decided])
+    hit = fired if want else ~fired
+    outcome = hit.any(0) if want else ~hit.any(0)
+    first = torch.where(hit.any(0), hit.long().argmax(0), torch.zeros_like(hit[0], dtype=torch.long))
+    return outcome, scores.gather(0, first[None])[0]
+
+
+def any_of(*conditions: Gate) -> AnyOf:
+    """A gate that fires when any of ``conditions`` fires.
+
+    >>> c = Condition("blocks.0.hook_resid_post", torch.ones(4))
+    >>> any_of(c, Condition("blocks.1.hook_resid_post", torch.ones(4), compare="below"))
+    any_of(Condition(blocks.0.hook_resid_post: mean cosine above 0), Condition(blocks.1.hook_resid_post: mean cosine below 0))
+    """
+    return AnyOf(tuple(conditions))
+
+
+def all_of(*conditions: Gate) -> AllOf:
+    """A gate that fires when every one of ``conditions`` fires."""
+    return AllOf(tuple(conditions))
+
+
+def as_gate(when: object) -> Gate | None:
+    """``when=`` as a gate (None for none); anything else is refused by type."""
+    if when is None or isinstance(when, (Condition, AnyOf, AllOf)):
+        return when
+    raise SteerError(f"when must be an sl.Condition, or sl.any_of / sl.all_of of them; got "
+                     f"{type(when).__name__} {when!r:.60}.", "when")  # fmt: skip
+
+
+def check_gate_order(gate: Gate, steer_site: str, touches_prompt: bool) -> None:
+    """A gate must be decided before the steer it gates acts.
+
+    A per-token gate is scored in the same forward, so its site must come at or before the
+    steer's site; a prompt gate is decided at prefill, so only a steer that touches the
+    prompt needs its condition's site at or before its own.
+    """
+    try:
+        at = Site.parse(steer_site).forward_order
+    except Exception:  # an unknown site: the model's own check names it
+        return
+    for leaf in gate.leaves():
+        if not (gate.per_token or touches_prompt):
+            continue
+        try:
+            read_at = Site.parse(leaf.site).forward_order
+        except Exception:
+            continue
+        if read_at > at:
+            why = ("read='token' gates each position by its score in the same forward"
+                   if gate.per_token else
+                   "a steer that touches the prompt needs its condition decided before it "
+                   "acts; with positions='generated' any site works")  # fmt: skip
+            raise SteerError(f"The condition at {leaf.site} comes after the steer at "
+                             f"{steer_site} in the forward: {why}.", "when")  # fmt: skip
+
+
+def gate_from_data(data: object, vectors: Any = None) -> Gate:
+    """A gate from its wire form: ``{"site", "vector", "threshold", "compare", "read",
+    "score"}``, or ``{"any_of": [...]}`` / ``{"all_of": [...]}``, nested.
+
+    ``vectors(name_or_key, site)`` resolves a string ``vector`` (a named vector, or a key
+    where tensors travel once); without it only float lists are taken.
+
+    Raises:
+        SteerError: with ``field`` naming the key at fault.
+    """
+    if not isinstance(data, Mapping):
+        raise SteerError("when must be an object: a condition, or any_of / all_of.", "when")
+    for kind, make in (("any_of", any_of), ("all_of", all_of)):
+        if kind in data:
+            parts = data[kind]
+            if set(data) != {kind} or not isinstance(parts, list):
+                raise SteerError(f"{kind} must be the only key, with a list of conditions.",
+                                 f"when.{kind}")  # fmt: skip
+            return make(*(gate_from_data(p, vectors) for p in parts))
+    keys = ("site", "vector", "threshold", "compare", "read", "score", "dtype")
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise SteerError(f"unknown key {unknown[0]!r} in a condition; the keys are "
+                         f"{list(keys[:-1])}, or any_of / all_of.", f"when.{unknown[0]}")  # fmt: skip
+    for key in ("site", "vector"):
+        if key not in data:
+            raise SteerError(f"a condition needs {key!r}.", f"when.{key}")
+    vector = data["vector"]
+    if isinstance(vector, str):
+        if vectors is None:
+            raise SteerError("a condition's vector must be a list of floats here.", "when.vector")
+        vector = vectors(vector, data["site"])
+    elif not isinstance(vector, list):
+        raise SteerError("a condition's vector must be a name or a list of floats.", "when.vector")
+    elif "dtype" in data:
+        try:
+            vector = torch.tensor(vector, dtype=dtype_named(data["dtype"]))
+        except (TypeError, ValueError, RuntimeError):
+            raise SteerError("a condition's vector must be a list of numbers.", "when.vector") from None
+    params = {k: data[k] for k in ("threshold", "compare", "read", "score") if k in data}
+    try:
+        return Condition(data["site"], vector, **params)
+    except SteerError as error:
+        raise SteerError(str(error), f"when.{error.field or 'vector'}") from None
+
+
+def gate_tensors(gate: Gate) -> dict[str, torch.Tensor]:
+    """A gate's directions by ``tensor_fingerprint``, to send ahead of ``to_data(key)``."""
+    return {tensor_fingerprint(c.direction): c.direction for c in gate.leaves()}
+
+
+@dataclass(frozen=True, eq=False)
+class Monitor(TensorValue):
+    """Read ``h·v/|v|`` at ``site`` at every token of a generation, steered or not.
+
+    The activation read is the one the next layer sees, after any steer at ``site``.
+    """
+
+    name: str
+    site: str
+    direction: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SteerError(f"A monitor needs a non-empty name; got {self.name!r:.40}.",
+                             "monitor")  # fmt: skip
+        if not isinstance(self.site, str):
+            raise SteerError(f"Monitor {self.name!r} site must be a site name.", "monitor")
+        super().__post_init__()
+        d = self.direction
+        if d.ndim != 1 or float(d.abs().amax()) == 0.0:
+            raise SteerError(f"Monitor {self.name!r} needs a non-zero 1-D direction.", "monitor")
+
+    def _label(self) -> str:
+        return f"Monitor {self.name!r}"
+
+    def check(self, sites: Sequence[str], d_model: int) -> None:
+        resolve(self.site, list(sites))
+        if self.direction.shape[0] != d_model:
+            raise SteerError(f"Monitor {self.name!r} has {self.direction.shape[0]} values; "
+                             f"this model has d_model={d_model}.", "monitor")  # fmt: skip
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        data = self.fields_data(tensor_key)
+        data["vector"] = data.pop("direction")
+        return data
+
+    def __repr__(self) -> str:
+        return f"Monitor({self.name!r} at {self.site})"
+
+
+def as_monitors(monitor: object) -> tuple[Monitor, ...]:
+    """``monitor=`` as monitors: a dict name -> a one-site steering vector (``v.at(site)``)
+    or ``(site, vector)``, or a list of ``Monitor``. Duplicate names are refused.
+
+    >>> as_monitors({"up": ("blocks.0.hook_resid_post", torch.ones(4))})
+    (Monitor('up' at blocks.0.hook_resid_post),)
+    """
+    if monitor is None:
+        return ()
+    if isinstance(monitor, Monitor):
+        return (monitor,)
+    if isinstance(monitor, Mapping):
+        return tuple(_monitor(name, value) for name, value in monitor.items())
+    if isinstance(monitor, (list, tuple)) and all(isinstance(m, Monitor) for m in monitor):
+        names = [m.name for m in monitor]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:
+            raise SteerError(f"Two monitors are named {duplicate!r}: names must differ.",
+                             "monitor")  # fmt: skip
+        return tuple(monitor)
+    raise SteerError("monitor must be a dict of name -> vector.at(site) or (site, vector), or a "
+                     f"list of sl.Monitor; got {type(monitor).__name__}.", "monitor")  # fmt: skip
+
+
+def _monitor(name: object, value: object) -> Monitor:
+    if not isinstance(name, str):
+        raise SteerError(f"monitor names must be strings; got {name!r:.40}.", "monitor")
+    if isinstance(value, tuple) and len(value) == 2:
+        site, vector = value
+        if not isinstance(vector, torch.Tensor):
+            vector, _ = direction_of(vector, site)
+        return Monitor(name, site, vector)
+    sites = getattr(value, "sites", None)
+    if sites is None or len(sites) != 1:
+        raise SteerError(f"monitor {name!r}: give (site, vector) or a one-site steering vector "
+                         "(vector.at(site)).", "monitor")  # fmt: skip
+    direction, _ = direction_of(value, sites[0])  # type: ignore[arg-type]
+    return Monitor(name, sites[0], direction)
+
+
+def nan_padded(rows: Sequence[Sequence[float]], width: int | None = None,
+               left: bool = False) -> torch.Tensor:  # fmt: skip
+    """Ragged rows as ``[rows, width]`` float32, NaN where a row has no value (on the left
+    with ``left``, as left-padded prompts)."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), math.nan)
+    for i, r in enumerate(rows):
+        values = torch.tensor(list(r)[:width], dtype=torch.float32)
+        if len(values):
+            if left:
+                out[i, width - len(values) :] = values
+            else:
+                out[i, : len(values)] = values
+    return out
