@@ -277,3 +277,85 @@ def logprobs(model: Any, ids: list[int], steers: list[RefSteer]) -> torch.Tensor
     finally:
         for h in handles:
             h.remove()
+
+
+@dataclass(frozen=True)
+class RefCast:
+    """CAST as IBM's ``activation-steering`` computes it: the condition reads the input of
+    block ``condition_layer`` on the first forward (the prompt), averaged over the prompt's
+    tokens (``mode="mean"``) or its last token; ``P = c cᵀ / (c·c)`` and the score is
+    ``cos(h, tanh(P h))``. Once fired, ``alpha·v`` is added to the input of block
+    ``behaviour_layer`` on the tokens after the prompt (their later steps)."""
+
+    condition_layer: int
+    condition: torch.Tensor
+    threshold: float
+    compare: str  # "above": fires when the score > threshold; "below": when <
+    behaviour_layer: int
+    vector: torch.Tensor
+    alpha: float
+    mode: str = "mean"
+
+
+@torch.inference_mode()
+def cast_greedy(model: Any, prompt: list[int], cast: RefCast, max_new_tokens: int,
+                eos: set[int]) -> tuple[list[int], bool, float]:  # fmt: skip
+    """Greedy tokens for one row at batch 1 (as IBM's library runs), and the decision and
+    score it was made on. The whole sequence is recomputed at every step."""
+    family = model.config.model_type
+    blocks = model.transformer.h if family == "gpt2" else model.model.layers
+    state: dict[str, Any] = {}
+    n_prompt = len(prompt)
+
+    def hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+        return args[0] if args else kwargs["hidden_states"]
+
+    def condition(_m: Any, args: tuple, kwargs: dict) -> None:
+        if "fired" in state:  # decided once, on the first forward
+            return
+        h = hidden(args, kwargs)[0].float()  # [seq, d]
+        h = h.mean(0) if cast.mode == "mean" else h[-1]
+        c = cast.condition.float()
+        projected = torch.tanh((c @ h) / (c @ c) * c)
+        score = float(torch.nn.functional.cosine_similarity(h, projected, dim=0))
+        state["score"] = score
+        state["fired"] = score > cast.threshold if cast.compare == "above" else (
+            score < cast.threshold)  # fmt: skip
+
+    def behaviour(_m: Any, args: tuple, kwargs: dict) -> Any:
+        h = hidden(args, kwargs)
+        if not state.get("fired") or h.shape[1] <= n_prompt:
+            return None
+        h = h.clone()
+        h[:, n_prompt:] += cast.alpha * cast.vector.to(h.dtype)
+        if args:
+            return (h, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": h}
+
+    handles = [
+        blocks[cast.condition_layer].register_forward_pre_hook(condition, with_kwargs=True),
+        blocks[cast.behaviour_layer].register_forward_pre_hook(behaviour, with_kwargs=True),
+    ]
+    ids, out = list(prompt), []
+    try:
+        for _ in range(max_new_tokens):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            if token in eos:
+                break
+            out.append(token)
+            ids.append(token)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, bool(state["fired"]), state["score"]
+
+
+@torch.inference_mode()
+def projections(model: Any, ids: list[int], layer: int, vector: torch.Tensor) -> torch.Tensor:
+    """``h·v/|v|`` at the output of block ``layer`` (resid_post) for every token of ``ids``,
+    read from HF's own hidden states: ``[len(ids)]``."""
+    out = model(torch.tensor([ids]), output_hidden_states=True)
+    h = out.hidden_states[layer + 1][0].float()
+    if layer + 1 == len(out.hidden_states) - 1 and model.config.model_type == "gpt2":
+        raise ValueError("GPT-2's last hidden state is after ln_f: read an earlier layer")
+    return h @ (vector.float() / vector.float().norm())

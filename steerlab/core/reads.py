@@ -239,7 +239,9 @@ def _combine(decided: list[tuple[torch.Tensor, torch.Tensor]],
     scores = torch.stack([s for _, s in decided])
     hit = fired if want else ~fired
     outcome = hit.any(0) if want else ~hit.any(0)
-    first = torch.where(hit.any(0), hit.long().argmax(0), torch.zeros_like(hit[0], dtype=torch.long))
+    first = torch.where(
+        hit.any(0), hit.long().argmax(0), torch.zeros_like(hit[0], dtype=torch.long)
+    )
     return outcome, scores.gather(0, first[None])[0]
 
 
@@ -331,7 +333,9 @@ def gate_from_data(data: object, vectors: Any = None) -> Gate:
         try:
             vector = torch.tensor(vector, dtype=dtype_named(data["dtype"]))
         except (TypeError, ValueError, RuntimeError):
-            raise SteerError("a condition's vector must be a list of numbers.", "when.vector") from None
+            raise SteerError(
+                "a condition's vector must be a list of numbers.", "when.vector"
+            ) from None
     params = {k: data[k] for k in ("threshold", "compare", "read", "score") if k in data}
     try:
         return Condition(data["site"], vector, **params)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 import math
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch

@@ -7,11 +7,11 @@
   unsteered, through a ``steerlab serve`` server (the ``evals`` extra).
 """
 
+from steerlab.core.table import Table
 from steerlab.evals.harness import HarnessResult, lm_eval
 from steerlab.evals.intervals import Estimate, mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, Judge, JudgeError
 from steerlab.evals.steerability import SteerabilityResult, steerability
-from steerlab.evals.table import Table
 
 __all__ = [
     "Criterion",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from steerlab.core.rows import SteerArg
-from steerlab.evals.table import Table
+from steerlab.core.table import Table
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel

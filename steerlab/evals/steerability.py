@@ -25,9 +25,9 @@ from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.rows import SteerArg, as_steers
 from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Steer, at_alphas
+from steerlab.core.table import Table
 from steerlab.evals.intervals import check_bootstrap, mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, prompt_text
-from steerlab.evals.table import Table
 from steerlab.vectors.scoring import completion_nll, kl_divergence, next_token_logprobs
 
 if TYPE_CHECKING:

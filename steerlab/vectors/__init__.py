@@ -5,6 +5,7 @@
 [', there was a happy joy. The']
 """
 
+from steerlab.vectors.conditions import FoundCondition, find_condition
 from steerlab.vectors.extract import extract
 from steerlab.vectors.io import VectorFileError
 from steerlab.vectors.methods import (
@@ -22,6 +23,7 @@ from steerlab.vectors.sweep import SweepResult, sweep
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 __all__ = [
+    "FoundCondition",
     "MeanDiff",
     "Method",
     "PCADiff",
@@ -32,6 +34,7 @@ __all__ = [
     "SweepResult",
     "VectorFileError",
     "extract",
+    "find_condition",
     "mean_diff",
     "pca_diff",
     "probe",

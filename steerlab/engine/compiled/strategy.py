@@ -11,10 +11,10 @@ from steerlab.backends.cache import KVCache
 from steerlab.core.request import Request, Sampling
 from steerlab.engine.compiled.batch import StaticBatch
 from steerlab.engine.compiled.families import FAMILIES, Family, hf_model_of
-from steerlab.engine.reads import CallReads
 from steerlab.engine.compiled.fit import call_reason, model_reason, steer_reason
 from steerlab.engine.compiled.runner import StepRunner, bucket
 from steerlab.engine.progress import last
+from steerlab.engine.reads import CallReads
 
 if TYPE_CHECKING:
     from steerlab.engine.local import LocalEngine

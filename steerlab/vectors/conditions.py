@@ -1,0 +1,163 @@
+"""``find_condition``: the site, threshold and comparator that best tell two prompt sets
+apart, as CAST's ``find_best_condition_point`` searches them.
+
+One forward per prompt reads every site at once; the grid (sites x comparators x
+thresholds) is then arithmetic on the scores, never another forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from steerlab.core.bars import bar
+from steerlab.core.directions import direction_of
+from steerlab.core.errors import SteerError
+from steerlab.core.prompts import Prompt
+from steerlab.core.reads import COMPARES, PROMPT_READS, SCORES, Condition
+from steerlab.core.reads import score as read_score
+from steerlab.core.table import Table
+
+
+@dataclass(frozen=True)
+class FoundCondition:
+    """The best condition by F1, and the whole grid it was chosen from.
+
+    Attributes:
+        condition: the best ``sl.Condition`` (site, direction, threshold, compare).
+        f1: its F1 on the labelled prompts (``matching`` is the positive class).
+        table: every (site, compare, threshold) tried, best first, with precision, recall
+            and F1.
+    """
+
+    condition: Condition
+    f1: float
+    table: Table
+
+    def __repr__(self) -> str:
+        c = self.condition
+        return (f"FoundCondition({c.site}, {c.compare} {c.threshold:.4g}, F1 {self.f1:.3f}; "
+                f"{len(self.table)} grid cells)")  # fmt: skip
+
+
+def find_condition(
+    lm: Any,
+    matching: Sequence[Prompt],
+    other: Sequence[Prompt],
+    sites: Sequence[str] | None = None,
+    *,
+    direction: Any = None,
+    read: str = "mean",
+    score: str = "cosine",
+    thresholds: int = 50,
+    batch_size: int = 32,
+    chat: bool = False,
+) -> FoundCondition:
+    """Grid-search site, threshold and comparator by F1 on labelled prompts (CAST).
+
+    At each site the condition's direction is ``direction`` (a tensor, or a steering
+    vector's direction there), or by default the difference of the two sets' mean prompt
+    activations (reduced by ``read`` as the condition will read them). Thresholds are
+    taken from the observed scores (at most ``thresholds`` per site, evenly spread over
+    them); both comparators are tried. Ties keep the first cell in site, comparator and
+    threshold order.
+
+    Args:
+        lm: the model.
+        matching: prompts the condition should fire on.
+        other: prompts it should not fire on.
+        sites: where to look; every block's ``hook_resid_post`` when None.
+        direction: the condition direction (None: the mean difference per site).
+        read: ``"mean"`` or ``"last"``: how the condition reduces a prompt.
+        score: ``"cosine"`` (CAST) or ``"projection"``.
+        thresholds: how many thresholds per site, at most.
+        batch_size: prompts per forward.
+        chat: apply the chat template.
+
+    >>> found = sl.find_condition(lm, ["The sea was calm"], ["The forest was dark"],
+    ...                           sites=["blocks.0.hook_resid_post"])
+    >>> found.f1
+    1.0
+    """
+    matching, other = list(matching), list(other)
+    if not matching or not other:
+        raise SteerError("find_condition needs prompts of both classes: matching and other "
+                         f"have {len(matching)} and {len(other)}.")  # fmt: skip
+    if read not in PROMPT_READS:
+        raise SteerError(f"find_condition reads prompts: read must be one of "
+                         f"{list(PROMPT_READS)}; got {read!r}.")  # fmt: skip
+    if score not in SCORES:
+        raise SteerError(f"score must be one of {list(SCORES)}; got {score!r}.")
+    if isinstance(thresholds, bool) or not isinstance(thresholds, int) or thresholds < 1:
+        raise SteerError(f"thresholds must be an int >= 1; got {thresholds!r}.")
+    sites = list(sites) if sites is not None else [f"blocks.{i}.hook_resid_post"
+                                                     for i in range(lm.n_layers)]  # fmt: skip
+    if not sites:
+        raise SteerError("find_condition needs at least one site.")
+    reduced = _reduced(lm, matching + other, sites, read, batch_size, chat)  # site -> [n, d]
+    labels = torch.tensor([True] * len(matching) + [False] * len(other))
+    records: list[dict[str, Any]] = []
+    best: tuple[float, str, torch.Tensor, float, str] | None = None
+    for site in sites:
+        h = reduced[site]
+        if direction is None:
+            c = h[labels].mean(0) - h[~labels].mean(0)
+        else:
+            c, _ = direction_of(direction, site)
+            c = c.to(torch.float32)
+        if float(c.abs().amax()) == 0.0:
+            raise SteerError(f"At {site} the condition direction is zero: the two sets read "
+                             "alike there.")  # fmt: skip
+        scores = read_score(h, c, score)  # [n]
+        for compare in COMPARES:
+            for t, p, r, f in _grid(scores, labels, compare, thresholds):
+                records.append({"site": site, "compare": compare, "threshold": t,
+                                "precision": p, "recall": r, "f1": f})  # fmt: skip
+                if best is None or f > best[0]:
+                    best = (f, site, c, t, compare)
+    assert best is not None
+    f1, site, c, t, compare = best
+    condition = Condition(site, c, threshold=t, compare=compare, read=read, score=score)
+    records.sort(key=lambda rec: -float(rec["f1"]))  # stable: ties keep grid order
+    table = Table("find_condition", ["site", "compare", "threshold", "precision", "recall", "f1"],
+                  records, {"threshold": ".4g", "precision": ".3f", "recall": ".3f",
+                            "f1": ".3f"})  # fmt: skip
+    return FoundCondition(condition, f1, table)
+
+
+def _reduced(lm: Any, prompts: list[Prompt], sites: list[str], read: str, batch_size: int,
+             chat: bool) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Each prompt's activation at each site, reduced over its real tokens: [n, d] float32."""
+    parts: dict[str, list[torch.Tensor]] = {s: [] for s in sites}
+    starts = range(0, len(prompts), batch_size)
+    for start in bar(starts, desc="find_condition", disable=len(starts) < 2):
+        acts = lm.run_with_cache(prompts[start : start + batch_size], sites=sites, chat=chat)
+        real = acts.attention_mask.to(torch.float32)[..., None]  # [b, pos, 1]
+        for site in sites:
+            h = acts[site].to(torch.float32)
+            if read == "last":  # left-padded: the last column is every row's last token
+                parts[site].append(h[:, -1])
+            else:
+                parts[site].append((h * real).sum(1) / real.sum(1))
+    return {s: torch.cat(p) for s, p in parts.items()}
+
+
+def _grid(scores: torch.Tensor, labels: torch.Tensor, compare: str,
+          count: int) -> list[tuple[float, float, float, float]]:  # fmt: skip
+    """``(threshold, precision, recall, F1)`` for thresholds taken from ``scores``."""
+    observed = scores.unique()  # sorted
+    if len(observed) > count:
+        observed = observed[torch.linspace(0, len(observed) - 1, count).round().long()]
+    fires = scores[None] > observed[:, None] if compare == "above" else (
+        scores[None] < observed[:, None])  # fmt: skip
+    tp = (fires & labels).sum(1).float()
+    fp = (fires & ~labels).sum(1).float()
+    fn = (~fires & labels).sum(1).float()
+    precision = torch.where(tp + fp > 0, tp / (tp + fp), torch.zeros_like(tp))
+    recall = tp / (tp + fn)
+    f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall),
+                     torch.zeros_like(tp))  # fmt: skip
+    return list(zip(observed.tolist(), precision.tolist(), recall.tolist(), f1.tolist()))

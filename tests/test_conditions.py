@@ -1,0 +1,345 @@
+"""Conditional steering (``sl.Condition``, CAST) and monitors, against references written
+without steerlab: IBM's CAST as plain torch hooks at batch 1 (``reference.cast_greedy``)
+and TransformerLens's own ``run_with_cache`` for monitors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from engine_parity import direction
+from reference import RefCast, cast_greedy
+
+import steerlab as sl
+from steerlab.core.ops import SteerError
+
+PROMPTS = [
+    "Once upon a time",
+    "The ship sailed across the sea",
+    "In the dark forest",
+    "The waves rolled onto the beach",
+    "A fox ran between the trees",
+    "The harbor was quiet",
+    "The happy fox",
+    "Deep in the woods, an owl",
+]
+NEW = 8
+COND_LAYER, BEHAVE_LAYER = 1, 2
+
+
+def ids(lm, text):
+    return list(lm.tokenizer(text)["input_ids"])
+
+
+def cast(threshold: float, compare: str = "above", mode: str = "mean") -> RefCast:
+    return RefCast(COND_LAYER, direction(20), threshold, compare, BEHAVE_LAYER, direction(21),
+                   8.0, mode)  # fmt: skip
+
+
+def condition(ref: RefCast, read: str = "mean") -> sl.Condition:
+    return sl.Condition(f"blocks.{ref.condition_layer}.hook_resid_pre", ref.condition,
+                        threshold=ref.threshold, compare=ref.compare, read=read)  # fmt: skip
+
+
+def steer_of(ref: RefCast, when) -> sl.Steer:
+    return sl.Steer(f"blocks.{ref.behaviour_layer}.hook_resid_pre", ref.vector, ref.alpha,
+                    positions="generated", when=when)  # fmt: skip
+
+
+def median_threshold(lm, hf, mode: str = "mean") -> float:
+    """A threshold between the 4th and 5th reference scores: half the rows fire."""
+    scores = sorted(cast_greedy(hf, ids(lm, p), cast(0.0, mode=mode), 1, set())[2]
+                    for p in PROMPTS)  # fmt: skip
+    return (scores[3] + scores[4]) / 2
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return sl.load("steerlab-tiny", backend="hf")
+
+
+@pytest.mark.parametrize("mode", ["mean", "last"])
+@pytest.mark.parametrize("compare", ["above", "below"])
+def test_batch_of_8_with_mixed_rows_equals_ibm_cast_row_by_row(lm, toy_hf, mode, compare):
+    ref = cast(median_threshold(lm, toy_hf, mode), compare, mode)
+    out = lm.generate(PROMPTS, steer=steer_of(ref, condition(ref, mode)), max_new_tokens=NEW,
+                      stop_at_eos=False)  # fmt: skip
+    wanted = [cast_greedy(toy_hf, ids(lm, p), ref, NEW, set()) for p in PROMPTS]
+    assert [w[1] for w in wanted].count(True) == 4  # mixed: half the rows fire
+    assert out.fired.tolist() == [w[1] for w in wanted]
+    torch.testing.assert_close(out.condition_scores, torch.tensor([w[2] for w in wanted]),
+                               atol=1e-5, rtol=1e-4)  # fmt: skip
+    assert out.tokens == [w[0] for w in wanted]
+    assert lm.hook_count() == 0
+
+
+def test_rows_that_did_not_fire_are_bit_identical_to_unsteered(lm, toy_hf):
+    ref = cast(median_threshold(lm, toy_hf))
+    gated = lm.generate(PROMPTS, steer=steer_of(ref, condition(ref)), max_new_tokens=NEW,
+                        capture="blocks.3.hook_resid_post", stop_at_eos=False)  # fmt: skip
+    plain = lm.generate(PROMPTS, max_new_tokens=NEW, capture="blocks.3.hook_resid_post",
+                        stop_at_eos=False)  # fmt: skip
+    quiet = ~gated.fired
+    assert quiet.any() and gated.fired.any()
+    site = "blocks.3.hook_resid_post"
+    assert torch.equal(gated.activations[site][quiet], plain.activations[site][quiet])
+    assert not torch.equal(gated.activations[site][~quiet], plain.activations[site][~quiet])
+
+
+def test_the_decision_survives_compaction_and_prefix_sharing(lm, toy_hf):
+    """Rows of one prompt at several alphas share the prompt (prefix sharing) and finish at
+    different times (compaction); each keeps its prompt's decision."""
+    ref = cast(median_threshold(lm, toy_hf))
+    steer = sl.Steer("blocks.2.hook_resid_pre", ref.vector, [0.0, 8.0], positions="generated",
+                     when=condition(ref))  # fmt: skip
+    out = lm.generate(PROMPTS, steer=steer, max_new_tokens=NEW, stop_at_eos=False)
+    wanted = [cast_greedy(toy_hf, ids(lm, p), ref, NEW, set()) for p in PROMPTS]
+    assert out.fired.tolist() == [w[1] for w in wanted for _ in range(2)]
+    assert out.tokens[1::2] == [w[0] for w in wanted]
+    lm.engine.share_prefix = False
+    try:
+        alone = lm.generate(PROMPTS, steer=steer, max_new_tokens=NEW, stop_at_eos=False)
+    finally:
+        lm.engine.share_prefix = True
+    assert alone.tokens == out.tokens
+
+
+def test_compiled_step_takes_the_decision_as_a_mask(toy_hf):
+    fast = sl.load("steerlab-tiny", backend="hf").compile(backend="aot_eager")
+    ref = cast(median_threshold(fast, toy_hf))
+    steer = steer_of(ref, condition(ref))
+    assert fast.explain(PROMPTS, steer).startswith("compiled")
+    out = fast.generate(PROMPTS, steer=steer, max_new_tokens=NEW, stop_at_eos=False)
+    wanted = [cast_greedy(toy_hf, ids(fast, p), ref, NEW, set()) for p in PROMPTS]
+    assert out.tokens == [w[0] for w in wanted]
+    assert out.fired.tolist() == [w[1] for w in wanted]
+    token = sl.Condition("blocks.1.hook_resid_pre", ref.condition, read="token")
+    why = fast.explain(PROMPTS, steer_of(ref, token))
+    assert why.startswith("eager:") and "read='token'" in why
+
+
+def test_any_of_and_all_of_combine_decisions(lm, toy_hf):
+    t = median_threshold(lm, toy_hf)
+    above, below = cast(t, "above"), cast(t, "below")
+    a, b = condition(above), condition(below)
+    either = lm.generate(PROMPTS, steer=steer_of(above, sl.any_of(a, b)), max_new_tokens=2)
+    both = lm.generate(PROMPTS, steer=steer_of(above, sl.all_of(a, b)), max_new_tokens=2)
+    one = lm.generate(PROMPTS, steer=steer_of(above, a), max_new_tokens=2)
+    assert either.fired.all() and not both.fired.any()  # above or below: always; both: never
+    nested = sl.any_of(sl.all_of(a, a), b)
+    out = lm.generate(PROMPTS, steer=steer_of(above, nested), max_new_tokens=2)
+    assert out.fired.all()
+    assert torch.equal(one.condition_scores, either.condition_scores)
+
+
+def test_per_token_gate_steers_only_positions_that_read_above(lm):
+    """read='token' against the formula: at each real position, ``alpha·v`` is added
+    exactly where the projection at the condition site (same forward) is above."""
+    c, v = direction(30), direction(31)
+    site_c, site_s = "blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"
+    acts = lm.run_with_cache(PROMPTS[:3], sites=[site_c, site_s])
+    real = acts.attention_mask.bool()
+    reads = acts[site_c] @ (c / c.norm())  # [rows, pos]
+    threshold = float(reads[real].median())
+    cond = sl.Condition(site_c, c, threshold=threshold, read="token", score="projection")
+    got = lm.run_with_cache(PROMPTS[:3], sites=[site_s], steer=sl.Steer(site_s, v, 4.0,
+                                                                         when=cond))[site_s]  # fmt: skip
+    fires = reads > threshold
+    assert 0.3 < float(fires[real].float().mean()) < 0.7
+    want = acts[site_s] + 4.0 * v * fires[..., None]
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_per_token_condition_after_the_steer_is_refused_naming_both_sites():
+    c = sl.Condition("blocks.2.hook_resid_post", direction(1), read="token")
+    with pytest.raises(SteerError, match=r"blocks\.2\.hook_resid_post.*blocks\.1\.hook_resid_pre"):
+        sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="generated", when=c)
+
+
+def test_a_prompt_condition_after_a_prompt_steer_is_refused_but_generated_works():
+    c = sl.Condition("blocks.2.hook_resid_post", direction(1))
+    with pytest.raises(SteerError, match="positions='generated'"):
+        sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="all", when=c)
+    sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="generated", when=c)
+
+
+def test_monitors_equal_transformer_lens_run_with_cache_of_the_steered_text():
+    hooked = sl.load("steerlab-tiny", backend="hooked")
+    v, m = direction(40), direction(41)
+    steer = sl.Steer("blocks.1.hook_resid_pre", v, 6.0, positions="generated")
+    site = "blocks.2.hook_resid_post"
+    prompts = PROMPTS[:3]
+    out = hooked.generate(prompts, steer=steer, max_new_tokens=NEW, stop_at_eos=False,
+                          monitor={"m": (site, m)})  # fmt: skip
+    model = hooked.backend.model  # TransformerLens's own HookedTransformer
+    u = m / m.norm()
+    for r, p in enumerate(prompts):
+        prompt = ids(hooked, p)
+        text = torch.tensor([prompt + out.tokens[r]])
+        n = len(prompt)
+
+        def add(act, hook, n=n):
+            act = act.clone()
+            act[:, n:] += 6.0 * v
+            return act
+
+        with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", add)]):
+            _, cache = model.run_with_cache(text)
+        want = cache[site][0] @ u  # [seq]
+        trace = out.monitors["m"]
+        prompt_row = trace.prompt[r][~trace.prompt[r].isnan()]
+        torch.testing.assert_close(prompt_row, want[:n], atol=1e-4, rtol=1e-4)
+        # new token t was chosen at position n - 1 + t
+        torch.testing.assert_close(trace.generated[r], want[n - 1 : n - 1 + NEW],
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def test_monitors_never_change_a_token_and_pad_with_nan(lm):
+    v = direction(50)
+    site = "blocks.2.hook_resid_pre"
+    steer = sl.Steer(site, v, 4.0)
+    plain = lm.generate(PROMPTS[:4], steer=steer, max_new_tokens=NEW)
+    watched = lm.generate(PROMPTS[:4], steer=steer, max_new_tokens=NEW,
+                          monitor={"a": (site, v), "b": ("blocks.0.hook_resid_post", -v)})  # fmt: skip
+    assert watched.tokens == plain.tokens
+    trace = watched.monitors["a"]
+    assert trace.generated.shape == (4, max(len(t) for t in plain.tokens))
+    for r, tokens in enumerate(plain.tokens):
+        assert not trace.generated[r, : len(tokens)].isnan().any()
+        assert trace.generated[r, len(tokens) :].isnan().all()
+        n = len(ids(lm, PROMPTS[r]))
+        assert (~trace.prompt[r].isnan()).sum() == n
+    # the monitor reads after the steer at its site: its value moved by alpha·|v|
+    unsteered = lm.generate(PROMPTS[:1], max_new_tokens=1, monitor={"a": (site, v)})
+    shift = watched.monitors["a"].prompt[0, -1] - unsteered.monitors["a"].prompt[0, -1]
+    assert math.isclose(float(shift), 4.0 * float(v.norm()), rel_tol=1e-4)
+    assert lm.hook_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: sl.Condition("blocks.1.hook_resid_pre", torch.zeros(128)), "zero norm"),
+        (lambda: sl.Condition("blocks.1.hook_resid_pre", torch.full((128,), math.nan)), "NaN"),
+        (lambda: sl.Condition("blocks.1.hook_resid_pre", direction(1), threshold=math.inf),
+         "finite"),
+        (lambda: sl.Condition("blocks.1.hook_resid_pre", direction(1), threshold="0.2"),
+         "finite"),
+        (lambda: sl.Condition("blocks.1.hook_resid_pre", direction(1), compare="larger"),
+         "compare"),
+        (lambda: sl.Condition("blocks.1.hook_resid_pre", direction(1), read="max"), "read"),
+        (lambda: sl.Condition("blocks.1.hook_resid_pre", direction(1), score="dot"), "score"),
+        (lambda: sl.any_of(), "at least one"),
+        (lambda: sl.all_of(), "at least one"),
+        (lambda: sl.any_of("x"), "sl.Condition"),
+    ],
+)  # fmt: skip
+def test_bad_conditions_are_refused_when_made(make, match):
+    with pytest.raises(SteerError, match=match):
+        make()
+
+
+def test_bad_input_is_refused_before_any_compute_and_leaves_the_model_untouched(lm):
+    wide = sl.Condition("blocks.1.hook_resid_pre", torch.ones(64))
+    nowhere = sl.Condition("blocks.9.hook_resid_pre", direction(1))
+    steer = lambda when: sl.Steer("blocks.2.hook_resid_pre", direction(2), 1.0,  # noqa: E731
+                                  positions="generated", when=when)  # fmt: skip
+    calls = []
+    handle = lm.backend.modules()[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(SteerError, match="d_model=128"):
+            lm.generate("Hi", steer=steer(wide), max_new_tokens=2)
+        with pytest.raises(sl.SiteError):
+            lm.generate("Hi", steer=steer(nowhere), max_new_tokens=2)
+        with pytest.raises(SteerError, match="named 'a'"):
+            lm.generate("Hi", max_new_tokens=2, monitor=[sl.Monitor("a", "blocks.0.hook_resid_pre",
+                        direction(1)), sl.Monitor("a", "blocks.1.hook_resid_pre", direction(1))])  # fmt: skip
+        with pytest.raises(sl.SiteError):
+            lm.generate("Hi", max_new_tokens=2, monitor={"a": ("blocks.9.hook_resid_pre",
+                                                               direction(1))})  # fmt: skip
+        with pytest.raises(SteerError, match="d_model=128"):
+            lm.generate("Hi", max_new_tokens=2, monitor={"a": ("blocks.0.hook_resid_pre",
+                                                               torch.ones(3))})  # fmt: skip
+    finally:
+        handle.remove()
+    assert calls == [] and lm.hook_count() == 0
+
+
+def test_conditions_travel_as_data_and_compare_by_content():
+    from steerlab.core.reads import gate_from_data
+    from steerlab.core.steer import steer_from_data
+
+    c = sl.Condition("blocks.1.hook_resid_pre", direction(1), threshold=0.1, compare="below")
+    gate = sl.any_of(c, sl.all_of(c, sl.Condition("blocks.0.hook_resid_post", direction(2))))
+    assert gate_from_data(gate.to_data()) == gate
+    s = sl.Steer("blocks.2.hook_resid_pre", direction(3), 2.0, positions="generated", when=gate)
+    assert steer_from_data(s.to_data()).when == gate
+    twin = sl.Condition("blocks.1.hook_resid_pre", direction(1).clone(), threshold=0.1,
+                        compare="below")  # fmt: skip
+    assert twin == c and hash(twin) == hash(c)
+    other = sl.Steer("blocks.2.hook_resid_pre", direction(3), 2.0, positions="generated")
+    assert s.fingerprint() != other.fingerprint()
+    with pytest.raises(SteerError) as error:
+        gate_from_data({"any_of": []})
+    assert error.value.field == "when"
+    with pytest.raises(SteerError) as error:
+        gate_from_data({"site": "blocks.0.hook_resid_pre", "vector": [1.0], "compare": "x"})
+    assert error.value.field == "when.compare"
+
+
+SEA = [
+    "One day, Mia the happy fox went to the sea.",
+    "Long ago, a sad bear called Tom lived near the harbor.",
+    "One day, Ben the glad cat went to the beach.",
+    "Long ago, a lonely fox called Lily lived near the shore.",
+    "One day, Tom the sad bear went to the harbor.",
+]
+FOREST = [
+    "One day, Mia the happy fox went to the forest.",
+    "Long ago, a sad bear called Tom lived near the woods.",
+    "One day, Ben the glad cat went to the grove.",
+    "Long ago, a lonely fox called Lily lived near the glade.",
+    "One day, Tom the sad bear went to the woods.",
+]
+
+
+def test_find_condition_grid_equals_f1_by_hand_from_one_forward_per_prompt(lm):
+    sites = [f"blocks.{i}.hook_resid_post" for i in range(4)]
+    forwards = []
+    handle = lm.backend.modules()[0].register_forward_pre_hook(
+        lambda _m, args, kwargs: forwards.append(1), with_kwargs=True)  # fmt: skip
+    try:
+        found = sl.find_condition(lm, matching=SEA, other=FOREST, sites=sites, thresholds=50)
+    finally:
+        handle.remove()
+    assert len(forwards) == 1  # every prompt and site in one batched forward
+    assert len(found.table) == len(sites) * 2 * len(SEA + FOREST)  # < 50 observed scores each
+    # the best cell, recomputed by hand from the model's own activations
+    c = found.condition
+    acts = lm.run_with_cache(SEA + FOREST, sites=[c.site])
+    real = acts.attention_mask.float()[..., None]
+    h = (acts[c.site] * real).sum(1) / real.sum(1)
+    projected = torch.tanh((h @ c.direction)[:, None] / (c.direction @ c.direction) * c.direction)
+    scores = torch.nn.functional.cosine_similarity(h, projected, dim=-1)
+    fires = scores > c.threshold if c.compare == "above" else scores < c.threshold
+    labels = torch.tensor([True] * len(SEA) + [False] * len(FOREST))
+    tp = int((fires & labels).sum())
+    precision, recall = tp / max(int(fires.sum()), 1), tp / len(SEA)
+    f1 = 2 * precision * recall / (precision + recall) if tp else 0.0
+    assert math.isclose(found.f1, f1, rel_tol=1e-6) and found.f1 == max(
+        r["f1"] for r in found.table
+    )
+    assert found.f1 > 2 / 3  # better than firing on every prompt
+    out = lm.generate(SEA + FOREST, steer=sl.Steer("blocks.3.hook_resid_pre", direction(1), 1.0,
+                      positions="generated", when=c), max_new_tokens=1)  # fmt: skip
+    assert out.fired.tolist() == fires.tolist()  # the engine decides as the search scored
+
+
+@pytest.mark.parametrize(
+    ("matching", "other", "match"),
+    [([], FOREST, "both classes"), (SEA, [], "both classes"), ([], [], "both classes")],
+)
+def test_find_condition_refuses_an_empty_or_one_class_label_set(lm, matching, other, match):
+    with pytest.raises(SteerError, match=match):
+        sl.find_condition(lm, matching=matching, other=other, sites=["blocks.0.hook_resid_post"])
