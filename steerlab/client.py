@@ -13,13 +13,15 @@ activation capture and KV caches stay in-process. Needs ``httpx`` (the ``server`
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from steerlab.core.prompts import Prompt, normalise
-from steerlab.core.request import Sampling, takes_options
-from steerlab.core.results import Generation, Step
+from steerlab.core.reads import as_monitors
+from steerlab.core.request import Readout, Sampling, takes_options
+from steerlab.core.results import Generation, Step, read_fields
 from steerlab.core.rows import SteerArg, as_steers
 
 
@@ -70,9 +72,12 @@ class RemoteModel:
         cache: Any = None,
         keep_cache: bool = False,
         amplify: float | None = None,
+        monitor: Any = None,
         **options: Any,
     ) -> Generation:
-        """``SteerableModel.generate`` on the server; ``amplify=beta`` asks for LDA."""
+        """``SteerableModel.generate`` on the server; ``amplify=beta`` asks for LDA.
+        Conditioned steers and ``monitor=`` come back as ``out.fired``,
+        ``out.condition_scores`` and ``out.monitors``, as from a local model."""
         body = self._body(prompts, steer, locals())
         return _generation(self._post("/v1/batch", body), body)
 
@@ -88,6 +93,7 @@ class RemoteModel:
         cache: Any = None,
         keep_cache: bool = False,
         amplify: float | None = None,
+        monitor: Any = None,
         **options: Any,
     ) -> Iterator[Step]:
         """``SteerableModel.stream`` on the server: a ``Step`` per decode step.
@@ -146,6 +152,10 @@ class RemoteModel:
         }  # fmt: skip
         if args["amplify"] is not None:
             body["amplify"] = {"beta": args["amplify"]}
+        monitors = as_monitors(args["monitor"])
+        if monitors:
+            body["monitor"] = [{"name": m.name, "site": m.site,
+                                "vector": m.direction.float().tolist()} for m in monitors]  # fmt: skip
         body["_prompts"] = listed  # kept client-side for the Generation
         return body
 
@@ -202,7 +212,22 @@ def _generation(reply: dict[str, Any], body: dict[str, Any]) -> Generation:
         logprobs=[row["logprobs"] or [] for _, row in rows],
         prompts=body["_prompts"],
         seed=reply["seed"],
+        **_reads([row for _, row in rows]),
     )
+
+
+def _reads(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``Generation``'s read fields from the rows' steerlab extension fields."""
+
+    def floats(values: list[float | None]) -> tuple[float, ...]:
+        return tuple(math.nan if v is None else v for v in values)
+
+    parsed = [(row.get("fired"), floats([row.get("condition_score")])[0],
+               {name: Readout(m["site"], floats(m["prompt"]), floats(m["generated"]))
+                for name, m in (row.get("monitors") or {}).items()})
+              for row in rows]  # fmt: skip
+    fired, scores, monitors = read_fields(parsed)
+    return {"fired": fired, "condition_scores": scores, "monitors": monitors}
 
 
 class _RemoteStates:
@@ -236,6 +261,7 @@ def _steps(events: Iterator[dict[str, Any]], body: dict[str, Any]) -> Iterator[S
     states = _RemoteStates(n)
     lengths = [0] * n
     pending: list[dict[str, Any]] = []
+    final: dict[str, Any] = {}  # the read fields, from the result that ends the stream
 
     def step(index: int, deltas: list[dict[str, Any]]) -> Step:
         nonlocal lengths
@@ -258,13 +284,15 @@ def _steps(events: Iterator[dict[str, Any]], body: dict[str, Any]) -> Iterator[S
                 prompt_tokens=plan["prompt_token_ids"], finish_reasons=snapshot[1],
                 prompt_index=plan["prompt_index"], alphas=[tuple(a) for a in plan["alphas"]],
                 logprobs=[states.logprobs[r][: at[r]] for r in range(n)],
-                prompts=body["_prompts"], seed=plan["seed"],
+                prompts=body["_prompts"], seed=plan["seed"], **final,
             )  # fmt: skip
 
         return Step(index, new, list(states.done), result, states, list(lengths), before, reasons)
 
     for event in events:
         if event.get("object") != "batch.delta":
+            rows = [row for result in event.get("results", []) for row in result["rows"]]
+            final.update(_reads(rows) if rows else {})
             break
         if pending and event["step"] != pending[0]["step"]:
             yield step(pending[0]["step"], pending)

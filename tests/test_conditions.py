@@ -343,3 +343,49 @@ def test_find_condition_grid_equals_f1_by_hand_from_one_forward_per_prompt(lm):
 def test_find_condition_refuses_an_empty_or_one_class_label_set(lm, matching, other, match):
     with pytest.raises(SteerError, match=match):
         sl.find_condition(lm, matching=matching, other=other, sites=["blocks.0.hook_resid_post"])
+
+
+def test_conditions_and_monitors_through_the_server_and_connect(lm, toy_hf):
+    from server_helpers import KEY, post, served, sse
+
+    ref = cast(median_threshold(lm, toy_hf))
+    steer = steer_of(ref, sl.any_of(condition(ref)))
+    m = direction(60)
+    local = lm.generate(PROMPTS[:4], steer=steer, max_new_tokens=6, stop_at_eos=False,
+                        monitor={"m": ("blocks.2.hook_resid_post", m)})  # fmt: skip
+    with served(lm) as url:
+        body = {"model": "steerlab-tiny", "prompt": PROMPTS[:4], "max_tokens": 6,
+                "temperature": 0, "ignore_eos": True, "steering": [steer.to_data()],
+                "monitor": [{"name": "m", "site": "blocks.2.hook_resid_post",
+                             "vector": m.tolist()}]}  # fmt: skip
+        reply = post(url, "/v1/completions", body)
+        assert reply.status_code == 200, reply.text
+        choices = reply.json()["choices"]
+        assert [c["text"] for c in choices] == local.text
+        assert [c["steerlab"]["fired"] for c in choices] == local.fired.tolist()
+        scores = [c["steerlab"]["condition_score"] for c in choices]
+        torch.testing.assert_close(torch.tensor(scores), local.condition_scores)
+        traces = torch.tensor([c["steerlab"]["monitors"]["m"]["generated"] for c in choices])
+        torch.testing.assert_close(traces, local.monitors["m"].generated)
+        streamed = sse(post(url, "/v1/completions", {**body, "stream": True}))
+        last = [e["choices"][0] for e in streamed if e["choices"][0]["finish_reason"]]
+        assert sorted((c["index"], c["steerlab"]["fired"]) for c in last) == list(
+            enumerate(local.fired.tolist()))  # fmt: skip
+        remote = sl.connect(url, api_key=KEY)
+        got = remote.generate(PROMPTS[:4], steer=steer, max_new_tokens=6, stop_at_eos=False,
+                              monitor={"m": ("blocks.2.hook_resid_post", m)})  # fmt: skip
+        assert got.text == local.text and torch.equal(got.fired, local.fired)
+        torch.testing.assert_close(got.monitors["m"].prompt, local.monitors["m"].prompt,
+                                   equal_nan=True)  # fmt: skip
+        # a malformed condition is a 400 naming the field
+        bad = steer.to_data()
+        bad["when"] = {"any_of": [{**bad["when"]["any_of"][0], "compare": "larger"}]}
+        reply = post(url, "/v1/completions", {**body, "steering": [bad]})
+        assert reply.status_code == 400
+        assert reply.json()["error"]["param"] == "steering[0].when.compare"
+        reply = post(url, "/v1/completions", {**body, "monitor": body["monitor"] * 2})
+        assert reply.status_code == 400 and "named 'm'" in reply.json()["error"]["message"]
+        reply = post(url, "/v1/completions", {**body, "monitor": [{**body["monitor"][0],
+                                                                    "site": "blocks.9.x"}]})  # fmt: skip
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "monitor[0].site"
+    assert lm.hook_count() == 0

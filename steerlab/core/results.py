@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from steerlab.core.reads import nan_padded
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,33 @@ class MonitorTrace:
     def __repr__(self) -> str:
         rows, new = self.generated.shape
         return f"MonitorTrace({self.name!r} at {self.site}: {rows} rows, {new} new tokens)"
+
+
+RowReads = tuple[bool | None, float | None, Mapping[str, Any]]  # fired, score, readouts
+
+
+def read_fields(rows: Sequence[RowReads]) -> tuple[Any, Any, dict[str, MonitorTrace]]:
+    """``Generation``'s ``fired``, ``condition_scores`` and ``monitors`` from each row's
+    decision, score and readouts (``core.request.Readout`` by monitor name), for every
+    engine and the client alike.
+
+    >>> read_fields([(True, 0.5, {}), (None, None, {})])[:2]
+    (tensor([ True, False]), tensor([0.5000,    nan]))
+    """
+    fired = scores = None
+    if any(f is not None for f, _, _ in rows):
+        fired = torch.tensor([bool(f) for f, _, _ in rows])
+        scores = torch.tensor([math.nan if s is None else s for _, s, _ in rows])
+    traces: dict[str, MonitorTrace] = {}
+    for name in dict.fromkeys(name for _, _, readouts in rows for name in readouts):
+        got = [readouts.get(name) for _, _, readouts in rows]
+        site = next(g.site for g in got if g is not None)
+        traces[name] = MonitorTrace(
+            name, site,
+            nan_padded([g.prompt if g else () for g in got], left=True),
+            nan_padded([g.generated if g else () for g in got]),
+        )  # fmt: skip
+    return fired, scores, traces
 
 
 class Step:

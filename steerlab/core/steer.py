@@ -111,12 +111,14 @@ def steers_at(
     op: Operation | None = None,
     *,
     lend: bool = True,
+    when: Gate | None = None,
 ) -> list[Steer]:
     """THE rule from a vector to steers, for every caller (vectors, the server, the panel).
 
     ``site`` None steers at every site the source has; a site it has uses that direction;
     with ``lend``, a source with one site lends its direction to any other site. A
     ``SteeringVector``'s scale joins ``alpha`` (``direction_of``); a tensor needs a site.
+    ``when`` conditions every steer made.
 
     >>> v = torch.ones(2)
     >>> [s.site for s in steers_at(v, "blocks.0.hook_resid_pre")]
@@ -125,19 +127,19 @@ def steers_at(
     if isinstance(source, torch.Tensor):
         if site is None:
             raise SteerError("A plain tensor has no site of its own: give the site to steer at.")
-        return [Steer(site, source, alpha, positions, op)]
+        return [Steer(site, source, alpha, positions, op, when=when)]
     sites = list(source.sites)
     if site is None:
-        return [Steer(s, source, alpha, positions, op) for s in sites]
+        return [Steer(s, source, alpha, positions, op, when=when) for s in sites]
     if site not in sites:
         if not (lend and len(sites) == 1):
             raise SteerError(f"This vector has no direction at {site}; it has {sites}.")
         direction, scale = direction_of(source, sites[0])
         steer = Steer(site, direction, [without_noise(scale * a) for a in _as_alphas(alpha)],
                       positions, op,
-                      made_for=_made_for(source))  # fmt: skip
+                      made_for=_made_for(source), when=when)  # fmt: skip
         return [steer]
-    return [Steer(site, source, alpha, positions, op)]
+    return [Steer(site, source, alpha, positions, op, when=when)]
 
 
 def _made_for(vector: object) -> ModelId:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from steerlab.core.reads import nan_padded
-from steerlab.core.results import Generation, MonitorTrace, Step
+from steerlab.core.results import Generation, MonitorTrace, Step, read_fields
 
 if TYPE_CHECKING:
     from steerlab.core.rows import Rows
@@ -63,22 +59,7 @@ def _step(p: Progress, rows: Rows, seed: int) -> Step:
 
 
 def _reads(states: Any, kept: list[int]) -> tuple[Any, Any, dict[str, MonitorTrace]]:
-    """The rows' condition decisions and scores, and the monitors' traces as tensors."""
+    """The rows' condition decisions and scores, and the monitors' traces."""
     if getattr(states, "reads", None) is None:
         return None, None, {}
-    rows = [states.reads_of(r, k) for r, k in enumerate(kept)]
-    fired = scores = None
-    if any(f is not None for f, _, _ in rows):
-        fired = torch.tensor([bool(f) for f, _, _ in rows])
-        scores = torch.tensor([math.nan if s is None else s for _, s, _ in rows])
-    traces: dict[str, MonitorTrace] = {}
-    names = list(dict.fromkeys(name for _, _, readouts in rows for name in readouts))
-    for name in names:
-        got = [readouts.get(name) for _, _, readouts in rows]
-        site = next(g.site for g in got if g is not None)
-        traces[name] = MonitorTrace(
-            name, site,
-            nan_padded([g.prompt if g else () for g in got], left=True),
-            nan_padded([g.generated if g else () for g in got]),
-        )  # fmt: skip
-    return fired, scores, traces
+    return read_fields([states.reads_of(r, k) for r, k in enumerate(kept)])

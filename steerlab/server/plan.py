@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 
+from steerlab.core.directions import direction_of
 from steerlab.core.errors import ContextError, SamplingError
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError
+from steerlab.core.reads import Monitor
 from steerlab.core.request import OPTIONS, Request, Sampling, fresh_seed
-from steerlab.core.rows import Rows, lay_out, lay_out_ids
+from steerlab.core.rows import Rows, checked_monitors, lay_out, lay_out_ids
 from steerlab.core.sites import SiteError, resolve
 from steerlab.core.steer import Steer, steer_from_data, steers_at
 from steerlab.core.window import check_window
@@ -31,6 +33,7 @@ from steerlab.server.schemas import (
     BatchRequest,
     ChatRequest,
     CompletionRequest,
+    MonitorSpec,
     Sampled,
     Steering,
 )
@@ -79,8 +82,11 @@ def steers_of(items: Sequence[Steering], lm: SteerableModel, store: VectorStore,
 
 def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
             alphas: Sequence[float] | None, param: str) -> list[Steer]:  # fmt: skip
+    def named(name: str, site: str) -> torch.Tensor:  # a condition's named vector
+        return direction_of(store.vector(name, f"{param}.when.vector"), site)[0]
+
     try:  # the core's one reader of a steer's data form
-        data = steer_from_data(item.model_dump(exclude={"sha256"}), partial=True)
+        data = steer_from_data(item.model_dump(exclude={"sha256"}), partial=True, vectors=named)
     except SteerError as error:
         raise ApiError(
             400, str(error), f"{param}.{error.field}" if error.field else param
@@ -103,9 +109,10 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
             )
         source = _inline(item.vector, lm.d_model, f"{param}.vector")
     try:
-        return steers_at(source, item.site, alpha, data.positions, data.op)
+        return steers_at(source, item.site, alpha, data.positions, data.op, when=data.when)
     except SteerError as error:
-        raise ApiError(400, str(error), param) from None
+        where = f"{param}.{error.field}" if error.field in ("when", "op") else param
+        raise ApiError(400, str(error), where) from None
 
 
 def _alphas(alpha: float | Sequence[float], param: str) -> list[float]:
@@ -144,8 +151,8 @@ def sampling_of(body: Sampled, max_tokens: int, seed: int, limits: Limits, vocab
 
 
 def rows_of(lm: SteerableModel, prompts: Sequence[Prompt | list[int]], steers: list[Steer],
-            sampling: Sampling, *, chat: bool,
-            param: str = "prompt") -> tuple[Rows, list[Request]]:  # fmt: skip
+            sampling: Sampling, *, chat: bool, param: str = "prompt",
+            monitors: Sequence[Monitor] = ()) -> tuple[Rows, list[Request]]:  # fmt: skip
     """Prompts x alphas as rows, with the context window checked against ``max_tokens``;
     prompts given as token ids are fed as they are."""
     try:
@@ -158,8 +165,33 @@ def rows_of(lm: SteerableModel, prompts: Sequence[Prompt | list[int]], steers: l
     except ContextError as error:
         raise ApiError(400, str(error), "max_tokens") from None
     except (PromptError, SteerError) as error:
-        raise ApiError(400, str(error), param) from None
-    return rows, rows.requests(sampling)
+        where = "steering" if isinstance(error, SteerError) and error.field == "when" else param
+        raise ApiError(400, str(error), where) from None
+    return rows, rows.requests(sampling, monitors)
+
+
+def monitors_of(specs: Sequence[MonitorSpec], lm: SteerableModel,
+                store: VectorStore) -> tuple[Monitor, ...]:  # fmt: skip
+    """The ``monitor`` list as monitors, each checked against ``lm``; names must differ."""
+    out = []
+    for i, spec in enumerate(specs):
+        param = f"monitor[{i}]"
+        try:
+            resolve(spec.site, lm.sites())
+        except SiteError as error:
+            raise ApiError(400, str(error), f"{param}.site") from None
+        if isinstance(spec.vector, str):
+            vector = direction_of(store.vector(spec.vector, f"{param}.vector"), spec.site)[0]
+        else:
+            vector = _inline(spec.vector, lm.d_model, f"{param}.vector")
+        try:
+            out.append(Monitor(spec.name, spec.site, vector))
+        except SteerError as error:
+            raise ApiError(400, str(error), param) from None
+    try:
+        return checked_monitors(lm, out)
+    except SteerError as error:
+        raise ApiError(400, str(error), "monitor") from None
 
 
 def check_size(rows: int, limits: Limits, param: str) -> None:
@@ -265,7 +297,9 @@ def _plan_one(body: CompletionRequest | ChatRequest, prompts: Sequence[Prompt | 
     sampling = sampling_of(body, new, seed, limits, lm.n_vocab, logprobs=logprobs,
                            prompt_logprobs=prompt_logprobs)  # fmt: skip
     expanded = [p for p in prompts for _ in range(n)]
-    rows, requests = rows_of(lm, expanded, steers, sampling, chat=chat, param=param)
+    monitors = monitors_of(body.monitor, lm, store)
+    rows, requests = rows_of(lm, expanded, steers, sampling, chat=chat, param=param,
+                             monitors=monitors)  # fmt: skip
     return Plan(requests, rows.encoded, rows.prompt_index, rows.alphas, seed, beta)
 
 
@@ -280,20 +314,21 @@ def plan_batch(body: BatchRequest, lm: SteerableModel, store: VectorStore, limit
         i.alphas is None and _takes_alphas(i.steering) for i in items), "alphas")  # fmt: skip
     seed = seed_of(body.seed)
     shared = [*preset, *steers_of(body.steering, lm, store, body.alphas)]
+    monitors = monitors_of(body.monitor, lm, store)
     texts = [p for p in body.prompts if isinstance(p, str)]
     if len(texts) == len(body.prompts):
         sampling = sampling_of(body, body.max_tokens or 64, seed, limits, lm.n_vocab)
         check_size(len(body.prompts) * max([len(s.alpha) for s in shared] or [1]), limits,
                    "prompts")  # fmt: skip
         rows, requests = rows_of(lm, [*texts], shared, sampling, chat=body.chat,
-                                 param="prompts")  # fmt: skip
+                                 param="prompts", monitors=monitors)  # fmt: skip
         return Plan(requests, rows.encoded, rows.prompt_index, rows.alphas, seed, beta)
-    return _plan_items(body, shared, list(preset), seed, lm, store, limits, beta)
+    return _plan_items(body, shared, list(preset), seed, lm, store, limits, beta, monitors)
 
 
 def _plan_items(body: BatchRequest, shared: list[Steer], preset: list[Steer], seed: int,
                 lm: SteerableModel, store: VectorStore, limits: Limits,
-                beta: float | None) -> Plan:  # fmt: skip
+                beta: float | None, monitors: Sequence[Monitor]) -> Plan:  # fmt: skip
     plan = Plan([], [], [], [], seed, beta)
     seen: dict[str, int] = {}
     for i, item in enumerate(body.prompts):
@@ -307,7 +342,7 @@ def _plan_items(body: BatchRequest, shared: list[Steer], preset: list[Steer], se
                                seed if item.seed is None else item.seed, limits,
                                lm.n_vocab)  # fmt: skip
         rows, requests = rows_of(lm, [prompt], steers, sampling, chat=body.chat,
-                                 param=f"prompts[{i}]")  # fmt: skip
+                                 param=f"prompts[{i}]", monitors=monitors)  # fmt: skip
         text = repr(prompt)  # the k-th repeat of a text draws from stream k, as in lay_out
         seen[text] = seen.get(text, -1) + 1
         plan.requests += [replace(r, stream=f"{seen[text]}|{text}") for r in requests]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -27,8 +28,29 @@ def usage(plan: Plan, completions: list[Completion], n: int) -> dict[str, int]:
 
 
 def _extra(plan: Plan, row: int, c: Completion) -> dict[str, Any]:
-    return {"token_ids": c.tokens,
-            "steerlab": {"finish_reason": c.finish_reason, "alphas": list(plan.alphas[row])}}  # fmt: skip
+    return {"token_ids": c.tokens, "steerlab": {"finish_reason": c.finish_reason,
+                                                "alphas": list(plan.alphas[row]), **reads(c)}}  # fmt: skip
+
+
+def reads(c: Completion) -> dict[str, Any]:
+    """steerlab's extension fields for a row's reads: ``fired`` and ``condition_score``
+    (when a steer is conditioned), ``monitors`` (name -> ``{"site", "prompt",
+    "generated"}``, with ``monitor``). Only what the request asked for appears."""
+    out: dict[str, Any] = {}
+    if c.fired is not None:
+        out["fired"], out["condition_score"] = c.fired, json_number(c.condition_score)
+    if c.readouts:
+        out["monitors"] = {
+            name: {"site": r.site, "prompt": [json_number(v) for v in r.prompt],
+                   "generated": [json_number(v) for v in r.generated]}
+            for name, r in c.readouts.items()
+        }  # fmt: skip
+    return out
+
+
+def json_number(value: float | None) -> float | None:
+    """A float as JSON takes it: NaN and infinities (which JSON has not) become null."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def text_offsets(tokenizer: Any, tokens: Sequence[int], start: int = 0) -> list[int]:
@@ -129,6 +151,7 @@ def batch(plan: Plan, completions: list[Completion], model: str,
                                         "rows": []})  # fmt: skip
         result["rows"].append({"text": c.text, "token_ids": c.tokens, "finish_reason": c.finish_reason,
                                "alphas": list(plan.alphas[row]),
-                               "logprobs": c.logprobs if logprobs else None})  # fmt: skip
+                               "logprobs": c.logprobs if logprobs else None,
+                               **reads(c)})  # fmt: skip
     return {**head("batch", model, "batch.result"), "results": list(results.values()),
             "seed": plan.seed, "usage": usage(plan, completions, 1)}  # fmt: skip

@@ -45,6 +45,19 @@ class Steering(Body):
     positions: Positions = "all"
     op: str | dict[str, Any] = "add"  # a name, or core's data form; checked by op_from_data
     sha256: Sha256 | None = None  # pins a named vector's content: a mismatch is a 409
+    # steer only rows whose prompt fires this condition (core.reads.gate_from_data's form:
+    # {"site", "vector" (a name or floats), "threshold", "compare", "read", "score"}, or
+    # {"any_of": [...]} / {"all_of": [...]}, nested)
+    when: dict[str, Any] | None = None
+
+
+class MonitorSpec(Body):
+    """A projection to read at every token (steerlab's extension): ``h·v/|v|`` at ``site``;
+    ``vector`` is a named vector (its direction at ``site``) or the floats inline."""
+
+    name: str
+    site: str
+    vector: str | list[float]
 
 
 class Amplify(Body):
@@ -81,6 +94,7 @@ class Sampled(Options):  # type: ignore[misc, valid-type]
     temperature: Annotated[float, Field(ge=0)] = 1.0  # OpenAI's default
     steering: list[Steering] = []
     amplify: Amplify | None = None
+    monitor: list[MonitorSpec] = []  # answered in each choice's ``steerlab.monitors``
 
 
 class StreamOptions(Body):

@@ -41,12 +41,19 @@ class Chunks:
 
     def finish(self, done: Done) -> list[dict[str, Any]]:
         """Each row's last chunk (no text, its finish reason), then the usage chunk."""
-        out = [self.chunk(k, self.choice(Delta(0, k, "", [], []), responses.FINISH[c.finish_reason]))
-               for k, c in enumerate(done.completions)]  # fmt: skip
+        out = [self.chunk(k, self._last(k, c)) for k, c in enumerate(done.completions)]
         if self.usage:
             totals = responses.usage(self.plan, done.completions, self.n)
             out.append({**self.base, "choices": [], "usage": totals})
         return out
+
+    def _last(self, row: int, c: Any) -> dict[str, Any]:
+        """A row's finishing choice, with its reads (``responses.reads``) when it has any."""
+        choice = self.choice(Delta(0, row, "", [], []), responses.FINISH[c.finish_reason])
+        extra = responses.reads(c)
+        if extra:
+            choice["steerlab"] = extra
+        return choice
 
     def choice(self, delta: Delta, finish: str | None = None) -> dict[str, Any]:
         raise NotImplementedError
