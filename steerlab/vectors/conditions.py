@@ -55,6 +55,7 @@ def find_condition(
     thresholds: int = 50,
     batch_size: int = 32,
     chat: bool = False,
+    progress: bool = True,
 ) -> FoundCondition:
     """Grid-search site, threshold and comparator by F1 on labelled prompts (CAST).
 
@@ -76,6 +77,7 @@ def find_condition(
         thresholds: how many thresholds per site, at most.
         batch_size: prompts per forward.
         chat: apply the chat template.
+        progress: a progress bar over the forwards (shown only on long work).
 
     >>> found = sl.find_condition(lm, ["The sea was calm"], ["The forest was dark"],
     ...                           sites=["blocks.0.hook_resid_post"])
@@ -97,7 +99,7 @@ def find_condition(
                                                      for i in range(lm.n_layers)]  # fmt: skip
     if not sites:
         raise SteerError("find_condition needs at least one site.")
-    reduced = _reduced(lm, matching + other, sites, read, batch_size, chat)  # site -> [n, d]
+    reduced = _reduced(lm, matching + other, sites, read, batch_size, chat, progress)  # site -> [n, d]
     labels = torch.tensor([True] * len(matching) + [False] * len(other))
     records: list[dict[str, Any]] = []
     best: tuple[float, str, torch.Tensor, float, str] | None = None
@@ -129,11 +131,11 @@ def find_condition(
 
 
 def _reduced(lm: Any, prompts: list[Prompt], sites: list[str], read: str, batch_size: int,
-             chat: bool) -> dict[str, torch.Tensor]:  # fmt: skip
+             chat: bool, progress: bool) -> dict[str, torch.Tensor]:  # fmt: skip
     """Each prompt's activation at each site, reduced over its real tokens: [n, d] float32."""
     parts: dict[str, list[torch.Tensor]] = {s: [] for s in sites}
     starts = range(0, len(prompts), batch_size)
-    for start in bar(starts, desc="find_condition", disable=len(starts) < 2):
+    for start in bar(starts, desc="find_condition", disable=not progress or len(starts) < 2):
         acts = lm.run_with_cache(prompts[start : start + batch_size], sites=sites, chat=chat)
         real = acts.attention_mask.to(torch.float32)[..., None]  # [b, pos, 1]
         for site in sites:
