@@ -389,3 +389,13 @@ def test_conditions_and_monitors_through_the_server_and_connect(lm, toy_hf):
                                                                     "site": "blocks.9.x"}]})  # fmt: skip
         assert reply.status_code == 400 and reply.json()["error"]["param"] == "monitor[0].site"
     assert lm.hook_count() == 0
+
+
+def test_a_chat_session_refuses_a_conditioned_steer_with_why(lm):
+    c = sl.Condition("blocks.1.hook_resid_pre", direction(1))
+    steer = sl.Steer("blocks.2.hook_resid_pre", direction(2), 2.0, positions="generated", when=c)
+    with pytest.raises(SteerError, match="does not take a conditioned steer"):
+        lm.chat(steer=steer)
+    chat = lm.chat()
+    with pytest.raises(SteerError, match="lm.generate"):
+        chat.steer = steer

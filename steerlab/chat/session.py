@@ -115,6 +115,13 @@ class ChatSession:
         for s in steers:
             check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model)
             warn_other_model(s, self.lm)
+            if s.when is not None:  # each turn's decision would live in the cache
+                raise SteerError(
+                    "A chat session does not take a conditioned steer (when=) yet: a "
+                    "recomputed history (undo, overflow, a steer change) could not replay "
+                    "each earlier turn's decision. Steer one turn at a time with "
+                    "lm.generate(messages, steer=..., chat=True)."
+                )
             if len(s.alpha) != 1:
                 raise SteerError(
                     f"A chat session is one conversation: give one alpha per steer, not "
