@@ -46,10 +46,11 @@ class CallReads:
         self.lasts: dict[Condition, torch.Tensor] = {}  # [rows, d] float32
         self.token: dict[Condition, torch.Tensor] = {}  # [batch, seq]: this forward's scores
         self.decided: dict[Gate, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.prompt: dict[Monitor, list[list[float]]] = {m: [[] for _ in requests]
-                                                         for m in self.monitors}  # fmt: skip
-        self.chosen: dict[Monitor, list[list[float]]] = {m: [[] for _ in requests]
-                                                         for m in self.monitors}  # fmt: skip
+        # per monitor, per forward: (rows, pos, values [batch, seq], prefill)
+        self.reads: dict[Monitor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]] = {
+            m: [] for m in self.monitors}  # fmt: skip
+        self._assembled: dict[Monitor, tuple[list[list[float]], list[list[float]]]] = {}
+        self._seen: dict[Monitor, int] = {}  # forwards assembled, per monitor
 
     def __bool__(self) -> bool:
         return bool(self.gates or self.monitors)
@@ -102,18 +103,27 @@ class CallReads:
             context = call.context
             if context is None:
                 return None
-            rows = context.rows.tolist()
-            real = (context.pos >= 0).tolist()
-            for m in monitors:
-                u = unit(m.on(act.device)["direction"], torch.float32)
-                values = (act.to(torch.float32) @ u).cpu()  # [batch, seq]
-                for i, r in enumerate(rows):
-                    if context.prefill:
-                        self.prompt[m][r] += [v for v, ok in zip(values[i].tolist(), real[i]) if ok]
-                    self.chosen[m][r].append(float(values[i, -1]))
+            rows, pos, _ = context.on(act.device)
+            wide = act.to(torch.float32)
+            for m in monitors:  # kept on the device as they are: no sync in the loop
+                values = wide @ unit(m.on(act.device)["direction"], torch.float32)  # [b, s]
+                self.reads[m].append((rows, pos, values, context.prefill))
             return None
 
         return record
+
+    def _traces(self, m: Monitor) -> tuple[list[list[float]], list[list[float]]]:
+        """Per call row: the monitor's values at its prompt tokens, and at the last position
+        of each forward (the one that chose the next token)."""
+        prompt: list[list[float]] = [[] for _ in range(self.n)]
+        chosen: list[list[float]] = [[] for _ in range(self.n)]
+        for rows, pos, values, prefill in self.reads[m]:
+            rows_, real, values_ = rows.tolist(), (pos >= 0).tolist(), values.cpu().tolist()
+            for i, r in enumerate(rows_):
+                if prefill:
+                    prompt[r] += [v for v, ok in zip(values_[i], real[i]) if ok]
+                chosen[r].append(values_[i][-1])
+        return prompt, chosen
 
     # --- decisions -----------------------------------------------------------------------
 
@@ -176,7 +186,10 @@ class CallReads:
         if gate is not None:
             decided, scores = self.decision(gate)
             fired, score = bool(decided[r]), float(scores[r])
-        readouts = {m.name: Readout(m.site, tuple(self.prompt[m][r]),
-                                    tuple(self.chosen[m][r][:kept]))
-                    for m in self.requests[r].monitors}  # fmt: skip
+        readouts = {}
+        for m in self.requests[r].monitors:
+            if m not in self._assembled or len(self.reads[m]) != self._seen.get(m):
+                self._assembled[m], self._seen[m] = self._traces(m), len(self.reads[m])
+            prompt, chosen = self._assembled[m]
+            readouts[m.name] = Readout(m.site, tuple(prompt[r]), tuple(chosen[r][:kept]))
         return fired, score, readouts

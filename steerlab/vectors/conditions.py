@@ -99,7 +99,9 @@ def find_condition(
                                                      for i in range(lm.n_layers)]  # fmt: skip
     if not sites:
         raise SteerError("find_condition needs at least one site.")
-    reduced = _reduced(lm, matching + other, sites, read, batch_size, chat, progress)  # site -> [n, d]
+    reduced = _reduced(
+        lm, matching + other, sites, read, batch_size, chat, progress
+    )  # site -> [n, d]
     labels = torch.tensor([True] * len(matching) + [False] * len(other))
     records: list[dict[str, Any]] = []
     best: tuple[float, str, torch.Tensor, float, str] | None = None

@@ -240,4 +240,3 @@ def reads_reason(requests: Sequence[Request]) -> str | None:
         return ("monitors (monitor=) are read by the local engines (hf, hooked, bridge); "
                 "vLLM's workers do not send readouts back")  # fmt: skip
     return None
-
