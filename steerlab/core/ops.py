@@ -26,7 +26,7 @@ from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 
 __all__ = [
     "OPS", "STRENGTHS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
-    "Rotate", "SteerError", "TensorValue", "tensor_fingerprint",
+    "Rotate", "SteerError", "TERMS", "TensorValue", "tensor_fingerprint",
 ]  # fmt: skip
 
 TensorKey = Callable[[torch.Tensor], str]
@@ -64,13 +64,18 @@ class Form(NamedTuple):
         act + add·α·v
             + proj·α·(clip(a, low, high) - a)·u
             + feat·α·(value - f)·v,   f = relu(p)·[p > threshold],  p = act · encoder + bias
+            + the turn of act's component in the plane of u and toward (when rot is set):
+              from its angle φ to φ + rot·α·(angle − φ) along the shorter arc, its length
+              kept (only where a = act · u > 0 when ``adaptive``)
 
     Every field is a column of the compiled step's table (``engine/compiled/tables.py``
     derives them from these fields; the fields named in ``STRENGTHS`` are stored times α),
     so a new term is new fields here and its arithmetic in the step, and nothing else.
     Add sets ``add``; the projection operations set ``proj`` and say where the projection
     goes; a feature clamp sets ``feat`` and reads its SAE feature (``encoder`` ``[d_model]``,
-    ``bias`` with ``b_dec`` folded in, ``threshold``, ``value``).
+    ``bias`` with ``b_dec`` folded in, ``threshold``, ``value``); a rotation sets ``rot``,
+    its plane's second direction ``toward`` (unit), the target ``angle`` in radians and
+    ``adaptive`` (1.0 or 0.0).
     """
 
     add: float = 0.0
@@ -82,9 +87,14 @@ class Form(NamedTuple):
     bias: float = 0.0
     threshold: float = 0.0
     value: float = 0.0
+    rot: float = 0.0
+    toward: torch.Tensor | None = None
+    angle: float = 0.0
+    adaptive: float = 0.0
 
 
-STRENGTHS = ("add", "proj", "feat")  # Form's terms that alpha multiplies
+STRENGTHS = ("add", "proj", "feat", "rot")  # Form's terms that alpha multiplies
+TERMS = STRENGTHS  # a table step computes only the terms its batch uses
 
 
 OPS: dict[str, type[Op]] = {}
@@ -464,8 +474,8 @@ class Rotate(Op):
     activation's component in the plane, that component turns to ``φ + alpha·(angle − φ)``
     along the shorter arc, its length kept; the rest of the activation is untouched. So
     alpha 0 changes nothing, alpha 1 sets the target angle exactly, and ``|h|`` is kept.
-    ``adaptive`` turns only tokens whose projection on ``b1`` is positive. It has no table
-    form: the compiled step runs it eagerly, and ``lm.explain`` says so.
+    ``adaptive`` turns only tokens whose projection on ``b1`` is positive. Its table form is
+    the ``rot`` term: the compiled step turns in the same plane.
 
     >>> h = torch.tensor([[2.0, 0.0, 1.0]])
     >>> turn = Rotate(90.0, toward=[0.0, 1.0, 0.0])
@@ -487,8 +497,9 @@ class Rotate(Op):
         if self.toward.ndim != 1 or float(self.toward.abs().amax()) == 0.0:
             raise SteerError("Rotate toward must be a non-zero 1-D vector [d_model].")
 
-    def form(self) -> None:
-        return None
+    def form(self) -> Form:
+        return Form(rot=1.0, toward=unit(self.toward), angle=math.radians(self.angle),
+                    adaptive=float(self.adaptive))  # fmt: skip
 
     def check(self, site: str, vector: torch.Tensor) -> None:
         if self.toward.shape[0] != vector.shape[0]:

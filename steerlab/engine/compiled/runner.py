@@ -10,15 +10,17 @@ import torch
 
 from steerlab.core.request import Request
 from steerlab.engine.compiled.families import Family
-from steerlab.engine.compiled.step import decode_step
-from steerlab.engine.compiled.tables import StaticCache, SteerTable
+from steerlab.engine.compiled.step import Spec, decode_step
+from steerlab.engine.compiled.tables import StaticCache, SteerTable, spec_of
 
 _COMPILED: dict[tuple[str | None, str], Callable[..., torch.Tensor]] = {}  # per process
 
 
 def compiled_step(mode: str | None, backend: str = "inductor") -> Callable[..., torch.Tensor]:
     """``decode_step`` compiled once per process, mode and backend; dynamo then keeps one
-    graph per bucket and model. ``backend="aot_eager"`` traces without generating code.
+    graph per bucket, model and ``Spec`` (the slots and terms a batch steers), so a batch
+    pays only for the terms its steers use. ``backend="aot_eager"`` traces without
+    generating code.
 
     Without a mode (the CPU default) the generated C++ kernels run single-threaded: a decode
     step's elementwise work is tiny, and an OpenMP barrier per kernel costs more than it
@@ -65,7 +67,9 @@ class StepRunner:
         self.pos = torch.ones(batch, dtype=torch.long, device=device)
         self.live = torch.zeros(batch, dtype=torch.bool, device=device)
         self.column = torch.zeros(1, dtype=torch.long, device=device)
+        self.spec = Spec()
         self.compile_seconds: float | None = None
+        self.compiled_specs: dict[Spec, float] = {}  # seconds the first step of each took
         if device.type == "cuda":  # CUDA graphs replay these addresses; mark them fixed
             for t in (*self.cache.tensors(), *self.table.tensors(), *self.inputs()):
                 torch._dynamo.mark_static_address(t)
@@ -76,6 +80,7 @@ class StepRunner:
     def start(self, requests: Sequence[Request], layers: Any, mask: torch.Tensor) -> None:
         """A call's data in: its steers, and its prefilled cache (``layers`` of keys, values)."""
         self.table.fill(requests)
+        self.spec = Spec(*spec_of(requests))
         self.cache.load(layers, mask.to(self.cache.mask.device))
         self.live.zero_()
         self.pos.fill_(1)
@@ -89,12 +94,14 @@ class StepRunner:
         self.pos[:rows].copy_(pos)
         self.live[:rows].copy_(live)
         self.column.fill_(column)
-        first = self.compile_seconds is None
+        first = self.spec not in self.compiled_specs
         start = time.perf_counter()
         with torch.no_grad():
             logits = compiled_step(self.mode, self.backend)(
-                self.family, *self.inputs(), self.cache.tensors(), self.table.columns
+                self.family, self.spec, *self.inputs(), self.cache.tensors(), self.table.columns
             )
         if first:
-            self.compile_seconds = time.perf_counter() - start
+            self.compiled_specs[self.spec] = time.perf_counter() - start
+            if self.compile_seconds is None:
+                self.compile_seconds = self.compiled_specs[self.spec]
         return logits[:rows]

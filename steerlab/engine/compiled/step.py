@@ -3,9 +3,15 @@
 Inputs are the new tokens, their positions, which rows are live, the cache column to
 write, the static cache and the steering table; nothing in it depends on a request's
 values, so a new alpha, vector, position rule or prompt is new data, not a new graph.
+What the step computes is specialised per ``Spec``: the table slots a batch steers and the
+``core.ops.Form`` terms its operations use. A batch of additions at one site computes one
+addition at that site and nothing else; each spec is its own graph, cached.
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 
@@ -14,27 +20,68 @@ from steerlab.engine.compiled.families import Family
 from steerlab.engine.compiled.tables import slot_of
 
 
+class Spec(NamedTuple):
+    """What a batch's steers need of the step: the slots they steer and the terms they use,
+    sorted (plain tuples: the compiler keys its graphs on their values)."""
+
+    slots: tuple[int, ...] = ()
+    terms: tuple[str, ...] = ()
+
+
 def steer(
     h: torch.Tensor,  # [B, 1, d]
     at: int,
     table: dict[str, torch.Tensor],
     live: torch.Tensor,  # [B] bool
     pos: torch.Tensor,  # [B] long
+    spec: Spec,
 ) -> torch.Tensor:
-    """The steering table's row ``at`` applied to ``h``: ``core.ops.Form``'s terms, each
-    with its column; untouched rows stay bit-identical."""
+    """The steering table's row ``at`` applied to ``h``: ``core.ops.Form``'s terms that
+    ``spec`` names, each with its column; untouched rows stay bit-identical."""
+    if at not in spec.slots:
+        return h
     c = {name: t[at] for name, t in table.items()}
     act = h[:, 0]  # [B, d]
+    terms = spec.terms
     # every token a decode step feeds was generated: live rows' are, dead rows' are pads
     where = touched(c["on_prompt"], c["on_generated"], c["from_pos"], pos, live)
-    gate = live & where & ((c["add"] != 0) | (c["proj"] != 0) | (c["feat"] != 0))  # [B]
-    along = (act * c["unit"]).sum(-1)  # [B]
-    moved = torch.clamp(along, min=c["low"], max=c["high"]) - along  # [B]
-    pre = (act * c["encoder"]).sum(-1) + c["bias"]  # [B]: an SAE feature's pre-activation
-    f = torch.relu(pre) * (pre > c["threshold"]).to(act.dtype)
-    new = (act + c["add"][:, None] * c["vector"] + (c["proj"] * moved)[:, None] * c["unit"]
-           + (c["feat"] * (c["value"] - f))[:, None] * c["vector"])  # fmt: skip
+    on = torch.zeros_like(live)
+    for term in terms:
+        on = on | (c[term] != 0)
+    gate = live & where & on  # [B]
+    new = act
+    if "add" in terms:
+        new = new + c["add"][:, None] * c["vector"]
+    if "proj" in terms:
+        along = (act * c["unit"]).sum(-1)  # [B]
+        moved = torch.clamp(along, min=c["low"], max=c["high"]) - along  # [B]
+        new = new + (c["proj"] * moved)[:, None] * c["unit"]
+    if "feat" in terms:
+        pre = (act * c["encoder"]).sum(-1) + c["bias"]  # [B]: an SAE feature's pre-activation
+        f = torch.relu(pre) * (pre > c["threshold"]).to(act.dtype)
+        new = new + (c["feat"] * (c["value"] - f))[:, None] * c["vector"]
+    if "rot" in terms:
+        along_b1, along_b2 = turned(act, c)
+        new = new + along_b1 + along_b2  # in the order core.ops.Rotate adds them
     return torch.where(gate[:, None], new, act)[:, None]
+
+
+def turned(act: torch.Tensor, c: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a rotation adds to ``act [B, d]`` along each axis of its plane (0 on rows
+    without one): the component in the plane of ``unit`` and ``toward`` turned ``rot`` of
+    the way to ``angle``, as ``core.ops.Rotate`` turns it."""
+    b1, toward = c["unit"], c["toward"]
+    rest = toward - (toward * b1).sum(-1, keepdim=True) * b1
+    length = rest.norm(dim=-1, keepdim=True)
+    b2 = rest / length.clamp_min(torch.finfo(act.dtype).tiny)
+    x, y = (act * b1).sum(-1), (act * b2).sum(-1)  # [B]
+    radius, phi = torch.hypot(x, y), torch.atan2(y, x)
+    turn = torch.remainder(c["angle"] - phi + math.pi, 2 * math.pi) - math.pi
+    to = phi + c["rot"] * turn
+    keep = ((c["rot"] != 0) & ((c["adaptive"] == 0) | (x > 0)))[:, None]
+    zero = torch.zeros_like(act)
+    return (torch.where(keep, (radius * torch.cos(to) - x)[:, None] * b1, zero),
+            torch.where(keep, (radius * torch.sin(to) - y)[:, None] * b2, zero))  # fmt: skip
 
 
 def attend(
@@ -55,6 +102,7 @@ def attend(
 
 def decode_step(
     family: Family,
+    spec: Spec,
     ids: torch.Tensor,  # [B] long
     pos: torch.Tensor,  # [B] long: position of each new token (1 on dead rows)
     live: torch.Tensor,  # [B] bool
@@ -67,16 +115,18 @@ def decode_step(
     keys, values, mask = cache[:n], cache[n : 2 * n], cache[2 * n]
     mask.index_copy_(1, column, live[:, None])
     positions = pos[:, None]  # [B, 1]
-    h = steer(family.embed(ids[:, None]), 0, table, live, pos)
+    h = steer(family.embed(ids[:, None]), 0, table, live, pos, spec)
     h, placed = family.place(h, positions)
     for layer in range(n):
-        h = steer(h, slot_of(layer, "hook_resid_pre"), table, live, pos)
+        h = steer(h, slot_of(layer, "hook_resid_pre"), table, live, pos, spec)
         q, k, v = family.qkv(layer, h, placed)
         keys[layer].index_copy_(2, column, k)
         values[layer].index_copy_(2, column, v)
         o = attend(q, keys[layer], values[layer], mask, family.scaling(layer))
-        a = steer(family.attn_out(layer, o), slot_of(layer, "hook_attn_out"), table, live, pos)
-        h = steer(h + a, slot_of(layer, "hook_resid_mid"), table, live, pos)
-        m = steer(family.mlp(layer, h), slot_of(layer, "hook_mlp_out"), table, live, pos)
-        h = steer(h + m, slot_of(layer, "hook_resid_post"), table, live, pos)
+        a = steer(
+            family.attn_out(layer, o), slot_of(layer, "hook_attn_out"), table, live, pos, spec
+        )
+        h = steer(h + a, slot_of(layer, "hook_resid_mid"), table, live, pos, spec)
+        m = steer(family.mlp(layer, h), slot_of(layer, "hook_mlp_out"), table, live, pos, spec)
+        h = steer(h + m, slot_of(layer, "hook_resid_post"), table, live, pos, spec)
     return family.logits(h)[:, 0]

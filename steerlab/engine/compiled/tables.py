@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from steerlab.core.ops import STRENGTHS, Form, form_of, operand, unit
+from steerlab.core.ops import STRENGTHS, TERMS, Form, form_of, operand, unit
 from steerlab.core.request import Request
 from steerlab.core.sites import EMBED, FORWARD_KINDS, Site
 from steerlab.core.steer import position_form
@@ -71,7 +71,7 @@ class SteerTable:
                 assert form is not None, "fit.steer_reason keeps custom operations eager"
                 alpha = torch.tensor(steer.alpha, dtype=dtype).item()  # eager casts alpha too
                 columns["vector"][at, row] = steer.vector.to(device, dtype)
-                if form.proj:  # what the eager op computes from its operand
+                if form.proj or form.rot:  # what the eager op computes from its operand
                     columns["unit"][at, row] = unit(operand(steer.op, steer.vector, dtype, device))
                 for name, value in form._asdict().items():
                     if isinstance(value, torch.Tensor):
@@ -85,6 +85,20 @@ class SteerTable:
                 columns["on_prompt"][at, row] = on_prompt
                 columns["on_generated"][at, row] = on_generated
                 columns["from_pos"][at, row] = from_pos
+
+
+def spec_of(requests: Sequence[Request]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The table slots these requests steer and the ``Form`` terms their operations use
+    (a steer with alpha 0 touches nothing, so it needs neither)."""
+    slots, terms = set(), set()
+    for request in requests:
+        for steer in request.steers:
+            form = form_of(steer.op)
+            if form is None or steer.alpha == 0:
+                continue
+            slots.add(slot(Site.parse(steer.site)))
+            terms.update(t for t in TERMS if getattr(form, t))
+    return tuple(sorted(slots)), tuple(t for t in TERMS if t in terms)
 
 
 def _is_tensor(field: str) -> bool:
