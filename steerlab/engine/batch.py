@@ -59,6 +59,7 @@ class Batch:
             self.mask = torch.cat([cache.mask, mask], 1)  # [batch, seq]
             self.generated = torch.cat([cache.generated, generated], 1)  # [batch, seq]
             self.fed = cache.length
+        self.prompt_len = self.mask.sum(1)  # [batch]: real tokens before decoding starts
 
     def forward(self, call: Call, *, last_only: bool = True) -> torch.Tensor:
         """Feed the columns not yet in the cache (every column without one).
@@ -68,7 +69,7 @@ class Batch:
         start = self.fed if self.use_cache else 0
         device = self.backend.input_device
         context = ForwardContext.for_mask(torch.tensor(self.rows), self.mask,
-                                          self.generated[:, start:])  # fmt: skip
+                                          self.generated[:, start:], self.prompt_len)  # fmt: skip
         call.context = context
         try:
             with torch.inference_mode():
@@ -92,7 +93,7 @@ class Batch:
         picked = torch.tensor(index, dtype=torch.long)
         self.rows = [self.rows[i] for i in index]
         self.tokens, self.mask = self.tokens[picked], self.mask[picked]
-        self.generated = self.generated[picked]
+        self.generated, self.prompt_len = self.generated[picked], self.prompt_len[picked]
         if self.data is not None:
             self.data = self.backend.cache_ops.select(self.data, picked)
 

@@ -21,20 +21,26 @@ class ForwardContext:
         rows: [batch] which of the call's rows each batch row is.
         pos: [batch, new] index of each new token from its row's first real token; -1 on pads.
         generated: [batch, new] True where the token was produced by the model.
+        prompt_len: [batch] each row's prompt length: its real tokens before this call
+            generates (what a span of the prompt, ``"first:k+last:k"``, counts from);
+            None where no rule needs it.
     """
 
     rows: torch.Tensor
     pos: torch.Tensor
     generated: torch.Tensor
+    prompt_len: torch.Tensor | None = None
     _moved: dict[torch.device, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
+    _spans: dict[tuple[str, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def for_mask(
-        cls, rows: torch.Tensor, mask: torch.Tensor, generated: torch.Tensor
-    ) -> ForwardContext:
+        cls, rows: torch.Tensor, mask: torch.Tensor, generated: torch.Tensor,
+        prompt_len: torch.Tensor | None = None,
+    ) -> ForwardContext:  # fmt: skip
         """The context for the last ``generated.shape[1]`` columns of a full attention mask."""
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, -1)
-        return cls(rows, pos[:, -generated.shape[1] :], generated)
+        return cls(rows, pos[:, -generated.shape[1] :], generated, prompt_len)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -47,3 +53,12 @@ class ForwardContext:
             self._moved[device] = (self.rows.to(device), self.pos.to(device),
                                    self.generated.to(device))  # fmt: skip
         return self._moved[device]
+
+    def prompt_lengths(self, device: torch.device) -> torch.Tensor:
+        """``prompt_len`` as ``[batch, 1]`` on ``device``, to broadcast over positions."""
+        if self.prompt_len is None:
+            raise ValueError("This forward has no prompt lengths (a span rule needs them).")
+        key = ("prompt_len", device)
+        if key not in self._spans:
+            self._spans[key] = self.prompt_len.to(device)[:, None]
+        return self._spans[key]

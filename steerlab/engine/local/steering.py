@@ -17,7 +17,7 @@ from steerlab.backends.base import Backend
 from steerlab.core.ops import Operation, operand
 from steerlab.core.request import RowSteer
 from steerlab.core.sites import Site
-from steerlab.core.steer import Positions, check_steer, position_mask
+from steerlab.core.steer import Positions, check_steer, position_mask, prompt_span
 from steerlab.engine.guard import Call
 
 
@@ -73,7 +73,8 @@ def attach_steer(backend: Backend, steer: AttachedSteer, call: Call) -> None:
         rows, pos, generated = context.on(act.device)
         alphas = row_alphas[rows]  # [batch]
         batch, seq, d = act.shape
-        touched = position_mask(steer.positions, pos, generated) & (alphas != 0)[:, None]
+        span = context.prompt_lengths(act.device) if prompt_span(steer.positions) else None
+        touched = position_mask(steer.positions, pos, generated, span) & (alphas != 0)[:, None]
         alpha = alphas[:, None].expand(batch, seq).reshape(-1, 1)
         new = steer.op(act.reshape(-1, d), vector, alpha).reshape(batch, seq, d)
         return torch.where(touched[..., None], new, act)
