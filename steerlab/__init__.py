@@ -17,7 +17,7 @@ from steerlab._version import __version__ as __version__
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.chat import ChatSession
-from steerlab.core import Ablate, Add, Cap, Clamp, Rotate, Steer, SteerError
+from steerlab.core import Ablate, Add, Cap, Clamp, LoReFT, Rotate, Steer, SteerError
 from steerlab.core.activations import Activations
 from steerlab.core.results import Generation, Step
 from steerlab.core.sites import SiteError
@@ -72,6 +72,7 @@ __all__ = [
     "Clamp",
     "FeatureActivations",
     "Generation",
+    "LoReFT",
     "ParityError",
     "ParityWarning",
     "Rotate",

@@ -15,6 +15,7 @@ from engine_parity import (
 )
 
 import steerlab as sl
+from steerlab.core.steer import touches_generated
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +40,11 @@ def test_each_position_rule_and_operation_equals_plain_hooks(lm, hf, name):
         if CASES[name].sae == "topk":  # no table form: it runs eagerly, and says so
             assert lm.explain(requests).startswith("eager: operation FeatureClamp(")
             assert "has no table form" in lm.explain(requests)
-        elif CASES[name].op == "rotate":
-            assert lm.explain(requests).startswith("eager: operation Rotate(")
+        elif CASES[name].op in ("rotate", "loreft") and touches_generated(CASES[name].positions):
+            kind = {"rotate": "Rotate", "loreft": "LoReFT"}[CASES[name].op]
+            assert lm.explain(requests).startswith(f"eager: operation {kind}(")
             assert "has no table form" in lm.explain(requests)
-        else:
+        else:  # prompt-only steers act in the eager prefill: any operation compiles
             assert lm.explain(requests).startswith("compiled"), lm.explain(requests)
 
 
