@@ -75,8 +75,10 @@ def test_rows_sharing_a_prompt_see_the_whole_prompts_length(toy_lm, positions):
     assert together.tokens == alone.tokens
     assert len(set(map(tuple, alone.tokens))) > 2  # the steer changes the text
     shared = prefix.group_size(
-        [Request((5, 6, 7), (RowSteer(SITE, torch.ones(128), a, positions, sl.Add()),))
-         for a in ALPHAS]  # fmt: skip
+        [
+            Request((5, 6, 7), (RowSteer(SITE, torch.ones(128), a, positions, sl.Add()),))
+            for a in ALPHAS
+        ]  # fmt: skip
     )
     assert shared == (3 if positions == "last:1" else None)  # "first:1" touches the prefix
 

@@ -200,7 +200,10 @@ class LoReFT(Op):
         if len(files) != 1:
             raise SteerError(f"{folder} has {len(files)} pyreft intervention files "
                              "(intkey_*.bin); from_pyreft reads exactly one.")  # fmt: skip
-        state = torch.load(files[0], map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(files[0], map_location="cpu", weights_only=True)
+        except Exception as error:  # weights_only refuses anything but tensors and containers
+            raise SteerError(f"{files[0].name} is not a plain tensor checkpoint: {error}") from None
         if not isinstance(state, dict) or not {"rotate_layer", "weight", "bias"} <= set(state):
             raise SteerError(f"{files[0].name} is not a LoReFT intervention (it needs "
                              "rotate_layer, weight and bias).")  # fmt: skip

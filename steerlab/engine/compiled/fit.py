@@ -54,8 +54,10 @@ def steer_reason(requests: Sequence[Request]) -> str | None:
             if form_of(steer.op) is None:
                 table = sorted(OPS)
                 kind = "custom operation" if not isinstance(steer.op, Op) else "operation"
-                return (f"{kind} {steer.op!r} at positions {steer.positions!r} has no table form "
-                        f"(compiled: {', '.join(table)}; any operation at prompt-only positions)")
+                return (
+                    f"{kind} {steer.op!r} at positions {steer.positions!r} has no table form "
+                    f"(compiled: {', '.join(table)}; any operation at prompt-only positions)"
+                )
     return None
 
 
