@@ -39,6 +39,9 @@ from steerlab.vectors import (
 # Notebook-layer names, imported on first access so `import steerlab` stays light.
 _LAZY = {
     "plots": ("steerlab.plots", None),
+    "train": ("steerlab.train", None),
+    "Preference": ("steerlab.train", "Preference"),
+    "Example": ("steerlab.train", "Example"),
     "evals": ("steerlab.evals", None),
     "export": ("steerlab.exporting", "export"),
     "use_paper_theme": ("steerlab.plots", "use_paper_theme"),

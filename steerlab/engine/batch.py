@@ -61,10 +61,11 @@ class Batch:
             self.fed = cache.length
         self.prompt_len = self.mask.sum(1)  # [batch]: real tokens before decoding starts
 
-    def forward(self, call: Call, *, last_only: bool = True) -> torch.Tensor:
+    def forward(self, call: Call, *, last_only: bool = True, grad: bool = False) -> torch.Tensor:
         """Feed the columns not yet in the cache (every column without one).
 
-        Returns logits ``[batch, new_pos or 1, vocab]``.
+        Returns logits ``[batch, new_pos or 1, vocab]``; with ``grad`` (training a steer on
+        the frozen model) outside inference mode, so gradients reach the hooks' parameters.
         """
         start = self.fed if self.use_cache else 0
         device = self.backend.input_device
@@ -72,7 +73,7 @@ class Batch:
                                           self.generated[:, start:], self.prompt_len)  # fmt: skip
         call.context = context
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(not grad):
                 logits = self.backend.forward(
                     self.tokens[:, start:].to(device), self.mask.to(device), self.data,
                     positions=context.position_ids.to(device), last_only=last_only,
