@@ -225,3 +225,11 @@ def test_a_tiny_llama_trains_too(tiny_dirs):
     reft, _ = sl.train.reft(lm, EXAMPLES, site="blocks.0.hook_resid_post", epochs=1,
                             progress=False)  # fmt: skip
     assert same(weights(lm), before) and lm.hook_count() == 0
+
+
+def test_the_training_figure_shows_the_loss_and_the_held_out_loss(toy_lm):
+    _, history = sl.train.reft(toy_lm, EXAMPLES, site=SITE, epochs=2, batch_size=1,
+                               held_out=EXAMPLES[:1], progress=False)  # fmt: skip
+    fig = sl.plots.training(history)
+    assert list(fig.data[0].y) == history.loss
+    assert list(fig.data[1].x) == [s for s, _ in history.held_out]
