@@ -17,7 +17,7 @@ from steerlab._version import __version__ as __version__
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
 from steerlab.chat import ChatSession
-from steerlab.core import Ablate, Add, Cap, Clamp, Rotate, Steer, SteerError
+from steerlab.core import Ablate, Add, Cap, Clamp, LoReFT, Rotate, Steer, SteerError
 from steerlab.core.activations import Activations
 from steerlab.core.reads import Condition, Monitor, all_of, any_of
 from steerlab.core.results import Generation, MonitorTrace, Step
@@ -41,6 +41,9 @@ from steerlab.vectors import (
 # Notebook-layer names, imported on first access so `import steerlab` stays light.
 _LAZY = {
     "plots": ("steerlab.plots", None),
+    "train": ("steerlab.train", None),
+    "Preference": ("steerlab.train", "Preference"),
+    "Example": ("steerlab.train", "Example"),
     "evals": ("steerlab.evals", None),
     "export": ("steerlab.exporting", "export"),
     "use_paper_theme": ("steerlab.plots", "use_paper_theme"),
@@ -75,6 +78,7 @@ __all__ = [
     "Condition",
     "FeatureActivations",
     "Generation",
+    "LoReFT",
     "Monitor",
     "MonitorTrace",
     "ParityError",

@@ -63,6 +63,8 @@ class Case:
     adaptive: bool = False  # ``direction(seed + 100)``
 
     def vector(self) -> torch.Tensor:
+        if self.op == "loreft":  # a LoReFT steer's vector is R's first row
+            return self.reft()[0][0]
         return toy_sae(self.sae).W_dec[self.seed] if self.sae else direction(self.seed)
 
     def steerlab_op(self) -> Any:
@@ -74,7 +76,16 @@ class Case:
             return sl.Clamp(self.value)
         if self.op == "rotate":
             return sl.Rotate(self.angle, self.toward(), adaptive=self.adaptive)
+        if self.op == "loreft":
+            return sl.LoReFT(self.site, *self.reft(), positions=self.positions)
         return {"add": sl.Add(), "ablate": sl.Ablate()}[self.op]
+
+    def reft(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A rank-4 LoReFT's R (orthonormal rows), W and b, from the case's seed."""
+        generator = torch.Generator().manual_seed(self.seed)
+        R = torch.linalg.qr(torch.randn(128, 4, generator=generator))[0].T.contiguous()
+        W = 0.3 * torch.randn(4, 128, generator=generator)
+        return R, W, 8.0 * torch.randn(4, generator=generator)
 
     def toward(self) -> torch.Tensor:
         return direction(self.seed + 100)
@@ -88,9 +99,10 @@ class Case:
         high = float("inf") if self.high is None else self.high
         sae = ref_sae(toy_sae(self.sae)) if self.op == "feature_clamp" else None
         toward = self.toward() if self.op == "rotate" else None
+        reft = self.reft() if self.op == "loreft" else None
         return RefSteer(self.site, self.vector(), self.alpha, self.positions, self.op,
                         self.value, low, high, sae, self.seed, toward, self.angle,
-                        self.adaptive)  # fmt: skip
+                        self.adaptive, reft)  # fmt: skip
 
 
 CASES = {
@@ -107,6 +119,16 @@ CASES = {
     "rotate-adaptive-half": Case(
         "blocks.1.hook_resid_post", "rotate", 0.5, "generated", angle=60.0, adaptive=True, seed=10
     ),  # fmt: skip
+    # spans of the prompt (pyreft's "f3+l3"), for any operation
+    "add-span": Case("blocks.1.hook_resid_pre", "add", 8.0, "first:2+last:2", seed=11),
+    "cap-last": Case("blocks.2.hook_resid_post", "cap", 1.0, "last:3", high=-3.0, seed=12),
+    # LoReFT at every site kind, on every kind of position rule
+    "loreft-span": Case("blocks.2.hook_resid_post", "loreft", 1.0, "first:3+last:3", seed=13),
+    "loreft-all": Case("blocks.1.hook_resid_mid", "loreft", 1.0, "all", seed=14),
+    "loreft-generated-half": Case("blocks.0.hook_attn_out", "loreft", 0.5, "generated", seed=15),
+    "loreft-last": Case("blocks.2.hook_mlp_out", "loreft", 1.0, "last:2", seed=16),
+    "loreft-embed": Case("hook_embed", "loreft", 1.0, "first:1", seed=17),
+    "loreft-from-k": Case("blocks.2.hook_resid_pre", "loreft", 1.0, 3, seed=18),
     # SAE features (the toy SAE reads blocks.2.hook_resid_pre; 499 tracks positive sentiment)
     "feature-add": Case("blocks.2.hook_resid_pre", "add", 8.0, "all", seed=499, sae="standard"),
     "feature-clamp-standard": Case(
@@ -164,6 +186,8 @@ def check_mixed_rows(lm: sl.SteerableModel, hf: Any) -> None:
         ("Once upon a time", []),
         ("A dark forest", ["clamp-all"]),
         ("The happy fox", ["ablate-generated", "add-from-k"]),
+        ("A dark forest", ["loreft-span", "add-generated"]),
+        ("The happy fox", ["add-span"]),
     ]
     requests = [Request(prompt_ids(lm, p), tuple(CASES[n].row_steer() for n in names),
                         sampling(), stream=f"{i}")  # fmt: skip

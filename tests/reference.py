@@ -18,8 +18,8 @@ class RefSteer:
     site: str  # blocks.L.hook_resid_pre / _mid / _post / _attn_out / _mlp_out, or hook_embed
     vector: torch.Tensor
     alpha: float
-    positions: Any = "all"  # "all" | "prompt" | "generated" | int
-    op: str = "add"  # "add" | "ablate" | "clamp" | "cap" | "feature_clamp" | "rotate"
+    positions: Any = "all"  # "all" | "prompt" | "generated" | int | "first:k+last:k"
+    op: str = "add"  # "add" | "ablate" | "clamp" | "cap" | "feature_clamp" | "rotate" | "loreft"
     value: float = 0.0  # the clamp target
     low: float = -float("inf")  # the cap's range
     high: float = float("inf")
@@ -28,6 +28,7 @@ class RefSteer:
     toward: torch.Tensor | None = None  # rotate: the plane's second direction
     angle: float = 0.0  # rotate: the target angle, degrees
     adaptive: bool = False  # rotate: only where the projection on the direction is positive
+    reft: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # loreft: R, W, b
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,20 @@ def _edit(act: torch.Tensor, steer: RefSteer, n_prompt: int) -> torch.Tensor:
         mask = pos < n_prompt
     elif steer.positions == "generated":
         mask = pos >= n_prompt
+    elif isinstance(steer.positions, str):  # pyreft's "f3+l3": first and last prompt tokens
+        first = last = 0
+        for part in steer.positions.split("+"):
+            side, k = part.split(":")
+            first, last = (int(k), last) if side == "first" else (first, int(k))
+        mask = (pos < n_prompt) & ((pos < first) | (pos >= n_prompt - last))
     else:
         mask = pos >= steer.positions
+    if steer.op == "loreft":  # h + alpha * R^T (W h + b - R h), as the ReFT paper writes it
+        assert steer.reft is not None
+        R, W, b = (t.double() for t in steer.reft)
+        h = act.double()
+        new = (h + steer.alpha * (h @ W.T + b - h @ R.T) @ R).to(act.dtype)
+        return torch.where(mask[None, :, None], new, act)
     v = steer.vector.to(act.dtype)
     if steer.op == "feature_clamp":  # set the feature, keep the reconstruction error
         assert steer.sae is not None

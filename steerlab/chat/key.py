@@ -10,13 +10,17 @@ differ is where recomputing starts.
 Which positions a steer touches follows ``steerlab.core.position_mask``: ``"all"``
 every token, ``"prompt"`` tokens the user or system supplied, ``"generated"`` tokens the
 model produced (in any turn, the EOS that ended a reply included), ``k`` tokens from
-index ``k`` on, counted from the conversation's first token. Hence:
+index ``k`` on, counted from the conversation's first token, a span (``"first:k+last:k"``)
+the first and last ``k`` tokens of the turn's prompt (the conversation before the reply).
+Hence:
 
 - a steer with ``positions="generated"`` leaves the system prompt and the first user
   message valid, but not the first reply: changing it recomputes from the first
   generated token in the cache;
 - a steer from ``k`` on leaves everything before ``k`` valid, all of a cache shorter than ``k``;
 - a steer with ``positions="all"`` or ``"prompt"`` invalidates the whole cache;
+- a span's last tokens move with each turn's prompt, so a new turn recomputes from the
+  previous turn's last ``k`` prompt tokens (its first ``k`` stay valid);
 - an alpha of 0 touches nothing (it leaves activations bit-identical).
 """
 
@@ -34,20 +38,23 @@ Touches = tuple[str, ...]  # the steers that touched one position, as "fingerpri
 
 
 def touches(steers: Sequence[RowSteer], generated: Sequence[bool],
-            start: int = 0) -> list[Touches]:  # fmt: skip
+            start: int = 0, prompt_len: int | None = None) -> list[Touches]:  # fmt: skip
     """Per position from ``start`` on, which of ``steers`` touch it, in the order applied.
 
     Args:
         steers: one row's steers, each with its alpha.
         generated: per position of the conversation, True where the model produced it.
         start: first position to report.
+        prompt_len: the turn's prompt length, for a span; all of ``generated`` when None.
 
     >>> touches([], [False, True])
     [(), ()]
     """
     flags = torch.tensor(list(generated), dtype=torch.bool)[None]  # [1, seq]
     pos = torch.arange(flags.shape[1])[None]  # [1, seq]
-    masks = [(f"{s.fingerprint()}@{s.alpha!r}", position_mask(s.positions, pos, flags)[0])
+    n_prompt = flags.shape[1] if prompt_len is None else prompt_len
+    masks = [(f"{s.fingerprint()}@{s.alpha!r}",
+              position_mask(s.positions, pos, flags, n_prompt)[0])
              for s in steers if s.alpha != 0]  # fmt: skip
     return [tuple(name for name, mask in masks if bool(mask[i]))
             for i in range(start, flags.shape[1])]  # fmt: skip

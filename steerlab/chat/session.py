@@ -227,14 +227,15 @@ class ChatSession:
             messages=(*plan.conversation.messages, {"role": "assistant", "content": text}),
         )  # fmt: skip
         self._cache = kv
-        self._key = self._key_of(tokens[:fed], generated[:fed])
+        self._key = self._key_of(tokens[:fed], generated[:fed], len(plan.target))
         turn = self._log[-1].turn + 1 if len(self._log) else 1
         self._log.append(TurnStats(turn, len(plan.target) - plan.reuse, plan.reuse,
                                    len(tokens) - len(plan.target), kv.length,
                                    time.perf_counter() - started, reason, plan.dropped))  # fmt: skip
 
-    def _key_of(self, tokens: list[int], generated: list[bool]) -> CacheKey:
-        marks = touches(self._row_steers(), generated)
+    def _key_of(self, tokens: list[int], generated: list[bool],
+                prompt_len: int | None = None) -> CacheKey:  # fmt: skip
+        marks = touches(self._row_steers(), generated, prompt_len=prompt_len)
         return CacheKey(self.lm.name, self.lm.revision, tuple(tokens), tuple(marks))
 
     def _prefill_system(self) -> None:

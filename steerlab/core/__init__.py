@@ -16,6 +16,7 @@ from steerlab.core.ops import (
     op_from_data,
     op_to_data,
 )
+from steerlab.core.reft import LoReFT
 from steerlab.core.steer import Positions, Steer, position_mask
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Add",
     "Cap",
     "Clamp",
+    "LoReFT",
     "Operation",
     "Positions",
     "Rotate",

@@ -60,19 +60,22 @@ class Batch:
             self.mask = torch.cat([cache.mask, mask], 1)  # [batch, seq]
             self.generated = torch.cat([cache.generated, generated], 1)  # [batch, seq]
             self.fed = cache.length
+        self.prompt_len = self.mask.sum(1)  # [batch]: real tokens before decoding starts
 
-    def forward(self, call: Call, *, last_only: bool = True) -> torch.Tensor:
+    def forward(self, call: Call, *, last_only: bool = True, grad: bool = False) -> torch.Tensor:
         """Feed the columns not yet in the cache (every column without one).
 
-        Returns logits ``[batch, new_pos or 1, vocab]``.
+        Returns logits ``[batch, new_pos or 1, vocab]``; with ``grad`` (training a steer on
+        the frozen model) outside inference mode, so gradients reach the hooks' parameters.
         """
         start = self.fed if self.use_cache else 0
         device = self.backend.input_device
         context = ForwardContext.for_mask(torch.tensor(self.rows), self.mask,
-                                          self.generated[:, start:], prefill=not self.sampled)  # fmt: skip
+                                          self.generated[:, start:], self.prompt_len,
+                                          prefill=not self.sampled)  # fmt: skip
         call.context = context
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(not grad):
                 logits = self.backend.forward(
                     self.tokens[:, start:].to(device), self.mask.to(device), self.data,
                     positions=context.position_ids.to(device), last_only=last_only,
@@ -94,7 +97,7 @@ class Batch:
         picked = torch.tensor(index, dtype=torch.long)
         self.rows = [self.rows[i] for i in index]
         self.tokens, self.mask = self.tokens[picked], self.mask[picked]
-        self.generated = self.generated[picked]
+        self.generated, self.prompt_len = self.generated[picked], self.prompt_len[picked]
         if self.data is not None:
             self.data = self.backend.cache_ops.select(self.data, picked)
 

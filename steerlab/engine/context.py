@@ -23,21 +23,27 @@ class ForwardContext:
         generated: [batch, new] True where the token was produced by the model.
         prefill: this forward feeds the call's prompt (it comes before the call's first new
             token); a condition reads the prompt from such forwards only.
+        prompt_len: [batch] each row's prompt length: its real tokens before this call
+            generates (what a span of the prompt, ``"first:k+last:k"``, counts from);
+            None where no rule needs it.
     """
 
     rows: torch.Tensor
     pos: torch.Tensor
     generated: torch.Tensor
+    prompt_len: torch.Tensor | None = None
     prefill: bool = False
     _moved: dict[torch.device, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
+    _spans: dict[tuple[str, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def for_mask(
-        cls, rows: torch.Tensor, mask: torch.Tensor, generated: torch.Tensor, prefill: bool = False
-    ) -> ForwardContext:
+        cls, rows: torch.Tensor, mask: torch.Tensor, generated: torch.Tensor,
+        prompt_len: torch.Tensor | None = None, *, prefill: bool = False,
+    ) -> ForwardContext:  # fmt: skip
         """The context for the last ``generated.shape[1]`` columns of a full attention mask."""
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, -1)
-        return cls(rows, pos[:, -generated.shape[1] :], generated, prefill)
+        return cls(rows, pos[:, -generated.shape[1] :], generated, prompt_len, prefill)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -50,3 +56,12 @@ class ForwardContext:
             self._moved[device] = (self.rows.to(device), self.pos.to(device),
                                    self.generated.to(device))  # fmt: skip
         return self._moved[device]
+
+    def prompt_lengths(self, device: torch.device) -> torch.Tensor:
+        """``prompt_len`` as ``[batch, 1]`` on ``device``, to broadcast over positions."""
+        if self.prompt_len is None:
+            raise ValueError("This forward has no prompt lengths (a span rule needs them).")
+        key = ("prompt_len", device)
+        if key not in self._spans:
+            self._spans[key] = self.prompt_len.to(device)[:, None]
+        return self._spans[key]

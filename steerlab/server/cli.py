@@ -39,8 +39,8 @@ def add_serve(commands: Any) -> None:
     serve.add_argument("--beta", type=_bounded(float), default=None,
                        help="default amplification beta (with --amplify-before)")  # fmt: skip
     serve.add_argument("--preset", action="append", default=[], metavar="NAME=VECTOR_FILE@ALPHA",
-                       help="serve the model steered by a vector at alpha as model NAME "
-                            "(repeatable)")  # fmt: skip
+                       help="serve the model steered by a vector (or a LoReFT, "
+                            "FILE.reft.safetensors) at alpha as model NAME (repeatable)")  # fmt: skip
     serve.add_argument("--device", default=None)
     serve.add_argument("--dtype", default=None)
     vllm = serve.add_argument_group("vLLM (--backend vllm)")
@@ -177,13 +177,18 @@ def settle_heap() -> None:
 
 
 def _presets(lm: Any, wanted: list[tuple[str, str, float]]) -> list[Any]:
-    """Each ``--preset``'s vector, loaded and checked against the served model."""
+    """Each ``--preset``'s vector (or a ``.reft.safetensors`` LoReFT), loaded and checked
+    against the served model."""
+    from steerlab.core.reft import LoReFT
     from steerlab.server.presets import Preset
     from steerlab.vectors.vector import SteeringVector
 
     out = []
     for name, path, alpha in wanted:
         try:
+            if path.endswith(".reft.safetensors"):
+                out.append(Preset(name, LoReFT.load(path, model=lm).steers(), alpha))
+                continue
             out.append(Preset(name, SteeringVector.load(path, model=lm), alpha))
         except (OSError, ValueError) as error:
             raise SystemExit(f"steerlab serve: --preset {name}: {error}") from None

@@ -27,7 +27,11 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-Positions = Literal["all", "prompt", "generated"] | Annotated[int, Field(ge=0)]
+Positions = (
+    Literal["all", "prompt", "generated"]
+    | Annotated[int, Field(ge=0)]
+    | Annotated[str, StringConstraints(pattern=r"^(first|last):[0-9]+(\+(first|last):[0-9]+)?$")]
+)  # a span ("first:3+last:3") is checked again, and spelt canonically, by core's rule
 # A vector's content fingerprint, as the upload answered it (``SteeringVector.sha256``).
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$")]
 

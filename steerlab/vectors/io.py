@@ -148,9 +148,20 @@ SCHEMA: dict[str, Callable[[str], Any]] = {
     "residual_norms": _norms,
     "steerlab_version": _text,
     "model_config_sha256": _short_sha,
+    "training": lambda v: json.dumps(_training(v)),
 }
 # Keys a file may lack: files written before they existed still load.
-OPTIONAL = frozenset({"model_config_sha256"})
+OPTIONAL = frozenset({"model_config_sha256", "training"})
+
+
+def _training(value: str) -> dict[str, Any]:
+    """A trained vector's settings and last loss: a flat JSON object of numbers and text."""
+    parsed = _json(value)
+    if not isinstance(parsed, dict) or not all(
+        isinstance(v, (int, float, str, bool)) or v is None for v in parsed.values()
+    ):
+        raise VectorFileError("Metadata 'training' must be a flat JSON object.")
+    return parsed
 
 
 def _fail(message: str) -> Any:
@@ -159,25 +170,29 @@ def _fail(message: str) -> Any:
 
 def _metadata(vector: SteeringVector) -> dict[str, str]:
     p = vector.provenance
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "model": plain_text(p.model),
-        "revision": plain_text(p.revision),
-        "backend": p.backend,
-        "d_model": str(vector.d_model),
-        "sites": json.dumps(vector.sites),
-        "method": plain_text(p.method),
-        "data_sha256": p.data_sha256,
-        "token": p.token,
-        "chat": "true" if p.chat else "false",
-        "n_positive": str(p.n_positive),
-        "n_negative": str(p.n_negative),
-        "scale": repr(vector.scale),
-        "norms": json.dumps(vector.norms()),
-        "residual_norms": json.dumps(dict(p.residual_norms)),
-        "steerlab_version": p.steerlab_version,
-    } | ({"model_config_sha256": p.model_config_sha256} if p.model_config_sha256 else {})
+    return (
+        {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model": plain_text(p.model),
+            "revision": plain_text(p.revision),
+            "backend": p.backend,
+            "d_model": str(vector.d_model),
+            "sites": json.dumps(vector.sites),
+            "method": plain_text(p.method),
+            "data_sha256": p.data_sha256,
+            "token": p.token,
+            "chat": "true" if p.chat else "false",
+            "n_positive": str(p.n_positive),
+            "n_negative": str(p.n_negative),
+            "scale": repr(vector.scale),
+            "norms": json.dumps(vector.norms()),
+            "residual_norms": json.dumps(dict(p.residual_norms)),
+            "steerlab_version": p.steerlab_version,
+        }
+        | ({"model_config_sha256": p.model_config_sha256} if p.model_config_sha256 else {})
+        | ({"training": p.training} if p.training else {})
+    )
 
 
 def save(vector: SteeringVector, path: str | Path) -> Path:

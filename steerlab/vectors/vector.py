@@ -56,6 +56,7 @@ class Provenance:
     n_negative: int = 0
     residual_norms: Mapping[str, float] = field(default_factory=dict)
     steerlab_version: str = ""
+    training: str = ""  # a trained vector's settings and last loss, as JSON (``sl.train``)
 
 
 @dataclass(frozen=True, eq=False)

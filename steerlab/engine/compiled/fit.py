@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from torch import nn
 
 from steerlab.core.ops import OPS, Op, form_of
-from steerlab.core.request import Request
+from steerlab.core.request import Request, RowSteer
+from steerlab.core.steer import touches_generated
 from steerlab.core.tagging import _TAG
 from steerlab.engine.compiled.families import family_reason
 
@@ -33,24 +34,35 @@ def foreign_hooks(model: nn.Module) -> bool:
     return False
 
 
+def decode_steers(request: Request) -> list[RowSteer]:
+    """The steers of a row that the compiled decode step applies: those that can touch a
+    generated token. The rest ("prompt", a span such as "first:3+last:3") act only in the
+    prefill, which runs eagerly with hooks, so they fit whatever their operation."""
+    return [s for s in request.steers if touches_generated(s.positions)]
+
+
 def steer_reason(requests: Sequence[Request]) -> str | None:
-    """Steers the compiled step cannot hold: custom operations, operations with no table
-    form (a topk feature clamp reads the whole encoder), two on one site of a row,
-    per-token conditions, monitors."""
+    """Steers the compiled step cannot hold at generated tokens: custom operations,
+    operations with no table form (a topk feature clamp reads the whole encoder, a LoReFT
+    its matrices), two on one site of a row; per-token conditions and monitors."""
     for i, request in enumerate(requests):
         if request.monitors:
             return "monitors (monitor=) are read by hooks the compiled step does not run"
         if any(s.when is not None and s.when.per_token for s in request.steers):
             return ("a read='token' condition gates each position in the forward; the "
                     "compiled table holds one decision per row")  # fmt: skip
-        sites = [s.site for s in request.steers]
+        steers = decode_steers(request)
+        sites = [s.site for s in steers]
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled table holds one per site)"
-        for steer in request.steers:
+        for steer in steers:
             if form_of(steer.op) is None:
                 table = sorted(OPS)
                 kind = "custom operation" if not isinstance(steer.op, Op) else "operation"
-                return f"{kind} {steer.op!r} has no table form (compiled: {', '.join(table)})"
+                return (
+                    f"{kind} {steer.op!r} at positions {steer.positions!r} has no table form "
+                    f"(compiled: {', '.join(table)}; any operation at prompt-only positions)"
+                )
     return None
 
 

@@ -14,6 +14,7 @@ from steerlab.core.ops import STRENGTHS, TERMS, Form, form_of, operand, unit
 from steerlab.core.request import Request
 from steerlab.core.sites import EMBED, FORWARD_KINDS, Site
 from steerlab.core.steer import position_form
+from steerlab.engine.compiled.fit import decode_steers
 
 
 def slot(site: Site) -> int:
@@ -65,7 +66,7 @@ class SteerTable:
             t.zero_()
         dtype, device = columns["vector"].dtype, columns["vector"].device
         for row, request in enumerate(requests):
-            for steer in request.steers:
+            for steer in decode_steers(request):  # prompt-only steers act in the prefill
                 at = slot(Site.parse(steer.site))
                 form = form_of(steer.op)
                 assert form is not None, "fit.steer_reason keeps custom operations eager"
@@ -88,11 +89,12 @@ class SteerTable:
 
 
 def spec_of(requests: Sequence[Request]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The table slots these requests steer and the ``Form`` terms their operations use
-    (a steer with alpha 0 touches nothing, so it needs neither)."""
-    slots, terms = set(), set()
+    """The table slots these requests steer at generated tokens and the ``Form`` terms
+    their operations use (a steer with alpha 0 touches nothing, so it needs neither)."""
+    slots: set[int] = set()
+    terms: set[str] = set()
     for request in requests:
-        for steer in request.steers:
+        for steer in decode_steers(request):
             form = form_of(steer.op)
             if form is None or steer.alpha == 0:
                 continue

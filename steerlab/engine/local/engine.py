@@ -208,6 +208,7 @@ class LocalEngine:
         """Feed each group's prompt (minus its last token) once; the cache, repeated k times."""
         batch = Batch(self.backend, prefix.prefixes(requests, k), None, self.pad_id, True)
         batch.rows = list(range(0, len(requests), k))  # call rows, for the steers' alphas
+        batch.prompt_len = batch.prompt_len + 1  # a span counts the whole prompt's length
         batch.forward(call)
         return batch.cache().repeat(k)
 

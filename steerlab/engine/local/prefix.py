@@ -87,6 +87,5 @@ def _gated_on_prefix(request: Request) -> bool:
 def _touches(steer: RowSteer, n: int, generated: Sequence[bool]) -> bool:
     """Whether the steer touches any of the first ``n`` tokens (the core's position rule)."""
     pos = torch.arange(n)
-    return bool(
-        position_mask(steer.positions, pos, torch.tensor(generated, dtype=torch.bool)).any()
-    )
+    flags = torch.tensor(generated, dtype=torch.bool)
+    return bool(position_mask(steer.positions, pos, flags, n + 1).any())  # the prompt: n + 1

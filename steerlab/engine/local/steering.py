@@ -18,7 +18,7 @@ from steerlab.core.ops import Operation, operand
 from steerlab.core.reads import Gate
 from steerlab.core.request import RowSteer
 from steerlab.core.sites import Site
-from steerlab.core.steer import Positions, check_steer, position_mask
+from steerlab.core.steer import Positions, check_steer, position_mask, prompt_span
 from steerlab.engine.guard import Call
 from steerlab.engine.reads import CallReads
 
@@ -78,7 +78,8 @@ def attach_steer(backend: Backend, steer: AttachedSteer, call: Call,
         rows, pos, generated = context.on(act.device)
         alphas = row_alphas[rows]  # [batch]
         batch, seq, d = act.shape
-        touched = position_mask(steer.positions, pos, generated) & (alphas != 0)[:, None]
+        span = context.prompt_lengths(act.device) if prompt_span(steer.positions) else None
+        touched = position_mask(steer.positions, pos, generated, span) & (alphas != 0)[:, None]
         if steer.when is not None:
             assert reads is not None, "a conditioned steer needs the call's reads"
             gate = reads.gate(steer.when, rows)

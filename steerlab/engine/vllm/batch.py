@@ -72,7 +72,7 @@ class ForwardBatch:
 def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
     """Which tokens (absolute positions ``pos``, their rows' prompt lengths) a steer touches:
     the core's position rule, with a token generated exactly when it is past the prompt."""
-    return position_mask(positions, pos, pos >= prompt_len)
+    return position_mask(positions, pos, pos >= prompt_len, prompt_len)
 
 
 @dataclass

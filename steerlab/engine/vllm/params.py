@@ -13,7 +13,7 @@ import numpy as np
 
 from steerlab.core.request import OPTIONS, Request, RowSteer
 from steerlab.core.sampling import is_greedy
-from steerlab.core.steer import position_mask
+from steerlab.core.steer import position_mask, prompt_span
 from steerlab.engine.vllm.batch import DATA_KEY
 
 
@@ -28,15 +28,16 @@ def cache_salt(request: Request, revision: str) -> str | None:
     KV blocks computed under one steer must never be served to a request steered
     differently, or not at all. The salt covers what the keys and values depend on: each
     steer (site, vector, positions, op) with its alpha, and the model revision. Where the
-    steer depends on which tokens are prompt ("prompt" / "generated"), the prompt length
-    too: a longer prompt turns some of a shorter one's generated tokens into prompt tokens.
+    steer depends on which tokens are prompt ("prompt" / "generated", a span such as
+    "first:3+last:3"), the prompt length too: a longer prompt turns some of a shorter one's
+    generated tokens into prompt tokens, and moves a span's last tokens.
     """
     steers = live_steers(request)
     if not steers:
         return None
     parts = [f"revision={revision}"]
     parts += [f"{s.fingerprint()}@{s.alpha!r}" for s in steers]
-    if any(s.positions in ("prompt", "generated") for s in steers):
+    if any(s.positions in ("prompt", "generated") or prompt_span(s.positions) for s in steers):
         parts.append(f"prompt_len={len(request.prompt)}")
     return "steerlab:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
@@ -107,5 +108,5 @@ def expected_tokens(request: Request, cached: int, generated: int) -> int:
     """
     n_prompt = len(request.prompt)
     fed = np.arange(cached, n_prompt + generated - 1)
-    return sum(int(position_mask(s.positions, fed, fed >= n_prompt).sum())
+    return sum(int(position_mask(s.positions, fed, fed >= n_prompt, n_prompt).sum())
                for s in live_steers(request))  # fmt: skip

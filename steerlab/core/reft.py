@@ -1,0 +1,237 @@
+"""``LoReFT``: a low-rank representation intervention (Wu et al. 2024, ``pyreft``), as an op.
+
+At a steered token, ``Φ(h) = h + α·Rᵀ(W h + b − R h)``: inside the ``rank``-dimensional
+subspace R's orthonormal rows span, the activation's coordinates ``R h`` move to the learned
+``W h + b``; everything outside it is untouched. Alpha 1 is the intervention as trained,
+alpha 0 leaves the activation bit-identical.
+
+A ``LoReFT`` is an operation of the op base (tensors R, W, b; equality by content; a data
+form for the server and vLLM) that also carries where it acts (its site and positions) and a
+scale, so it is a steer on its own: ``lm.generate(p, steer=reft)``, ``reft * 0.5``. Files are
+safetensors with a JSON header, never pickle; ``from_pyreft`` reads pyreft's pickled
+checkpoints only when asked to, and only with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from steerlab.core.ops import Op, SteerError, _number
+from steerlab.core.steer import Positions, Steer, _as_positions
+
+ORTHONORMAL_TOLERANCE = 1e-3  # |R Rᵀ − I| beyond this is not orthonormal rows
+_FORMAT = "steerlab.loreft"
+
+
+@dataclass(frozen=True, eq=False)
+class LoReFT(Op):
+    """``h + α·Rᵀ(W h + b − R h)`` at ``site``, on the tokens ``positions`` names.
+
+    Args:
+        site: the site it was trained at; a steer elsewhere is refused.
+        R: ``[rank, d_model]``, orthonormal rows (to 1e-3).
+        W: ``[rank, d_model]``.
+        b: ``[rank]``.
+        positions: the position rule (``"first:3+last:3"`` as pyreft trains it, ``"all"``...).
+        scale: the steer's alpha; ``reft * 0.5`` halves it.
+        provenance: JSON text of how it was made (``sl.train.reft`` writes it).
+
+    >>> R = torch.eye(2, 4); W = torch.zeros(2, 4); b = torch.ones(2)
+    >>> reft = LoReFT("blocks.0.hook_resid_post", R, W, b, positions="last:1")
+    >>> reft(torch.zeros(1, 4), R[0], torch.ones(1, 1))
+    tensor([[1., 1., 0., 0.]])
+    """
+
+    name: ClassVar[str] = "loreft"
+    site: str
+    R: torch.Tensor
+    W: torch.Tensor
+    b: torch.Tensor
+    positions: Positions = "all"
+    scale: float = 1.0
+    provenance: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.site, str) or not self.site:
+            raise SteerError(f"LoReFT site must be a site name; got {self.site!r:.60}.")
+        if not isinstance(self.provenance, str):
+            raise SteerError("LoReFT provenance must be JSON text.")
+        super().__post_init__()
+        object.__setattr__(self, "positions", _as_positions(self.positions))
+        object.__setattr__(self, "scale", _number(self.scale, "LoReFT scale"))
+        self._check_shapes()
+
+    def _check_shapes(self) -> None:
+        R, W, b = self.R, self.W, self.b
+        if R.ndim != 2 or R.shape[0] < 1:
+            raise SteerError(f"LoReFT R must be [rank, d_model] with rank >= 1; got "
+                             f"{tuple(R.shape)}.")  # fmt: skip
+        rank, width = R.shape
+        if rank > width:
+            raise SteerError(f"LoReFT rank {rank} is above d_model {width}: R cannot have "
+                             f"{rank} orthonormal rows.")  # fmt: skip
+        if tuple(W.shape) != (rank, width) or tuple(b.shape) != (rank,):
+            raise SteerError(f"LoReFT W must be [{rank}, {width}] and b [{rank}], as R is "
+                             f"[{rank}, {width}]; got {tuple(W.shape)} and {tuple(b.shape)}.")  # fmt: skip
+        off = orthonormal_error(R)
+        if off > ORTHONORMAL_TOLERANCE:
+            raise SteerError(f"LoReFT R's rows must be orthonormal: R Rᵀ is off the identity "
+                             f"by {off:.3g} (> {ORTHONORMAL_TOLERANCE}).")  # fmt: skip
+
+    @property
+    def rank(self) -> int:
+        return int(self.R.shape[0])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.R.shape[1])
+
+    def form(self) -> None:
+        return None  # a rank-r map: no table term (at prompt-only positions it still compiles)
+
+    def check(self, site: str, vector: torch.Tensor) -> None:
+        if site != self.site:
+            raise SteerError(f"This LoReFT was trained at {self.site}; it cannot steer at "
+                             f"{site}.")  # fmt: skip
+        if vector.shape[0] != self.d_model:
+            raise SteerError(f"LoReFT is {self.d_model} wide; the steer's vector has "
+                             f"{vector.shape[0]}.")  # fmt: skip
+
+    def __call__(self, act: torch.Tensor, direction: torch.Tensor,
+                 alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        t = self.on(act.device)
+        R, W, b = (t[n].to(act.dtype) for n in ("R", "W", "b"))
+        edit = (act @ W.T + b - act @ R.T) @ R  # [n, d]: Rᵀ(W h + b − R h)
+        return act + alpha * edit
+
+    # -- a steer of its own ------------------------------------------------------------
+
+    def steers(self) -> list[Steer]:
+        """One ``Steer``: this op at its site and positions, alpha its scale. The steer's
+        vector is R's first row (the subspace's first direction; the op reads R itself)."""
+        return [Steer(self.site, self.R[0], self.scale, self.positions, self)]
+
+    def __mul__(self, factor: float) -> LoReFT:
+        return replace(self, scale=self.scale * _number(factor, "A LoReFT's factor"))
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> LoReFT:
+        return self * -1.0
+
+    def at(self, positions: Positions) -> LoReFT:
+        """The same intervention on other positions."""
+        return replace(self, positions=positions)
+
+    def __repr__(self) -> str:
+        scale = f", scale={self.scale:g}" if self.scale != 1.0 else ""
+        return (f"LoReFT({self.site!r}, rank {self.rank}, d_model {self.d_model}, "
+                f"positions={self.positions!r}{scale})")  # fmt: skip
+
+    # -- files ---------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path`` (``.reft.safetensors`` by convention): the tensors, and site,
+        positions, scale and provenance as JSON in the header. Never pickle."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        tensors = {n: t.detach().cpu().contiguous() for n, t in self.tensors().items()}
+        meta = {"format": _FORMAT, "site": self.site, "positions": json.dumps(self.positions),
+                "scale": repr(self.scale), "provenance": self.provenance}  # fmt: skip
+        save_file(tensors, str(path), metadata=meta)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, model: Any = None) -> LoReFT:
+        """Read a file ``save`` wrote; with ``model``, refuse one of another width or a
+        site the model lacks before anything runs."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise SteerError(f"No LoReFT file at {path}.")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+        except Exception as error:  # safetensors raises its own types for a bad file
+            raise SteerError(f"{path} is not a safetensors file: {error}") from None
+        if meta.get("format") != _FORMAT or set(tensors) != {"R", "W", "b"}:
+            raise SteerError(f"{path} is not a LoReFT file (no {_FORMAT!r} header with R, W, b).")
+        reft = cls(meta["site"], tensors["R"], tensors["W"], tensors["b"],
+                   positions=json.loads(meta["positions"]), scale=float(meta["scale"]),
+                   provenance=meta.get("provenance", ""))  # fmt: skip
+        if model is not None:
+            reft.check_model(model)
+        return reft
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model of another width, or one without this site."""
+        from steerlab.core.steer import check_steer
+
+        check_steer(self.site, self.R[0], model.sites(), model.d_model)
+
+    @classmethod
+    def from_pyreft(cls, folder: str | Path, *, trust_pickle: bool = False,
+                    site: str | None = None, positions: Positions = "all",
+                    model: Any = None) -> LoReFT:  # fmt: skip
+        """Import a pyreft checkpoint folder holding one LoReFT intervention.
+
+        pyreft saves each intervention as a pickle (``intkey_*.bin``); reading one needs
+        ``trust_pickle=True``, and even then only ``torch.load(weights_only=True)`` runs,
+        which rebuilds tensors and refuses arbitrary objects. pyreft keeps R as
+        ``rotate_layer`` ``[d_model, rank]`` (orthonormal columns) and W, b as its
+        ``learned_source`` Linear (``weight``, ``bias``). ``site`` defaults to the block
+        output of the layer the folder's ``config.json`` names (pyreft's usual component).
+        """
+        if not trust_pickle:
+            raise SteerError("pyreft checkpoints are pickles: pass trust_pickle=True to read "
+                             "one (only torch.load(weights_only=True) runs), or save it with "
+                             "LoReFT.save as safetensors.")  # fmt: skip
+        folder = Path(folder)
+        files = sorted(folder.glob("intkey_*.bin"))
+        if len(files) != 1:
+            raise SteerError(f"{folder} has {len(files)} pyreft intervention files "
+                             "(intkey_*.bin); from_pyreft reads exactly one.")  # fmt: skip
+        try:
+            state = torch.load(files[0], map_location="cpu", weights_only=True)
+        except Exception as error:  # weights_only refuses anything but tensors and containers
+            raise SteerError(f"{files[0].name} is not a plain tensor checkpoint: {error}") from None
+        if not isinstance(state, dict) or not {"rotate_layer", "weight", "bias"} <= set(state):
+            raise SteerError(f"{files[0].name} is not a LoReFT intervention (it needs "
+                             "rotate_layer, weight and bias).")  # fmt: skip
+        reft = cls(site or _pyreft_site(folder), state["rotate_layer"].T, state["weight"],
+                   state["bias"], positions=positions,
+                   provenance=json.dumps({"method": "pyreft", "file": files[0].name}))  # fmt: skip
+        if model is not None:
+            reft.check_model(model)
+        return reft
+
+
+def _pyreft_site(folder: Path) -> str:
+    """The block output of the one layer a pyreft folder's ``config.json`` names."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        layers = {int(r["layer"]) for r in config["representations"]}
+        components = {r.get("component", "block_output") for r in config["representations"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        layers, components = set(), set()
+    if len(layers) != 1 or components != {"block_output"}:
+        raise SteerError(f"Cannot tell the site from {folder / 'config.json'}: give site=, "
+                         "such as 'blocks.2.hook_resid_post'.")  # fmt: skip
+    return f"blocks.{layers.pop()}.hook_resid_post"
+
+
+def orthonormal_error(R: torch.Tensor) -> float:
+    """``max |R Rᵀ − I|``, computed in float64."""
+    wide = R.detach().to(torch.float64)
+    gram = wide @ wide.T
+    off = (gram - torch.eye(R.shape[0], dtype=torch.float64, device=R.device)).abs().amax()
+    return float(off) if math.isfinite(float(off)) else math.inf

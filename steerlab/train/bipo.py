@@ -1,0 +1,152 @@
+"""BiPO (Cao et al. 2024): train one steering vector at one site on preference pairs.
+
+Each batch draws ``d ∈ {−1, +1}``, steers with ``d·v`` at every position and minimises
+``−log σ(d·β·[log π_v(y_w|x) − log π(y_w|x) − log π_v(y_l|x) + log π(y_l|x)])``, with π the
+same frozen model unsteered. Only ``v`` trains (AdamW, zero init).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from steerlab._version import __version__
+from steerlab.train.data import Preference, Row, check_items, check_settings, data_sha256, rows_of
+from steerlab.train.loop import (
+    History,
+    attach_edit,
+    batches,
+    check_finite,
+    check_site,
+    continuation_logprobs,
+    frozen_call,
+    local_engine,
+    progress_bar,
+    timed,
+)
+from steerlab.vectors.vector import Provenance, SteeringVector
+
+
+def bipo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
+              reference_chosen: torch.Tensor, reference_rejected: torch.Tensor,
+              direction: float, beta: float) -> torch.Tensor:  # fmt: skip
+    """The mean BiPO loss of a batch of pairs (summed continuation log-probabilities ``[n]``).
+
+    >>> bipo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), 1.0, 0.1)
+    tensor(0.6931)
+    """
+    margin = (policy_chosen - reference_chosen) - (policy_rejected - reference_rejected)
+    return -F.logsigmoid(direction * beta * margin).mean()
+
+
+def bipo(
+    lm: Any,
+    pairs: Sequence[Preference],
+    *,
+    site: str,
+    epochs: int = 20,
+    lr: float = 5e-4,
+    beta: float = 0.1,
+    batch_size: int = 8,
+    seed: int = 0,
+    held_out: Sequence[Preference] = (),
+    progress: bool = True,
+) -> tuple[SteeringVector, History]:
+    """Train a steering vector at ``site`` on preference pairs; the model stays frozen.
+
+    Returns the vector (provenance: method "bipo", the data's sha256, the settings and the
+    last loss) and the ``History`` (loss per step; the held-out loss per epoch, if given).
+    Steer with ``vec * alpha`` as with any vector.
+
+    Raises:
+        SteerError: bad input (before any compute); vLLM, which cannot train.
+        TrainingError: a loss that is not finite, naming the step.
+
+    >>> pairs = [sl.Preference("The day was", " happy and bright.", " sad and cold.")]
+    >>> vec, history = sl.train.bipo(lm, pairs, site="blocks.2.hook_resid_pre", epochs=2,
+    ...                              progress=False)
+    >>> vec.provenance.method, history.steps
+    ('bipo', 2)
+    """
+    pairs = check_items(pairs, Preference, "pairs")
+    held = check_items(held_out, Preference, "held_out") if len(held_out) else []
+    check_settings(epochs=epochs, lr=lr, batch_size=batch_size, beta=beta, seed=seed)
+    engine = local_engine(lm)
+    at = check_site(engine, site)
+    tok = lm.tokenizer
+    chosen = [rows_of(tok, p.prompt, p.chosen) for p in pairs]
+    rejected = [rows_of(tok, p.prompt, p.rejected) for p in pairs]
+    held_rows = ([rows_of(tok, p.prompt, p.chosen) for p in held],
+                 [rows_of(tok, p.prompt, p.rejected) for p in held])  # fmt: skip
+    generator = torch.Generator().manual_seed(seed)
+    v = torch.nn.Parameter(torch.zeros(engine.d_model))
+    state: dict[str, float] = {"d": 0.0}  # the steer's sign now; 0: unsteered (π)
+    history = History("bipo")
+    stop = timed(history)
+    with frozen_call(engine, "train bipo") as call:
+        attach_edit(engine, at, call, "all",
+                    lambda: (lambda act: act + state["d"] * v) if state["d"] else None)  # fmt: skip
+        ref_c = _logprobs(engine, call, chosen)
+        ref_r = _logprobs(engine, call, rejected)
+        held_ref = [_logprobs(engine, call, rows) for rows in held_rows] if held else []
+        optimizer = torch.optim.AdamW([v], lr=lr)
+        steps = epochs * -(-len(pairs) // batch_size)
+        with progress_bar(steps, "bipo", progress) as bar:
+            for epoch in range(epochs):
+                for index in batches(len(pairs), batch_size, generator):
+                    d = 1.0 if torch.randint(2, (1,), generator=generator).item() else -1.0
+                    state["d"] = d
+                    rows = [chosen[i] for i in index] + [rejected[i] for i in index]
+                    logp, fed = continuation_logprobs(engine, call, rows, grad=True)
+                    n = len(index)
+                    loss = bipo_loss(logp[:n], logp[n:], ref_c[index], ref_r[index], d, beta)
+                    check_finite(loss, history.steps + 1, epoch + 1)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    history.loss.append(float(loss.detach()))
+                    history.epoch.append(epoch + 1)
+                    history.tokens += fed
+                    bar.set_postfix(loss=f"{history.last_loss:.4f}")
+                    bar.update()
+                if held:
+                    value = _held_out_loss(engine, call, held_rows, held_ref, state, v, beta)
+                    history.held_out.append((history.steps, value))
+                state["d"] = 0.0
+    stop()
+    return _vector(lm, v, at.name, pairs, history, epochs=epochs, lr=lr, beta=beta,
+                   batch_size=batch_size, seed=seed), history  # fmt: skip
+
+
+def _logprobs(engine: Any, call: Any, rows: list[Row]) -> torch.Tensor:
+    with torch.no_grad():
+        return continuation_logprobs(engine, call, rows, grad=False)[0]
+
+
+def _held_out_loss(engine: Any, call: Any, rows: tuple[list[Row], list[Row]],
+                   reference: list[torch.Tensor], state: dict[str, float], v: torch.Tensor,
+                   beta: float) -> float:  # fmt: skip
+    """The held-out BiPO loss, averaged over both signs of the vector."""
+    total = 0.0
+    for d in (1.0, -1.0):
+        state["d"] = d
+        chosen, rejected = (_logprobs(engine, call, r) for r in rows)
+        total += float(bipo_loss(chosen, rejected, reference[0], reference[1], d, beta)) / 2
+    state["d"] = 0.0
+    return total
+
+
+def _vector(lm: Any, v: torch.Tensor, site: str, pairs: list[Preference], history: History,
+            **settings: Any) -> SteeringVector:  # fmt: skip
+    training = {**settings, "steps": history.steps, "last_loss": history.last_loss}
+    provenance = Provenance(
+        model=lm.name, model_config_sha256=getattr(lm, "config_sha256", ""),
+        revision=lm.revision or "", backend=lm.engine.kind, method="bipo",
+        data_sha256=data_sha256(pairs), n_positive=len(pairs), n_negative=len(pairs),
+        steerlab_version=__version__, training=json.dumps(training),
+    )  # fmt: skip
+    return SteeringVector({site: v.detach().clone()}, 1.0, provenance)

@@ -1,0 +1,111 @@
+"""Training data: preference pairs (BiPO) and supervised examples (LoReFT), as token rows.
+
+A row is the prompt's ids (with the BOS the model expects) followed by a continuation's
+ids (no special tokens); the loss reads the continuation only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from steerlab.core.errors import SteerError
+from steerlab.core.prompts import encode
+
+
+@dataclass(frozen=True)
+class Preference:
+    """A prompt with a preferred (``chosen``) and a dispreferred (``rejected``) continuation.
+
+    >>> Preference("The day was", chosen=" happy and bright.", rejected=" sad and cold.").chosen
+    ' happy and bright.'
+    """
+
+    prompt: str
+    chosen: str
+    rejected: str
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "chosen", "rejected"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise SteerError(f"Preference {name} must be a non-empty string.")
+        if self.chosen == self.rejected:
+            raise SteerError(f"Preference for {self.prompt!r:.40}: chosen equals rejected "
+                             f"({self.chosen!r:.40}); the pair teaches nothing.")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Example:
+    """A prompt and the continuation (``target``) to learn.
+
+    >>> Example("Once upon a time", " there was a boat on the sea.").target
+    ' there was a boat on the sea.'
+    """
+
+    prompt: str
+    target: str
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "target"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise SteerError(f"Example {name} must be a non-empty string.")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training row: prompt ids, then continuation ids."""
+
+    prompt: tuple[int, ...]
+    continuation: tuple[int, ...]
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return self.prompt + self.continuation
+
+
+def rows_of(tokenizer: Any, prompt: str, continuation: str) -> Row:
+    """The prompt encoded as generation encodes it; the continuation without specials."""
+    ids = tokenizer(continuation, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise SteerError(f"The continuation {continuation!r:.40} has no tokens.")
+    return Row(tuple(encode(tokenizer, prompt, chat=False)), tuple(ids))
+
+
+def data_sha256(items: Sequence[Preference] | Sequence[Example]) -> str:
+    """A content hash of the training data, for provenance."""
+    payload = json.dumps([list(vars(item).values()) for item in items])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def check_items(items: Any, kind: type, what: str) -> list[Any]:
+    """A non-empty list of ``kind``; refused by name otherwise."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise SteerError(
+            f"{what} must be a list of sl.{kind.__name__}; got {type(items).__name__}."
+        )
+    if not items:
+        raise SteerError(f"No {what}: give at least one sl.{kind.__name__}.")
+    bad = next((i for i, item in enumerate(items) if not isinstance(item, kind)), None)
+    if bad is not None:
+        raise SteerError(f"{what}[{bad}] is {type(items[bad]).__name__}, not sl.{kind.__name__}.")
+    return list(items)
+
+
+def check_settings(*, epochs: Any, lr: Any, batch_size: Any, **finite: Any) -> None:
+    """Epochs and batch size are ints >= 1; lr and the rest are finite numbers (lr > 0)."""
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SteerError(f"{name} must be an int >= 1; got {value!r}.")
+    for name, value in {"lr": lr, **finite}.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise SteerError(f"{name} must be a finite number; got {value!r}.")
+    if lr <= 0:
+        raise SteerError(f"lr must be above 0; got {lr!r}.")
