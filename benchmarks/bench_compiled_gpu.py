@@ -61,6 +61,22 @@ def exactness() -> None:
         sl.Steer("blocks.2.hook_attn_out", v, alpha=[-3.0, 2.0], positions=3, op=sl.Ablate()),
         sl.Steer("hook_embed", v, alpha=[0.5, 1.0], op=sl.Clamp(2.0)),
         sl.Steer("blocks.0.hook_mlp_out", v, alpha=[0.0, 6.0], positions="prompt"),
+        sl.Steer(
+            "blocks.2.hook_resid_pre",
+            v,
+            alpha=[0.5, 1.0],
+            positions="generated",
+            op=sl.Rotate(120.0, torch.randn(fast.d_model)),
+        ),  # the rot table term
+        sl.Steer(
+            "blocks.2.hook_resid_pre",
+            v,
+            alpha=[0.0, 4.0],
+            positions="generated",
+            when=sl.Condition(
+                "blocks.1.hook_resid_post", torch.randn(fast.d_model), score="projection"
+            ),
+        ),  # a per-row mask set after prefill
     ]
     prompts = ["Once upon a time", "The sea was", "Hi"]
     checks, worst = [], 0.0
@@ -73,11 +89,21 @@ def exactness() -> None:
             if got.tokens == want.tokens:
                 worst = max(worst, max(abs(a - b) for g, w in zip(got.logprobs, want.logprobs)
                                        for a, b in zip(g, w)))  # fmt: skip
+    RESULTS["tiny_explain"] = [fast.explain(prompts, steer) for steer in steers]
     RESULTS["tiny_equal"] = checks
     RESULTS["tiny_max_logprob_diff"] = worst
     RESULTS["tiny_seconds_incl_compile"] = time.perf_counter() - start
     RESULTS["tiny_mode"] = fast.engine.compiled.mode
     save()
+
+
+def bandwidth() -> float:
+    """Bytes a device-to-device copy moves per second, reads and writes counted."""
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    y.copy_(x)
+    seconds = timed(lambda: y.copy_(x), 10)
+    return 2 * x.numel() / seconds
 
 
 def gpt2(batches: tuple[int, ...] = (1, 8, 64), new: int = 128) -> None:
@@ -90,6 +116,11 @@ def gpt2(batches: tuple[int, ...] = (1, 8, 64), new: int = 128) -> None:
     tok = char_tokenizer()
     lm, eager = wrap(model, tok).compile(), wrap(model, tok)
     steer = sl.Steer("blocks.6.hook_resid_pre", torch.randn(768), alpha=4.0, positions="generated")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    rate = bandwidth()
+    RESULTS["gpt2_weight_bytes"], RESULTS["copy_bytes_per_s"] = weights, rate
+    # each decode step reads every weight once at least (the tied embedding once): the floor
+    RESULTS["gpt2_floor_s_per_token"] = weights / rate
     for batch in batches:
         prompts = [PROMPT] * batch
         ids = torch.tensor([tok(PROMPT)["input_ids"]] * batch, device="cuda")
@@ -104,6 +135,7 @@ def gpt2(batches: tuple[int, ...] = (1, 8, 64), new: int = 128) -> None:
         want = eager.generate(prompts, steer, max_new_tokens=new, stop_at_eos=False)
         row["greedy_equal_eager"] = first.tokens == want.tokens
         row["ours_s"] = timed(ours)
+        row["ours_over_floor"] = row["ours_s"] / (new * weights / rate)
         row["eager_steerlab_s"] = timed(
             lambda p=prompts: eager.generate(p, steer, max_new_tokens=new, stop_at_eos=False), 1
         )
@@ -126,6 +158,39 @@ def gpt2(batches: tuple[int, ...] = (1, 8, 64), new: int = 128) -> None:
         save()
 
 
+def reads(batch: int = 8, new: int = 128) -> None:
+    """A conditioned steer against the unconditioned one (compiled), and a monitor's cost
+    (eager; the compiled step runs monitors eagerly), at batch 8."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                        bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+    model = GPT2LMHeadModel(config).cuda().eval()
+    tok = char_tokenizer()
+    lm, eager = wrap(model, tok).compile(), wrap(model, tok)
+    v, c = torch.randn(768), torch.randn(768)
+    plain = sl.Steer("blocks.6.hook_resid_pre", v, 4.0, positions="generated")
+    cond = sl.Condition("blocks.3.hook_resid_post", c, threshold=0.0, score="projection")
+    gated = sl.Steer("blocks.6.hook_resid_pre", v, 4.0, positions="generated", when=cond)
+    prompts = [PROMPT * (1 + i % 2) for i in range(batch)]
+    row: dict[str, object] = {"explain": lm.explain(prompts, gated)}
+
+    def gen(model: SteerableModel, steer: sl.Steer, **kw: object) -> object:
+        return model.generate(prompts, steer, max_new_tokens=new, stop_at_eos=False, **kw)
+
+    gen(lm, gated), gen(lm, plain)  # compile both specs' graphs
+    row["compiled_conditioned_s"] = timed(lambda: gen(lm, gated))
+    row["compiled_plain_s"] = timed(lambda: gen(lm, plain))
+    monitor = {"m": ("blocks.3.hook_resid_post", c)}
+    gen(eager, plain, monitor=monitor)
+    row["eager_monitor_s"] = timed(lambda: gen(eager, plain, monitor=monitor))
+    row["eager_plain_s"] = timed(lambda: gen(eager, plain))
+    RESULTS["reads_b8"] = row
+    save()
+
+
 if __name__ == "__main__":
     exactness()
     gpt2()
+    reads()

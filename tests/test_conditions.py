@@ -114,6 +114,18 @@ def test_compiled_step_takes_the_decision_as_a_mask(toy_hf):
     wanted = [cast_greedy(toy_hf, ids(fast, p), ref, NEW, set()) for p in PROMPTS]
     assert out.tokens == [w[0] for w in wanted]
     assert out.fired.tolist() == [w[1] for w in wanted]
+    site = "blocks.2.hook_resid_post"
+    watched = fast.generate(PROMPTS, steer=steer, max_new_tokens=NEW, stop_at_eos=False,
+                            monitor={"m": (site, direction(70))})  # fmt: skip
+    assert fast.explain(PROMPTS, steer, monitor={"m": (site, direction(70))}).startswith("compiled")
+    eager = sl.load("steerlab-tiny", backend="hf")
+    want = eager.generate(PROMPTS, steer=steer, max_new_tokens=NEW, stop_at_eos=False,
+                          monitor={"m": (site, direction(70))})  # fmt: skip
+    assert watched.tokens == out.tokens == want.tokens  # monitors never change a token
+    for part in ("prompt", "generated"):
+        torch.testing.assert_close(getattr(watched.monitors["m"], part),
+                                   getattr(want.monitors["m"], part), atol=1e-4, rtol=1e-4,
+                                   equal_nan=True)  # fmt: skip
     token = sl.Condition("blocks.1.hook_resid_pre", ref.condition, read="token")
     why = fast.explain(PROMPTS, steer_of(ref, token))
     assert why.startswith("eager:") and "read='token'" in why

@@ -125,6 +125,14 @@ class CallReads:
                 chosen[r].append(values_[i][-1])
         return prompt, chosen
 
+    def add_step(self, values: torch.Tensor) -> None:
+        """A table step's monitor values, ``[monitors, rows]`` in ``self.monitors``' order,
+        every call row in the batch (a static batch keeps them all): each the value at the
+        position that chooses the row's next token."""
+        rows = torch.arange(values.shape[1], device=values.device)
+        for k, m in enumerate(self.monitors):
+            self.reads[m].append((rows, rows[:, None], values[k][:, None], False))
+
     # --- decisions -----------------------------------------------------------------------
 
     def decision(self, gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,8 +51,10 @@ class StaticBatch:
             self.eager.data, self.prefilled = None, True
             return logits
         pos = torch.where(self.live, self.count - 1, 1)  # pads get 1, as in the eager loop
-        logits = self.runner.step(self.last.to(self.device), pos.to(self.device),
-                                  self.live.to(self.device), self.column)  # fmt: skip
+        logits, read = self.runner.step(self.last.to(self.device), pos.to(self.device),
+                                        self.live.to(self.device), self.column)  # fmt: skip
+        if self.reads is not None and read.shape[0]:
+            self.reads.add_step(read)  # what the eager hooks would have read
         self.column += 1
         return logits[:, None]
 

@@ -44,10 +44,8 @@ def decode_steers(request: Request) -> list[RowSteer]:
 def steer_reason(requests: Sequence[Request]) -> str | None:
     """Steers the compiled step cannot hold at generated tokens: custom operations,
     operations with no table form (a topk feature clamp reads the whole encoder, a LoReFT
-    its matrices), two on one site of a row; per-token conditions and monitors."""
+    its matrices), two on one site of a row; per-token conditions."""
     for i, request in enumerate(requests):
-        if request.monitors:
-            return "monitors (monitor=) are read by hooks the compiled step does not run"
         if any(s.when is not None and s.when.per_token for s in request.steers):
             return ("a read='token' condition gates each position in the forward; the "
                     "compiled table holds one decision per row")  # fmt: skip

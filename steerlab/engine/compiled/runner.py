@@ -8,15 +8,17 @@ from typing import Any
 
 import torch
 
+from steerlab.core.ops import unit
 from steerlab.core.request import Request
+from steerlab.core.sites import Site
 from steerlab.engine.compiled.families import Family
 from steerlab.engine.compiled.step import Spec, decode_step
-from steerlab.engine.compiled.tables import StaticCache, SteerTable, spec_of
+from steerlab.engine.compiled.tables import StaticCache, SteerTable, slot, spec_of
 
-_COMPILED: dict[tuple[str | None, str], Callable[..., torch.Tensor]] = {}  # per process
+_COMPILED: dict[tuple[str | None, str], Callable[..., Any]] = {}  # per process
 
 
-def compiled_step(mode: str | None, backend: str = "inductor") -> Callable[..., torch.Tensor]:
+def compiled_step(mode: str | None, backend: str = "inductor") -> Callable[..., Any]:
     """``decode_step`` compiled once per process, mode and backend; dynamo then keeps one
     graph per bucket, model and ``Spec`` (the slots and terms a batch steers), so a batch
     pays only for the terms its steers use. ``backend="aot_eager"`` traces without
@@ -67,6 +69,7 @@ class StepRunner:
         self.pos = torch.ones(batch, dtype=torch.long, device=device)
         self.live = torch.zeros(batch, dtype=torch.bool, device=device)
         self.column = torch.zeros(1, dtype=torch.long, device=device)
+        self.read_units = torch.zeros(0, d_model, dtype=dtype, device=device)
         self.spec = Spec()
         self.compile_seconds: float | None = None
         self.compiled_specs: dict[Spec, float] = {}  # seconds the first step of each took
@@ -80,15 +83,26 @@ class StepRunner:
     def start(self, requests: Sequence[Request], layers: Any, mask: torch.Tensor) -> None:
         """A call's data in: its steers, and its prefilled cache (``layers`` of keys, values)."""
         self.table.fill(requests)
-        self.spec = Spec(*spec_of(requests))
+        monitors = list(dict.fromkeys(m for r in requests for m in r.monitors))
+        units = [unit(m.direction, torch.float32) for m in monitors]  # normalised, then cast
+        if len(units) != self.read_units.shape[0]:  # a new spec, a new graph: a new buffer
+            self.read_units = torch.zeros(len(units), *self.read_units.shape[1:],
+                                          dtype=self.read_units.dtype,
+                                          device=self.read_units.device)  # fmt: skip
+            if self.read_units.device.type == "cuda":
+                torch._dynamo.mark_static_address(self.read_units)
+        for k, u in enumerate(units):
+            self.read_units[k].copy_(u.to(self.read_units.dtype))
+        self.spec = Spec(*spec_of(requests), tuple(slot(Site.parse(m.site)) for m in monitors))
         self.cache.load(layers, mask.to(self.cache.mask.device))
         self.live.zero_()
         self.pos.fill_(1)
         self.ids.zero_()
 
     def step(self, ids: torch.Tensor, pos: torch.Tensor, live: torch.Tensor,
-             column: int) -> torch.Tensor:  # fmt: skip
-        """Feed ``ids`` [rows] at ``pos`` [rows] into ``column``; logits [rows, vocab]."""
+             column: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Feed ``ids`` [rows] at ``pos`` [rows] into ``column``: logits [rows, vocab] and
+        the monitors' values [monitors, rows]."""
         rows = ids.shape[0]
         self.ids[:rows].copy_(ids)
         self.pos[:rows].copy_(pos)
@@ -97,11 +111,12 @@ class StepRunner:
         first = self.spec not in self.compiled_specs
         start = time.perf_counter()
         with torch.no_grad():
-            logits = compiled_step(self.mode, self.backend)(
-                self.family, self.spec, *self.inputs(), self.cache.tensors(), self.table.columns
-            )
+            logits, read = compiled_step(self.mode, self.backend)(
+                self.family, self.spec, *self.inputs(), self.cache.tensors(), self.table.columns,
+                self.read_units,
+            )  # fmt: skip
         if first:
             self.compiled_specs[self.spec] = time.perf_counter() - start
             if self.compile_seconds is None:
                 self.compile_seconds = self.compiled_specs[self.spec]
-        return logits[:rows]
+        return logits[:rows], read[:, :rows]

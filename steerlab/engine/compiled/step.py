@@ -3,9 +3,10 @@
 Inputs are the new tokens, their positions, which rows are live, the cache column to
 write, the static cache and the steering table; nothing in it depends on a request's
 values, so a new alpha, vector, position rule or prompt is new data, not a new graph.
-What the step computes is specialised per ``Spec``: the table slots a batch steers and the
-``core.ops.Form`` terms its operations use. A batch of additions at one site computes one
-addition at that site and nothing else; each spec is its own graph, cached.
+What the step computes is specialised per ``Spec``: the table slots a batch steers, the
+``core.ops.Form`` terms its operations use, and the slots its monitors read. A batch of
+additions at one site computes one addition at that site and nothing else; each spec is
+its own graph, cached.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from steerlab.engine.compiled.tables import slot_of
 
 
 class Spec(NamedTuple):
-    """What a batch's steers need of the step: the slots they steer and the terms they use,
-    sorted (plain tuples: the compiler keys its graphs on their values)."""
+    """What a batch needs of the step: the slots its steers steer and the terms they use
+    (sorted), and the slot each of its monitors reads (in the monitors' order). Plain
+    tuples: the compiler keys its graphs on their values."""
 
     slots: tuple[int, ...] = ()
     terms: tuple[str, ...] = ()
+    reads: tuple[int, ...] = ()
 
 
 def steer(
@@ -109,24 +112,35 @@ def decode_step(
     column: torch.Tensor,  # [1] long: the cache column the new tokens go to
     cache: tuple[torch.Tensor, ...],  # keys per layer, values per layer, mask [B, S]
     table: dict[str, torch.Tensor],
-) -> torch.Tensor:  # [B, vocab]
-    """Feed one token per row through the static cache; writes the cache in place."""
+    read_units: torch.Tensor,  # [monitors, d]: each monitor's unit direction
+) -> tuple[torch.Tensor, torch.Tensor]:  # logits [B, vocab], monitor values [monitors, B]
+    """Feed one token per row through the static cache; writes the cache in place. Each
+    monitor reads ``h·u`` at its slot, after the steer there."""
     n = family.n_layers
     keys, values, mask = cache[:n], cache[n : 2 * n], cache[2 * n]
     mask.index_copy_(1, column, live[:, None])
     positions = pos[:, None]  # [B, 1]
-    h = steer(family.embed(ids[:, None]), 0, table, live, pos, spec)
+    read: dict[int, torch.Tensor] = {}
+
+    def at(x: torch.Tensor, slot: int) -> torch.Tensor:
+        x = steer(x, slot, table, live, pos, spec)
+        for k, where in enumerate(spec.reads):
+            if where == slot:
+                read[k] = (x[:, 0] * read_units[k]).sum(-1)
+        return x
+
+    h = at(family.embed(ids[:, None]), 0)
     h, placed = family.place(h, positions)
     for layer in range(n):
-        h = steer(h, slot_of(layer, "hook_resid_pre"), table, live, pos, spec)
+        h = at(h, slot_of(layer, "hook_resid_pre"))
         q, k, v = family.qkv(layer, h, placed)
         keys[layer].index_copy_(2, column, k)
         values[layer].index_copy_(2, column, v)
         o = attend(q, keys[layer], values[layer], mask, family.scaling(layer))
-        a = steer(
-            family.attn_out(layer, o), slot_of(layer, "hook_attn_out"), table, live, pos, spec
-        )
-        h = steer(h + a, slot_of(layer, "hook_resid_mid"), table, live, pos, spec)
-        m = steer(family.mlp(layer, h), slot_of(layer, "hook_mlp_out"), table, live, pos, spec)
-        h = steer(h + m, slot_of(layer, "hook_resid_post"), table, live, pos, spec)
-    return family.logits(h)[:, 0]
+        a = at(family.attn_out(layer, o), slot_of(layer, "hook_attn_out"))
+        h = at(h + a, slot_of(layer, "hook_resid_mid"))
+        m = at(family.mlp(layer, h), slot_of(layer, "hook_mlp_out"))
+        h = at(h + m, slot_of(layer, "hook_resid_post"))
+    reads = [read[k] for k in range(len(spec.reads))]
+    monitored = torch.stack(reads) if reads else h.new_zeros((0, ids.shape[0]))
+    return family.logits(h)[:, 0], monitored
