@@ -13,6 +13,7 @@ from reference import RefCast, cast_greedy
 
 import steerlab as sl
 from steerlab.core.ops import SteerError
+from steerlab.engine import RowSteer
 
 PROMPTS = [
     "Once upon a time",
@@ -403,10 +404,50 @@ def test_conditions_and_monitors_through_the_server_and_connect(lm, toy_hf):
     assert lm.hook_count() == 0
 
 
-def test_a_chat_session_refuses_a_conditioned_steer_with_why(lm):
+def _chat_steer(threshold: float, compare: str = "above", alpha: float = 6.0) -> sl.Steer:
+    sea = sl.Condition("blocks.1.hook_resid_post", direction(80), threshold=threshold,
+                       compare=compare, score="projection")  # fmt: skip
+    return sl.Steer("blocks.2.hook_resid_pre", direction(81), alpha, positions="generated",
+                    when=sea)  # fmt: skip
+
+
+def test_a_chat_turn_decides_on_its_own_tokens_and_keeps_each_decision(lm):
+    """Turn 1 does not fire, turn 2 does: turn 1's reply is the unsteered chat's, token for
+    token; turn 2 then differs from the unsteered chat (same history); each turn's decision
+    is in the cache key, the cache is reused, and a fork goes on as the original."""
+    messages = ["Tell me about the forest.", "Tell me about the sea and the boats."]
+    probe = lm.chat(system="You tell stories.", steer=_chat_steer(0.0, alpha=0.0))  # reads only
+    scores = [float(probe.say(m, max_new_tokens=8).condition_scores[0]) for m in messages]
+    assert scores[0] != scores[1]
+    compare = "above" if scores[1] > scores[0] else "below"
+    steer = _chat_steer((scores[0] + scores[1]) / 2, compare)
+    chat, plain = lm.chat(system="You tell stories.", steer=steer), lm.chat("You tell stories.")
+    first, base_first = (
+        chat.say(messages[0], max_new_tokens=8),
+        plain.say(messages[0], max_new_tokens=8),
+    )
+    assert first.fired.tolist() == [False] and first.tokens == base_first.tokens
+    twin = chat.fork()
+    second = chat.say(messages[1], max_new_tokens=8)
+    base_second = plain.say(messages[1], max_new_tokens=8)
+    assert second.fired.tolist() == [True] and second.tokens != base_second.tokens
+    torch.testing.assert_close(second.condition_scores, torch.tensor([scores[1]]))
+    assert chat.stats[-1].reused > 0  # the history came from the cache, not a recompute
+    name = f"{RowSteer.of(steer, 6.0).fingerprint()}@6.0"
+    marked = sum(name in m for m in chat.cache_key.touches)
+    assert 0 < marked <= len(second.tokens[0]) + 1  # turn 2's reply (and its EOS); not turn 1's
+    assert twin.say(messages[1], max_new_tokens=8).tokens == second.tokens  # the fork decides alike
+    # feeding a fired turn again cannot replay its decision: refused, before any compute
+    chat.clear_cache()
+    with pytest.raises(SteerError, match="earlier turn whose condition fired"):
+        chat.say("And then?", max_new_tokens=4)
+    assert lm.hook_count() == 0
+
+
+def test_a_chat_session_refuses_a_conditioned_steer_on_the_prompt(lm):
     c = sl.Condition("blocks.1.hook_resid_pre", direction(1))
-    steer = sl.Steer("blocks.2.hook_resid_pre", direction(2), 2.0, positions="generated", when=c)
-    with pytest.raises(SteerError, match="does not take a conditioned steer"):
+    steer = sl.Steer("blocks.2.hook_resid_pre", direction(2), 2.0, positions="all", when=c)
+    with pytest.raises(SteerError, match="positions='generated'"):
         lm.chat(steer=steer)
     chat = lm.chat()
     with pytest.raises(SteerError, match="lm.generate"):

@@ -38,14 +38,20 @@ Touches = tuple[str, ...]  # the steers that touched one position, as "fingerpri
 
 
 def touches(steers: Sequence[RowSteer], generated: Sequence[bool],
-            start: int = 0, prompt_len: int | None = None) -> list[Touches]:  # fmt: skip
+            start: int = 0, prompt_len: int | None = None,
+            fired: Sequence[frozenset[str]] = ()) -> list[Touches]:  # fmt: skip
     """Per position from ``start`` on, which of ``steers`` touch it, in the order applied.
+
+    A steer with a prompt condition (``when=``, read once per turn) touches a position
+    only where its turn's condition fired: ``fired[i]`` holds the ``fingerprint@alpha`` of the conditioned steers that fired
+    in the turn of position ``i`` (none past its end). So the key holds each turn's decision.
 
     Args:
         steers: one row's steers, each with its alpha.
         generated: per position of the conversation, True where the model produced it.
         start: first position to report.
         prompt_len: the turn's prompt length, for a span; all of ``generated`` when None.
+        fired: per position, the conditioned steers that fired in its turn.
 
     >>> touches([], [False, True])
     [(), ()]
@@ -56,7 +62,13 @@ def touches(steers: Sequence[RowSteer], generated: Sequence[bool],
     masks = [(f"{s.fingerprint()}@{s.alpha!r}",
               position_mask(s.positions, pos, flags, n_prompt)[0])
              for s in steers if s.alpha != 0]  # fmt: skip
-    return [tuple(name for name, mask in masks if bool(mask[i]))
+    gated = {f"{s.fingerprint()}@{s.alpha!r}" for s in steers
+             if s.when is not None and not s.when.per_token}  # fmt: skip
+
+    def decided(name: str, i: int) -> bool:
+        return name not in gated or (i < len(fired) and name in fired[i])
+
+    return [tuple(name for name, mask in masks if bool(mask[i]) and decided(name, i))
             for i in range(start, flags.shape[1])]  # fmt: skip
 
 

@@ -30,11 +30,18 @@ class Conversation:
     generated: tuple[bool, ...] = ()
     exchanges: tuple[tuple[int, int], ...] = ()
     system: bool = False
+    fired: tuple[frozenset[str], ...] = ()  # per token: conditioned steers that fired in its turn
 
     def flags_for(self, target: list[int]) -> list[bool]:
         """``generated`` flags for ``target``: kept where it agrees with what we know."""
         n = common_prefix(self.tokens, target)
         return [*self.generated[:n], *[False] * (len(target) - n)]
+
+    def fired_for(self, target: list[int]) -> list[frozenset[str]]:
+        """Each turn's decisions (``fired``) for ``target``, where it agrees with what we
+        know; none for the rest (it is not decided yet)."""
+        n = min(common_prefix(self.tokens, target), len(self.fired))
+        return list(self.fired[:n])
 
     def drop_oldest(self) -> Conversation | None:
         """Without its oldest exchange (the system prompt stays); None when none is left."""
@@ -49,13 +56,14 @@ class Conversation:
             self.generated[:t0] + self.generated[t1:],
             tuple((m - (m1 - m0), t - (t1 - t0)) for m, t in rest),
             self.system,
+            self.fired[:t0] + self.fired[t1:],
         )
 
     def until(self, exchange: int) -> Conversation:
         """The conversation as it was before ``exchange`` (``undo``)."""
         m, t = self.exchanges[exchange]
         return Conversation(self.messages[:m], self.tokens[:t], self.generated[:t],
-                            self.exchanges[:exchange], self.system)  # fmt: skip
+                            self.exchanges[:exchange], self.system, self.fired[:t])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -93,13 +101,14 @@ def plan_turn(lm: SteerableModel, conversation: Conversation, new: list[Message]
             raise AssertionError("unreachable")
         conversation, dropped = smaller, dropped + 1
     flags = conversation.flags_for(target)
-    key = CacheKey(lm.name, lm.revision, tuple(target), tuple(touches(steers, flags)))
+    marks = touches(steers, flags, fired=conversation.fired_for(target))
+    key = CacheKey(lm.name, lm.revision, tuple(target), tuple(marks))
     reuse = min(cached.valid_prefix(key), len(target) - 1) if cached is not None else 0
     start = common_prefix(conversation.tokens, target)  # where this exchange's ids begin
     exchanges = tuple((m, min(t, start)) for m, t in conversation.exchanges)
     after = Conversation(tuple(messages), conversation.tokens, conversation.generated,
                          (*exchanges, (len(conversation.messages), start)),
-                         conversation.system)  # fmt: skip
+                         conversation.system, conversation.fired)  # fmt: skip
     return Plan(after, target, flags, key, reuse, dropped)
 
 

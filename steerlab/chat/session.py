@@ -115,11 +115,11 @@ class ChatSession:
         for s in steers:
             check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model)
             warn_other_model(s, self.lm)
-            if s.when is not None:  # each turn's decision would live in the cache
+            if s.when is not None and not s.when.per_token and s.positions != "generated":
                 raise SteerError(
-                    "A chat session does not take a conditioned steer (when=) yet: a "
-                    "recomputed history (undo, overflow, a steer change) could not replay "
-                    "each earlier turn's decision. Steer one turn at a time with "
+                    "In a chat session a conditioned steer (when=) decides per turn, on that "
+                    "turn's own tokens, so it steers the reply: give it positions="
+                    f"'generated' (it has {s.positions!r}), or steer one call with "
                     "lm.generate(messages, steer=..., chat=True)."
                 )
             if len(s.alpha) != 1:
@@ -175,15 +175,33 @@ class ChatSession:
                          sampling.max_new_tokens, self.overflow)  # fmt: skip
         capture = site_names(capture)
         self.lm.engine.check([Request(tuple(plan.target[-1:]), steers, sampling)], capture)
+        self._check_replay(plan)
         return self._turn(plan, sampling, capture, on_token)
+
+    def _check_replay(self, plan: Plan) -> None:
+        """Refuse a turn that would feed again a position an earlier turn's condition fired
+        on: one call decides once, so it could not replay that turn's decision."""
+        start = plan.conversation.exchanges[-1][1]  # where this turn's own tokens begin
+        gated = {f"{s.fingerprint()}@{s.alpha!r}" for s in self._row_steers()
+                 if s.when is not None and not s.when.per_token}  # fmt: skip
+        fired = plan.conversation.fired_for(plan.target)
+        if any(gated & fired[i] for i in range(plan.reuse, min(start, len(fired)))):
+            raise SteerError(
+                "This turn would recompute part of an earlier turn whose condition fired "
+                "(after clear_cache, a dropped exchange or a steer change): one call decides "
+                "once, so it cannot replay that turn's decision. fork() the session before, "
+                "or start a new one."
+            )
 
     def _turn(self, plan: Plan, sampling: Sampling, capture: Sequence[str],
               on_token: OnToken | None) -> Iterator[Step]:  # fmt: skip
         started = time.perf_counter()
         rows = Rows([list(plan.conversation.messages)], [plan.target], self._steers, [0],
                     [tuple(s.alpha[0] for s in self._steers)])  # fmt: skip
+        start = plan.conversation.exchanges[-1][1]  # this turn's own tokens decide
         request = replace(rows.requests(sampling)[0], prompt=tuple(plan.target[plan.reuse :]),
-                          generated=tuple(plan.generated[plan.reuse :]))  # fmt: skip
+                          generated=tuple(plan.generated[plan.reuse :]),
+                          reads_from=start)  # fmt: skip
         cache = self._reuse(plan.reuse)
         progress = self.lm.engine.stream([request], cache=cache, keep_cache=True,
                                          capture=capture, description="chat turn")  # fmt: skip
@@ -222,9 +240,16 @@ class ChatSession:
         generated = [*plan.generated, *[True] * (len(tokens) - len(plan.target))]
         reason = last.reasons[0] if last.done[0] else "cancelled"
         text = last.states.text(0, last.lengths[0], reason)
+        start = plan.conversation.exchanges[-1][1]
+        reads = last.states.reads
+        marks = reads.fired_steers(0) if reads is not None else frozenset()
+        earlier = list(plan.conversation.fired_for(plan.target))[:start]
+        fired = (*earlier, *[frozenset()] * (start - len(earlier)),
+                 *[marks] * (len(tokens) - start))  # fmt: skip
         self._conversation = replace(
             plan.conversation, tokens=tuple(tokens), generated=tuple(generated),
             messages=(*plan.conversation.messages, {"role": "assistant", "content": text}),
+            fired=fired,
         )  # fmt: skip
         self._cache = kv
         self._key = self._key_of(tokens[:fed], generated[:fed], len(plan.target))
@@ -235,7 +260,8 @@ class ChatSession:
 
     def _key_of(self, tokens: list[int], generated: list[bool],
                 prompt_len: int | None = None) -> CacheKey:  # fmt: skip
-        marks = touches(self._row_steers(), generated, prompt_len=prompt_len)
+        marks = touches(self._row_steers(), generated, prompt_len=prompt_len,
+                        fired=self._conversation.fired)  # fmt: skip
         return CacheKey(self.lm.name, self.lm.revision, tuple(tokens), tuple(marks))
 
     def _prefill_system(self) -> None:

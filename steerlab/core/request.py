@@ -396,6 +396,10 @@ class Request:
             (a chat history's replies fed again), so ``positions="generated"`` still
             touches it; empty means none.
         monitors: projections to read on this row while it generates (``Readout``).
+        reads_from: the first position (counted from the row's first real token, a
+            continued cache's included) that a prompt condition reads and that a
+            conditioned steer may touch: a chat turn's own tokens start there, so the turn
+            decides on its own prompt and leaves earlier turns as they were decided.
     """
 
     prompt: tuple[int, ...]
@@ -404,6 +408,7 @@ class Request:
     stream: str = ""
     generated: tuple[bool, ...] = ()
     monitors: tuple[Monitor, ...] = ()
+    reads_from: int = 0
 
     def __post_init__(self) -> None:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.prompt):
@@ -413,6 +418,8 @@ class Request:
                 f"Request.generated has {len(self.generated)} flags for "
                 f"{len(self.prompt)} prompt tokens."
             )
+        if as_int(self.reads_from) is None or self.reads_from < 0:
+            raise ValueError(f"Request.reads_from must be an int >= 0; got {self.reads_from!r}.")
         for steer in self.steers:
             if not isinstance(steer, RowSteer):
                 raise SteerError(f"Request.steers takes RowSteer values; got {steer!r}.")

@@ -41,6 +41,7 @@ class CallReads:
             c for g in self.gates for c in g.leaves()))  # fmt: skip
         self.monitors: list[Monitor] = list(dict.fromkeys(m for r in requests for m in r.monitors))
         self.requests = list(requests)
+        self.reads_from = torch.tensor([r.reads_from for r in requests])  # [rows]
         self.sums: dict[Condition, torch.Tensor] = {}  # [rows, d] float32
         self.counts: dict[Condition, torch.Tensor] = {}  # [rows]
         self.lasts: dict[Condition, torch.Tensor] = {}  # [rows, d] float32
@@ -91,7 +92,8 @@ class CallReads:
             self.sums[c] = torch.zeros(self.n, d, device=act.device)
             self.counts[c] = torch.zeros(self.n, device=act.device)
             self.lasts[c] = torch.zeros(self.n, d, device=act.device)
-        real = (pos >= 0).to(torch.float32)  # [batch, seq]
+        first = self.reads_from.to(pos.device)[rows][:, None]  # [batch, 1]
+        real = ((pos >= 0) & (pos >= first)).to(torch.float32)  # [batch, seq]
         wide = act.to(torch.float32)
         self.sums[c].index_add_(0, rows, (wide * real[..., None]).sum(1))
         self.counts[c].index_add_(0, rows, real.sum(1))
@@ -152,14 +154,25 @@ class CallReads:
         scores = c.scores(h)
         return scores.masked_fill(self.counts[c] == 0, float("nan"))
 
-    def gate(self, gate: Gate, rows: torch.Tensor) -> torch.Tensor:
-        """Where ``gate`` lets its steer act in the forward running now: ``[batch]`` for a
-        prompt gate, ``[batch, seq]`` for a per-token gate."""
-        if gate.per_token:
+    def gate(self, gate: Gate, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Where ``gate`` lets its steer act in the forward running now, ``[batch, seq]``:
+        per position for a per-token gate, per row for a prompt gate (never before a row's
+        ``reads_from``)."""
+        if gate.per_token:  # a function of this forward's activations alone
             fired, _ = gate.decide(self.token)
             return fired
+        first = self.reads_from.to(pos.device)[rows][:, None]  # [batch, 1]
         fired, _ = self.decision(gate)
-        return fired.to(rows.device)[rows]
+        return fired.to(rows.device)[rows][:, None] & (pos >= first)
+
+    def fired_steers(self, row: int) -> frozenset[str]:
+        """The conditioned steers of ``row`` whose prompt gate fired, as ``fingerprint@alpha``
+        (the marks a chat's cache key gives the positions they touched)."""
+        return frozenset(
+            f"{s.fingerprint()}@{s.alpha!r}" for s in self.requests[row].steers
+            if s.when is not None and not s.when.per_token and s.alpha != 0
+            and bool(self.decision(s.when)[0][row])
+        )  # fmt: skip
 
     def spread(self, k: int) -> None:
         """After a shared prefix fed only the first row of each run of ``k``: every row of a

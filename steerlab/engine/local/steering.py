@@ -82,8 +82,7 @@ def attach_steer(backend: Backend, steer: AttachedSteer, call: Call,
         touched = position_mask(steer.positions, pos, generated, span) & (alphas != 0)[:, None]
         if steer.when is not None:
             assert reads is not None, "a conditioned steer needs the call's reads"
-            gate = reads.gate(steer.when, rows)
-            touched = touched & (gate if gate.ndim == 2 else gate[:, None])
+            touched = touched & reads.gate(steer.when, rows, pos)
         alpha = alphas[:, None].expand(batch, seq).reshape(-1, 1)
         new = steer.op(act.reshape(-1, d), vector, alpha).reshape(batch, seq, d)
         return torch.where(touched[..., None], new, act)
