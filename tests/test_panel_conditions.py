@@ -74,6 +74,7 @@ def test_the_condition_gates_the_steered_row_and_says_whether_it_fired(lm, vec, 
         label = panel.fired_label.value
         assert label.startswith("<span") and ("did not fire" not in label) == fired
         assert f"score {float(want.condition_scores[1]):.3f}" in label
+        assert f"only when v at {COND_SITE} (cosine {compare}" in panel.steered_title.value
         assert lm.hook_count() == 0
     panel.controls.condition.value = ""  # always: steers again, and the label goes
     assert panel.steered_text != panel.baseline_text and panel.fired_label.value == ""

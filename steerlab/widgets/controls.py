@@ -188,17 +188,18 @@ def build_controls(
             tooltip="steer only prompts that read as this vector (CAST): cosine of the "
             "prompt's mean residual with it",
             style={"description_width": "8.5em"},
-            layout=widgets.Layout(width="20em"),
+            layout=widgets.Layout(width="18em"),
         ),  # fmt: skip
         condition_layer=widgets.IntSlider(
             value=max(layer - 1, 0),  # resid_post of layer L-1 comes before the steer at L
             min=0,
             max=n_layers - 1,
             step=1,
-            description=f"reads {CONDITION_KIND} of layer",
+            description="at layer",
+            tooltip=f"the condition reads blocks.{{layer}}.{CONDITION_KIND}",
             continuous_update=False,
-            style={"description_width": "12em"},
-            layout=widgets.Layout(width="24em"),
+            style={"description_width": "4.5em"},
+            layout=widgets.Layout(width="17em"),
         ),  # fmt: skip
         compare=widgets.ToggleButtons(
             options=[("above", "above"), ("below", "below")],

@@ -517,7 +517,7 @@ class SteeringPanel:
         op = getattr(plan.steer.op, "name", "") or type(plan.steer.op).__name__.lower()
         return (
             f"<b>steered</b> · {request.site} · positions {request.positions} · "
-            f"vector {vector} · {op} · α = {format_alpha(request.alpha)}"
+            f"vector {vector} · {op} · α = {format_alpha(request.alpha)}{_only_when(request)}"
         )
 
     # --- SAE features -------------------------------------------------------------------
@@ -835,6 +835,16 @@ def plotly_output(figure: go.Figure, text: str) -> tuple[dict[str, Any], ...]:
     spec["config"] = {"responsive": False, "displaylogo": False}
     return ({"output_type": "display_data", "data": {PLOTLY_MIME: spec, "text/plain": text},
              "metadata": {}},)  # fmt: skip
+
+
+def _only_when(request: PanelRequest) -> str:
+    """The title's condition clause ("" with none)."""
+    if not request.condition:
+        return ""
+    return (
+        f" · only when {html.escape(request.condition)} at {request.condition_site} "
+        f"(cosine {request.compare} {request.threshold:g})"
+    )
 
 
 def _pane(css_class: str) -> widgets.HTML:
