@@ -610,11 +610,12 @@ class SteeringPanel:
 
     def _show_fired(self, request: PanelRequest, generation: Generation) -> None:
         """Whether the steered row's condition fired for the prompt, and on what score."""
-        if not request.condition or generation.fired is None:
+        fired_rows, scores = generation.fired, generation.condition_scores
+        if not request.condition or fired_rows is None or scores is None:
             self.fired_label.value = ""
             return
-        fired = bool(generation.fired[-1])
-        value = float(generation.condition_scores[-1])
+        fired = bool(fired_rows[-1])
+        value = float(scores[-1])
         colour = "#1b7a1b" if fired else "#777"
         text = "fired" if fired else "did not fire"
         self.fired_label.value = (
