@@ -9,7 +9,7 @@ import ipywidgets as widgets
 
 from steerlab.core.scalars import without_noise
 from steerlab.core.sites import Site
-from steerlab.widgets.runner import PanelRequest
+from steerlab.widgets.runner import CONDITION_KIND, PanelRequest
 
 _WIDE = widgets.Layout(width="100%")
 _STYLE = {"description_width": "6.5em"}
@@ -17,6 +17,8 @@ _STYLE = {"description_width": "6.5em"}
 # so nothing is clipped beside JupyterLab's file browser.
 _FILL = {"width": "100%", "max_width": "40em"}
 _COLUMN = {"flex": "1 1 250px", "min_width": "230px", "margin": "0 8px 0 0"}
+_ROW = {"flex_flow": "row wrap", "align_items": "center"}
+ALWAYS, NO_MONITOR = "(always)", "(none)"
 
 
 @dataclass
@@ -36,6 +38,11 @@ class Controls:
     max_new_tokens: widgets.IntSlider
     feature: widgets.IntText  # used when the vector is the SAE's feature
     feature_op: widgets.ToggleButtons
+    condition: widgets.Dropdown  # "steer only when": a vector name, "" for always
+    condition_layer: widgets.IntSlider
+    threshold: widgets.FloatText
+    compare: widgets.ToggleButtons
+    monitor: widgets.Dropdown  # "" for no monitor strip
 
     def all(self) -> list[widgets.ValueWidget]:
         return [getattr(self, f.name) for f in fields(self)]
@@ -47,15 +54,27 @@ class Controls:
                 values[f.name] = without_noise(values[f.name])
         return PanelRequest(request_id=request_id, **values)
 
-    def box(self, features: widgets.Widget | None = None) -> widgets.VBox:
+    def set_vector_names(self, names: Sequence[str]) -> None:
+        """Offer ``names`` in the condition and monitor dropdowns, keeping a choice that
+        is still offered (else: always, no monitor)."""
+        for dropdown, none in ((self.condition, ALWAYS), (self.monitor, NO_MONITOR)):
+            current = dropdown.value
+            dropdown.options = [(none, "")] + [(n, n) for n in names]
+            dropdown.value = current if current in names else ""
+
+    def box(
+        self, features: widgets.Widget | None = None, fired: widgets.Widget | None = None
+    ) -> widgets.VBox:
         """The controls in two columns; ``features`` (the SAE feature picker) goes under
-        the steering column."""
+        the steering column; under both, the "steer only when" row (``fired`` at its end)
+        and the monitor row."""
+        inline = (self.prompt, self.feature, self.feature_op, *self.condition_row())
         for control in self.all():
-            if control not in (self.prompt, self.feature, self.feature_op):
+            if control not in inline:
                 control.layout = widgets.Layout(**_FILL)
         extra = [] if features is None else [features]
         steering = widgets.VBox(
-            [self.vector, self.layer, self.hook, self.alpha, self.positions, *extra],
+            [self.vector, self.layer, self.hook, self.alpha, self.positions, self.monitor, *extra],
             layout=widgets.Layout(**_COLUMN),
         )
         sampling = widgets.VBox(
@@ -63,7 +82,15 @@ class Controls:
             layout=widgets.Layout(**_COLUMN),
         )
         columns = widgets.HBox([steering, sampling], layout=widgets.Layout(flex_flow="row wrap"))
-        return widgets.VBox([self.prompt, columns])
+        when = widgets.HBox(
+            [*self.condition_row(), *([] if fired is None else [fired])],
+            layout=widgets.Layout(**_ROW),
+        )
+        when.add_class("steerlab-condition-row")
+        return widgets.VBox([self.prompt, columns, when])
+
+    def condition_row(self) -> tuple[widgets.Widget, ...]:
+        return (self.condition, self.condition_layer, self.compare, self.threshold)
 
 
 def hook_kinds(sites: Sequence[str]) -> list[str]:
@@ -93,6 +120,9 @@ def build_controls(
     max_new_tokens: int,
     d_sae: int = 1,
 ) -> Controls:
+    """The panel's widgets, at the given starting values (the condition reads the layer
+    before ``layer``, so that it comes before the steer; no condition, no monitor)."""
+
     def slider(cls, description, value, lo, hi, step, **kw):
         return cls(
             value=value,
@@ -151,4 +181,44 @@ def build_controls(
             style={"button_width": "6em", "description_width": "6.5em"},
             description="feature op",
         ),  # fmt: skip
+        condition=widgets.Dropdown(
+            options=[(ALWAYS, "")] + [(n, n) for n in vector_names],
+            value="",
+            description="steer only when",
+            tooltip="steer only prompts that read as this vector (CAST): cosine of the "
+            "prompt's mean residual with it",
+            style={"description_width": "8.5em"},
+            layout=widgets.Layout(width="18em"),
+        ),  # fmt: skip
+        condition_layer=widgets.IntSlider(
+            value=max(layer - 1, 0),  # resid_post of layer L-1 comes before the steer at L
+            min=0,
+            max=n_layers - 1,
+            step=1,
+            description="at layer",
+            tooltip=f"the condition reads blocks.{{layer}}.{CONDITION_KIND}",
+            continuous_update=False,
+            style={"description_width": "4.5em"},
+            layout=widgets.Layout(width="17em"),
+        ),  # fmt: skip
+        compare=widgets.ToggleButtons(
+            options=[("above", "above"), ("below", "below")],
+            value="above",
+            tooltips=["fires when the score is above the threshold", "… below the threshold"],
+            style={"button_width": "5em"},
+        ),  # fmt: skip
+        threshold=widgets.FloatText(
+            value=0.0,
+            step=0.01,
+            description="threshold",
+            style={"description_width": "5.5em"},
+            layout=widgets.Layout(width="12em"),
+        ),  # fmt: skip
+        monitor=widgets.Dropdown(
+            options=[(NO_MONITOR, "")] + [(n, n) for n in vector_names],
+            value="",
+            description="monitor",
+            tooltip="show this vector's projection h·v/|v| at the steering site, per token",
+            style=_STYLE,
+        ),
     )

@@ -112,33 +112,35 @@ def _pair_label(decode: Callable[[list[int]], str], steered: int, baseline: int)
     return f"{display_token(decode([steered]))} (baseline {display_token(decode([baseline]))})"
 
 
-def feature_strip(
-    values: list[list[float]], tokens: list[list[str]], feature: int, site: str
-) -> go.Figure:
-    """One SAE feature's activation at each generated token: baseline above, steered below.
+def token_strip(
+    values: list[list[float]], tokens: list[list[str]], *, title: str, measure: str,
+    signed: bool = False,
+) -> go.Figure:  # fmt: skip
+    """A value per generated token, baseline row above, steered row below.
 
     Args:
-        values: Per row (baseline, steered), the feature's activation at each generated
-            token that was fed back (the residual at the SAE's site, as the run saw it).
+        values: Per row (baseline, steered), the value at each generated token.
         tokens: The matching token texts, for the hover and the tick labels.
-        feature: The feature's index.
-        site: The SAE's site.
+        title: The figure's title (what is read, and where).
+        measure: What the values are, for the colour bar and the hover ("activation").
+        signed: Values of either sign (a projection): a diverging scale centred on 0;
+            otherwise a scale from 0 (an SAE feature's activation).
     """
     width = max((len(v) for v in values), default=0)
     z = [v + [None] * (width - len(v)) for v in values]
     labels = [[display_token(t) for t in row] + [""] * (width - len(row)) for row in tokens]
-    top = max((max(v, default=0.0) for v in values), default=0.0) or 1.0
+    top = max((max(map(abs, v), default=0.0) for v in values), default=0.0) or 1.0
+    scale = ({"colorscale": "RdBu", "reversescale": True, "zmid": 0} if signed
+             else {"colorscale": "Viridis", "zmin": 0, "zmax": top})  # fmt: skip
     heat = go.Heatmap(
-        z=z, x=list(range(width)), y=["baseline", "steered"], customdata=labels,
-        colorscale="Viridis", zmin=0, zmax=top, xgap=1, ygap=2,
-        colorbar={"title": {"text": "activation"}, "thickness": 12, "len": 1.2},
-        hovertemplate="%{y}, token %{x} %{customdata}<br>feature " + str(feature)
+        z=z, x=list(range(width)), y=["baseline", "steered"], customdata=labels, **scale,
+        xgap=1, ygap=2, colorbar={"title": {"text": measure}, "thickness": 12, "len": 1.2},
+        hovertemplate="%{y}, token %{x} %{customdata}<br>" + measure
         + ": %{z:.3f}<extra></extra>",
     )  # fmt: skip
     fig = go.Figure(heat)
     fig.update_layout(
-        title_text=f"feature {feature} at {site}, per generated token",
-        height=190, margin={"l": 70, "r": 20, "t": 40, "b": 40}, autosize=True,
+        title_text=title, height=190, margin={"l": 70, "r": 20, "t": 40, "b": 40}, autosize=True,
     )  # fmt: skip
     fig.update_xaxes(title_text="generated token", showgrid=False)
     fig.update_yaxes(autorange="reversed", showgrid=False)

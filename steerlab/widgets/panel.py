@@ -18,6 +18,7 @@ import torch
 
 from steerlab.core import SteerError
 from steerlab.core.prompts import encode
+from steerlab.core.reads import score
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
 from steerlab.exporting import export_button
@@ -27,7 +28,7 @@ from steerlab.vectors import SteeringVector
 from steerlab.widgets.completions import completions_button
 from steerlab.widgets.controls import build_controls, hook_kinds
 from steerlab.widgets.debounce import Debouncer
-from steerlab.widgets.figure import feature_strip, pair_norms_figure
+from steerlab.widgets.figure import pair_norms_figure, token_strip
 from steerlab.widgets.runner import (
     FEATURE,
     PanelRequest,
@@ -35,6 +36,7 @@ from steerlab.widgets.runner import (
     VectorLike,
     baseline_key,
     check_vector,
+    monitor_direction,
     panel_steer,
     stream_rows,
 )
@@ -51,7 +53,10 @@ HINT = (
 
 @dataclass(frozen=True)
 class BaselineRun:
-    """The unsteered row of a finished run, kept while nothing that feeds it changes."""
+    """The unsteered row of a finished run, kept while nothing that feeds it changes.
+
+    ``activations`` holds the sites the run captured (every residual site, the SAE's and
+    a monitored steering site)."""
 
     key: tuple[object, ...]
     text: str
@@ -101,6 +106,22 @@ class SteeringPanel:
     generated token, baseline against steered. In clamp mode the layer and hook point
     controls move to the SAE's site and are disabled. A feature index outside the SAE is
     an error in the panel, not a silent change of feature.
+
+    "Steer only when" gates the steered row with a CAST condition (``sl.Condition``): the
+    chosen vector's direction, the prompt's mean cosine at ``blocks.{L}.hook_resid_post``,
+    above or below a threshold. A label beside it says whether the prompt fired it and on
+    what score. A row that does not fire is the unsteered row. The baseline row has alpha
+    0, so a condition leaves it unchanged, and changing the condition reruns the steered
+    row alone. A bad combination (a condition after a steer that touches the prompt) is an
+    error in the panel.
+
+    "monitor" shows a strip under the completions: the chosen vector's projection
+    ``h·v/|v|`` at the steering site, the activation the next layer sees (after the
+    steer), at the position whose forward chose each generated token, as
+    ``lm.generate(..., monitor=)`` reads it; baseline against steered. It is read from
+    the run's captured activations, so choosing a monitor does not rerun the baseline
+    (unless the cached baseline did not capture that site: a hook point other than a
+    residual one).
 
     Args:
         lm: the model to steer.
@@ -180,6 +201,7 @@ class SteeringPanel:
             max_new_tokens=max_new_tokens,
             d_sae=1 if sae is None else sae.d_sae,
         )
+        self.controls.set_vector_names(list(self.vectors))
         self.controls.alpha.step = alpha_step
         if feature is not None:
             if sae is None:
@@ -200,6 +222,7 @@ class SteeringPanel:
         self.top_features: list[int] = []  # the prompt's strongest SAE features
         self._top_prompt: str | None = None
         self.strip: go.Figure | None = None  # the chosen feature per generated token
+        self.monitor_strip: go.Figure | None = None  # the monitored projection per token
         self._export_stem = export_stem
         self.history: list[tuple[int, str]] = []  # (request id, rendered|cancelled|error|skipped)
         self._latest = 0
@@ -253,6 +276,7 @@ class SteeringPanel:
         try:  # new options reset the selection: put it back without a run
             dropdown.options = self._vector_options()
             dropdown.value = current
+            self.controls.set_vector_names(list(self.vectors))
         finally:
             self._muted = False
         if select and dropdown.value != name:
@@ -285,13 +309,16 @@ class SteeringPanel:
         dropdown = self.controls.vector
         selected, self._muted = dropdown.value == name, True
         current = dropdown.value
+        reads = name in (self.controls.condition.value, self.controls.monitor.value)
         try:  # new options reset the selection: put it back without a run
             dropdown.options = self._vector_options()
             dropdown.value = dropdown.options[0] if selected else current
+            self.controls.set_vector_names(list(self.vectors))  # its condition/monitor: off
         finally:
             self._muted = False
         if selected:
             self._sync_site_controls()
+        if selected or reads:
             self._debouncer.trigger(self._next_request())
 
     def _vector_options(self) -> list[str]:
@@ -402,21 +429,23 @@ class SteeringPanel:
 
     def _generate(self, request: PanelRequest) -> str:
         key = baseline_key(request)
+        capture = [s for s in self.lm.sites() if ".hook_resid_" in s]
+        capture += [s for s in self._read_sites(request) if s not in capture]
         cached = self.baseline if self.baseline is not None and self.baseline.key == key else None
+        if cached is not None and not set(self._read_sites(request)) <= set(cached.activations):
+            cached = None  # a monitor at a site the kept baseline did not capture
         alphas = [request.alpha] if cached else [0.0, request.alpha]
         plan = panel_steer(request, self.vectors, alphas, self.sae)
         self._warn_if_lent(request, plan)
-        resid = [s for s in self.lm.sites() if ".hook_resid_" in s]
         if self.sae is not None:
             self._show_top_features(request.prompt)
-            if self.sae.site not in resid:
-                resid.append(self.sae.site)
         if cached is None:
             self._show_texts(request.prompt, ["", ""])
         else:
             self._show_texts(request.prompt, [cached.text, ""])
         generation = None
-        stream = stream_rows(self.lm, request, plan.steer, lambda: self._is_current(request), resid)
+        stream = stream_rows(self.lm, request, plan.steer, lambda: self._is_current(request),
+                             capture)  # fmt: skip
         for step, (texts, final) in enumerate(stream):
             if step == 0:
                 self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
@@ -434,7 +463,9 @@ class SteeringPanel:
         figure.layout.meta = {"steerlab_panel": request.as_dict()}  # exact alpha, for exports
         self._update_figure(figure)
         if self.sae is not None:
-            self._show_strip(cached, generation, request)
+            self._show_feature_strip(cached, generation, request)
+        self._show_monitor_strip(cached, generation, request)
+        self._show_fired(request, generation)
         self.baseline_text, self.steered_text = cached.text, steered_text
         self.generation, self.rendered, self.error = generation, request, None
         self.error_box.value = ""
@@ -486,7 +517,7 @@ class SteeringPanel:
         op = getattr(plan.steer.op, "name", "") or type(plan.steer.op).__name__.lower()
         return (
             f"<b>steered</b> · {request.site} · positions {request.positions} · "
-            f"vector {vector} · {op} · α = {format_alpha(request.alpha)}"
+            f"vector {vector} · {op} · α = {format_alpha(request.alpha)}{_only_when(request)}"
         )
 
     # --- SAE features -------------------------------------------------------------------
@@ -522,21 +553,74 @@ class SteeringPanel:
         self._sync_site_controls()
         self._debouncer.trigger(self._next_request())
 
-    def _show_strip(self, baseline: BaselineRun, generation: Generation,
-                    request: PanelRequest) -> None:  # fmt: skip
+    def _read_sites(self, request: PanelRequest) -> list[str]:
+        """Sites the strips read: the SAE's, and the steering site with a monitor."""
+        sae = [] if self.sae is None else [self.sae.site]
+        return sae + ([request.site] if request.monitor else [])
+
+    def _show_feature_strip(self, baseline: BaselineRun, generation: Generation,
+                            request: PanelRequest) -> None:  # fmt: skip
         """The chosen feature at each generated token that was fed back, both rows."""
-        assert self.sae is not None and generation.activations is not None
-        site, i = self.sae.site, request.feature
+        assert self.sae is not None
+        sae, site, i = self.sae, self.sae.site, request.feature
+        values, tokens = self._strip_rows(
+            baseline, generation, site, lambda h: sae.encode(h)[:, i], chosen_at=False
+        )
+        title = f"feature {i} at {site}, per generated token"
+        self.strip = token_strip(values, tokens, title=title, measure="activation")
+        self.strip_view.outputs = plotly_output(self.strip, f"feature {i} strip")
+
+    def _show_monitor_strip(self, baseline: BaselineRun, generation: Generation,
+                            request: PanelRequest) -> None:  # fmt: skip
+        """The monitored vector's projection ``h·v/|v|`` at the steering site, both rows,
+        at the position whose forward chose each generated token (``MonitorTrace``'s)."""
+        direction = monitor_direction(request, self.vectors)
+        if direction is None:
+            self.monitor_strip = None
+            self.monitor_view.outputs = ()
+            self.monitor_view.layout.display = "none"
+            return
+        values, tokens = self._strip_rows(
+            baseline, generation, request.site, lambda h: score(h, direction, "projection"),
+            chosen_at=True,
+        )  # fmt: skip
+        title = f"monitor {request.monitor}: h·v/|v| at {request.site}, per generated token"
+        self.monitor_strip = token_strip(values, tokens, title=html.escape(title),
+                                         measure="projection", signed=True)  # fmt: skip
+        self.monitor_view.outputs = plotly_output(self.monitor_strip, f"{title} strip")
+        self.monitor_view.layout.display = None
+
+    def _strip_rows(self, baseline: BaselineRun, generation: Generation, site: str,
+                    read: Any, *, chosen_at: bool) -> tuple[list[list[float]], list[list[str]]]:  # fmt: skip
+        """``read`` ([n, d_model] -> [n]) of the captured activations at ``site`` for each
+        row (baseline, steered), one value per generated token: at the token's own position
+        (the token fed back; the last token is never fed), or with ``chosen_at`` at the
+        position whose forward chose it (the last prompt token for the first)."""
+        assert generation.activations is not None
         n_prompt = len(generation.prompt_tokens[-1])
+        start = n_prompt - 1 if chosen_at else n_prompt
         rows = [(baseline.activations[site][0], baseline.tokens),
                 (generation.activations[site][-1], generation.tokens[-1])]  # fmt: skip
         values, tokens = [], []
         for acts, new in rows:
-            fed = acts[n_prompt : n_prompt + max(len(new) - 1, 0)]  # [fed, d_model]
-            values.append(self.sae.encode(fed)[:, i].float().tolist() if len(fed) else [])
+            fed = acts[start : n_prompt + max(len(new) - 1, 0)]  # [values, d_model]
+            values.append(read(fed).float().tolist() if len(fed) else [])
             tokens.append([self.lm.tokenizer.decode([t]) for t in new[: len(fed)]])
-        self.strip = feature_strip(values, tokens, i, site)
-        self.strip_view.outputs = plotly_output(self.strip, f"feature {i} strip")
+        return values, tokens
+
+    def _show_fired(self, request: PanelRequest, generation: Generation) -> None:
+        """Whether the steered row's condition fired for the prompt, and on what score."""
+        fired_rows, scores = generation.fired, generation.condition_scores
+        if not request.condition or fired_rows is None or scores is None:
+            self.fired_label.value = ""
+            return
+        fired = bool(fired_rows[-1])
+        value = float(scores[-1])
+        colour = "#1b7a1b" if fired else "#777"
+        text = "fired" if fired else "did not fire"
+        self.fired_label.value = (
+            f"<span style='color:{colour}'><b>{text}</b> · score {value:.3f}</span>"
+        )
 
     def _figure(
         self, baseline: BaselineRun, generation: Generation, request: PanelRequest
@@ -623,6 +707,10 @@ class SteeringPanel:
         self.top_feature_box.add_class("steerlab-top-features")
         self.strip_view = widgets.Output(layout=widgets.Layout(width="100%"))
         self.strip_view.add_class("steerlab-feature-strip")
+        self.monitor_view = widgets.Output(layout=widgets.Layout(width="100%", display="none"))
+        self.monitor_view.add_class("steerlab-monitor-strip")
+        self.fired_label = widgets.HTML("", layout=widgets.Layout(margin="0 0 0 1em"))
+        self.fired_label.add_class("steerlab-fired")
         picker = None
         if self.sae is not None:
             picker = widgets.VBox([
@@ -634,10 +722,11 @@ class SteeringPanel:
         self.widget = widgets.VBox(
             [
                 self.hint,
-                self.controls.box(picker),
+                self.controls.box(picker, self.fired_label),
                 self.error_box,
                 panes,
                 *([self.strip_view] if self.sae is not None else []),
+                self.monitor_view,
                 self.figure_view,
                 exports,
                 widgets.HBox([self.hooks_label, separator, self.status_label], layout=wrap),
@@ -660,6 +749,7 @@ class SteeringPanel:
 
     def _show_error(self, error: BaseException, request: PanelRequest) -> None:
         self.error = f"{type(error).__name__}: {error}"
+        self.fired_label.value = ""
         self.error_box.value = (
             f"<div style='color:#b00020;white-space:pre-wrap'>⚠ {html.escape(self.error)}</div>"
         )
@@ -746,6 +836,16 @@ def plotly_output(figure: go.Figure, text: str) -> tuple[dict[str, Any], ...]:
     spec["config"] = {"responsive": False, "displaylogo": False}
     return ({"output_type": "display_data", "data": {PLOTLY_MIME: spec, "text/plain": text},
              "metadata": {}},)  # fmt: skip
+
+
+def _only_when(request: PanelRequest) -> str:
+    """The title's condition clause ("" with none)."""
+    if not request.condition:
+        return ""
+    return (
+        f" · only when {html.escape(request.condition)} at {request.condition_site} "
+        f"(cosine {request.compare} {request.threshold:g})"
+    )
 
 
 def _pane(css_class: str) -> widgets.HTML:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from steerlab.core import Positions, Steer, SteerError
+from steerlab.core.reads import COMPARES, Condition
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
 from steerlab.core.steer import steers_at
@@ -18,6 +19,7 @@ from steerlab.vectors import SteeringVector
 VectorLike = SteeringVector | torch.Tensor
 FEATURE = "SAE feature"  # the vector dropdown's entry for the SAE's chosen feature
 FEATURE_OPS = ("add", "clamp")
+CONDITION_KIND = "hook_resid_post"  # the "steer only when" row reads this site kind
 
 
 @dataclass(frozen=True)
@@ -38,16 +40,32 @@ class PanelRequest:
     max_new_tokens: int
     feature: int = 0  # with vector FEATURE: the SAE feature that steers
     feature_op: str = "add"  # "add" its decoder row, or "clamp" it to alpha
+    condition: str = ""  # a vector name: steer only when the prompt reads as it ("": always)
+    condition_layer: int = 0  # the condition reads blocks.{condition_layer}.hook_resid_post
+    threshold: float = 0.0
+    compare: str = "above"
+    monitor: str = ""  # a vector name whose projection the strip shows ("": none)
 
     @property
     def site(self) -> str:
         return f"blocks.{self.layer}.{self.hook}"
 
+    @property
+    def condition_site(self) -> str:
+        return f"blocks.{self.condition_layer}.{CONDITION_KIND}"
+
     def as_dict(self) -> dict[str, object]:
-        """The inputs and the site; the feature fields only when an SAE feature steers."""
+        """The inputs and the site; the feature, condition and monitor fields only when used."""
         data = {**asdict(self), "site": self.site}
         if self.vector != FEATURE:
             del data["feature"], data["feature_op"]
+        if not self.condition:
+            for name in ("condition", "condition_layer", "threshold", "compare"):
+                del data[name]
+        else:
+            data["condition_site"] = self.condition_site
+        if not self.monitor:
+            del data["monitor"]
         return data
 
 
@@ -75,6 +93,9 @@ def check_vector(name: str, vector: object) -> None:
 
 def baseline_key(request: PanelRequest) -> tuple[object, ...]:
     """Everything the unsteered row depends on: equal keys give the same baseline text.
+
+    Not the condition (it gates only steered rows; the baseline's alpha 0 changes nothing
+    whether it fires or not) nor the monitor (a read, which never changes a token).
 
     >>> r = PanelRequest(1, "Hi", "v", 1, "hook_resid_pre", 4.0, "all", 0.0, 0, 1.0, 0, 8)
     >>> from dataclasses import replace
@@ -126,7 +147,71 @@ def panel_steer(
     >>> r = PanelRequest(1, "Hi", "v", 1, "hook_resid_pre", 4.0, "all", 0.0, 0, 1.0, 0, 8)
     >>> ps = panel_steer(r, {"v": v}, [4.0]); ps.steer.alpha, ps.lent_from
     ((8.0,), 'blocks.0.hook_resid_pre')
+
+    With ``request.condition`` naming a vector, the steer is gated by ``panel_condition``.
     """
+    plan = _plan(request, vectors, alphas, sae)
+    gate = panel_condition(request, vectors)
+    if gate is None:
+        return plan
+    return replace(plan, steer=replace(plan.steer, when=gate))
+
+
+def lent_direction(vector: VectorLike, site: str) -> torch.Tensor:
+    """The direction ``vector`` steers with at ``site``, by the steering rule (``steers_at``):
+    a one-site ``SteeringVector`` lends its direction to any other site.
+
+    >>> v = SteeringVector({"blocks.0.hook_resid_pre": torch.ones(3)}, scale=2.0)
+    >>> lent_direction(v, "blocks.2.hook_resid_post")
+    tensor([1., 1., 1.])
+    """
+    (steer,) = steers_at(vector, site, 1.0)
+    return steer.vector
+
+
+def panel_condition(request: PanelRequest, vectors: Mapping[str, VectorLike]) -> Condition | None:
+    """The "steer only when" gate: the named vector's direction read as CAST does (the
+    prompt's mean, cosine score) at ``blocks.{condition_layer}.hook_resid_post``; ``None``
+    when the request has no condition.
+
+    >>> r = PanelRequest(1, "Hi", "v", 1, "hook_resid_pre", 4.0, "all", 0.0, 0, 1.0, 0, 8,
+    ...                  condition="v", condition_layer=0, threshold=0.1)
+    >>> panel_condition(r, {"v": torch.ones(3)})
+    Condition(blocks.0.hook_resid_post: mean cosine above 0.1)
+    """
+    if not request.condition:
+        return None
+    if request.condition not in vectors:
+        raise SteerError(
+            f"No vector named {request.condition!r} to steer only when; the panel has "
+            f"{sorted(vectors)}."
+        )
+    if request.compare not in COMPARES:
+        raise SteerError(f"compare must be one of {list(COMPARES)}; got {request.compare!r}.")
+    site = request.condition_site
+    direction = lent_direction(vectors[request.condition], site)
+    return Condition(site, direction, threshold=request.threshold, compare=request.compare)
+
+
+def monitor_direction(
+    request: PanelRequest, vectors: Mapping[str, VectorLike]
+) -> torch.Tensor | None:
+    """The monitored vector's direction at the steering site (``None`` with no monitor)."""
+    if not request.monitor:
+        return None
+    if request.monitor not in vectors:
+        raise SteerError(
+            f"No vector named {request.monitor!r} to monitor; the panel has {sorted(vectors)}."
+        )
+    return lent_direction(vectors[request.monitor], request.site)
+
+
+def _plan(
+    request: PanelRequest,
+    vectors: Mapping[str, VectorLike],
+    alphas: Sequence[float],
+    sae: SAE | None,
+) -> PanelSteer:
     if request.vector == FEATURE and sae is not None:
         return _feature_steer(request, sae, alphas)
     if request.vector not in vectors:
@@ -154,7 +239,7 @@ def _feature_steer(request: PanelRequest, sae: SAE, alphas: Sequence[float]) -> 
                           positions=request.positions)  # fmt: skip
         return PanelSteer(steer, None, label)
     vectors = {FEATURE: sae.feature(request.feature)}
-    return replace(panel_steer(request, vectors, alphas), label=label)
+    return replace(_plan(request, vectors, alphas, None), label=label)
 
 
 QUEUE_S = 60.0  # a panel run queues this long behind another call on the model, then fails
