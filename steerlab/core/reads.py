@@ -161,61 +161,50 @@ class Condition(TensorValue):
 
 
 @dataclass(frozen=True)
-class AnyOf:
+class Combined:
+    """Conditions combined into one decision: ``AnyOf`` fires where any part fires,
+    ``AllOf`` where every part does. The score of a row is the score of the part that
+    decided it: the first part that fired (``AnyOf``) or did not (``AllOf``), else the
+    first part."""
+
+    conditions: tuple[Gate, ...]
+    kind: ClassVar[str] = ""
+    fires_on_any: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_parts(self.conditions, self.kind)
+
+    def leaves(self) -> list[Condition]:
+        return list(dict.fromkeys(c for part in self.conditions for c in part.leaves()))
+
+    @property
+    def per_token(self) -> bool:
+        return self.conditions[0].per_token
+
+    def decide(self, scores: Mapping[Condition, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return _combine([c.decide(scores) for c in self.conditions], want=self.fires_on_any)
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        return {self.kind: [c.to_data(tensor_key) for c in self.conditions]}
+
+    def __repr__(self) -> str:
+        return f"{self.kind}({', '.join(map(repr, self.conditions))})"
+
+
+@dataclass(frozen=True, repr=False)
+class AnyOf(Combined):
     """Fires when any of its conditions fires (CAST's multi-condition OR)."""
 
-    conditions: tuple[Gate, ...]
     kind: ClassVar[str] = "any_of"
-
-    def __post_init__(self) -> None:
-        _check_parts(self.conditions, self.kind)
-
-    def leaves(self) -> list[Condition]:
-        return list(dict.fromkeys(c for part in self.conditions for c in part.leaves()))
-
-    @property
-    def per_token(self) -> bool:
-        return self.conditions[0].per_token
-
-    def decide(self, scores: Mapping[Condition, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fired where any part fired; the score of the first part that fired (of the first
-        part where none did)."""
-        return _combine([c.decide(scores) for c in self.conditions], want=True)
-
-    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
-        return {self.kind: [c.to_data(tensor_key) for c in self.conditions]}
-
-    def __repr__(self) -> str:
-        return f"any_of({', '.join(map(repr, self.conditions))})"
+    fires_on_any: ClassVar[bool] = True
 
 
-@dataclass(frozen=True)
-class AllOf:
+@dataclass(frozen=True, repr=False)
+class AllOf(Combined):
     """Fires when all of its conditions fire."""
 
-    conditions: tuple[Gate, ...]
     kind: ClassVar[str] = "all_of"
-
-    def __post_init__(self) -> None:
-        _check_parts(self.conditions, self.kind)
-
-    def leaves(self) -> list[Condition]:
-        return list(dict.fromkeys(c for part in self.conditions for c in part.leaves()))
-
-    @property
-    def per_token(self) -> bool:
-        return self.conditions[0].per_token
-
-    def decide(self, scores: Mapping[Condition, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fired where every part fired; the score of the first part that did not fire (of
-        the first part where all did)."""
-        return _combine([c.decide(scores) for c in self.conditions], want=False)
-
-    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
-        return {self.kind: [c.to_data(tensor_key) for c in self.conditions]}
-
-    def __repr__(self) -> str:
-        return f"all_of({', '.join(map(repr, self.conditions))})"
+    fires_on_any: ClassVar[bool] = False
 
 
 Gate = Condition | AnyOf | AllOf
