@@ -109,3 +109,44 @@ def test_chat_with_a_loreft_equals_hooks_and_its_key_holds_w_and_b(toy_lm, toy_h
     (a,), (b_,) = reft.steers(), other.steers()
     assert RowSteer.of(a, 1.0).fingerprint() != RowSteer.of(b_, 1.0).fingerprint()
     assert toy_lm.hook_count() == 0
+
+
+def test_the_server_takes_a_loreft_upload(tmp_path, toy_lm, toy_hf, reft):
+    """Uploaded with ``sl.connect`` and over plain HTTP; named in ``steering`` it is the
+    formula (hooked HF logprobs), and a client steering with it inline gets the same."""
+    import httpx
+    from server_helpers import HEADERS, KEY, post, served
+
+    ids = ids_of(toy_lm, "The happy fox ran to the sea")
+    want = logprobs(toy_hf, ids, [ref_steer(0.5)])
+    body = {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0, "model": "steerlab-tiny"}
+    path = reft.save(tmp_path / "happy.reft.safetensors")
+    with served(toy_lm) as url:
+        remote = sl.connect(url, api_key=KEY)
+        sha = remote.upload_vector("happy", reft)
+        again = httpx.post(f"{url}/v1/vectors", params={"name": "by-http"}, headers=HEADERS,
+                           content=path.read_bytes()).json()  # fmt: skip
+        listed = {v["id"]: v for v in remote.vectors()}
+        named = post(
+            url,
+            "/v1/completions",
+            {**body, "steering": [{"vector": "happy", "alpha": 0.5, "sha256": sha}]},
+        )
+        wrong_site = post(url, "/v1/completions", {**body, "steering": [
+            {"vector": "happy", "site": "blocks.1.hook_resid_post"}]})  # fmt: skip
+        as_monitor = post(url, "/v1/completions", {**body, "monitor": [
+            {"name": "m", "site": SITE, "vector": "happy"}]})  # fmt: skip
+        greedy_named = post(url, "/v1/completions", {
+            "prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0, "model": "steerlab-tiny",
+            "steering": [{"vector": "happy", "alpha": 0.5}]}).json()  # fmt: skip
+        by_client = remote.generate(PROMPTS[0], steer=reft * 0.5, max_new_tokens=6,
+                                    stop_at_eos=False)  # fmt: skip
+    assert sha == reft.sha256 == again["sha256"] and listed["happy"]["op"] == "loreft"
+    assert listed["happy"]["sites"] == [SITE] and listed["happy"]["positions"] == SPAN
+    values = named.json()["choices"][0]["logprobs"]["token_logprobs"]
+    for t in range(1, len(ids)):
+        assert values[t] == pytest.approx(float(want[t - 1, ids[t]]), abs=1e-4)
+    assert wrong_site.status_code == 400 and "trained at" in wrong_site.text
+    assert as_monitor.status_code == 400 and "is a LoReFT" in as_monitor.text
+    assert greedy_named["choices"][0]["text"] == by_client.text[0]
+    assert toy_lm.hook_count() == 0

@@ -152,7 +152,7 @@ def _targets(vector: Sweepable, layers: Sequence[int] | None, sites: Sequence[st
                          f"it cannot be swept at {missing}.")  # fmt: skip
     if missing:
         raise ValueError(
-            f"The vector has no direction at {missing}; it was extracted at {vector.sites}. "
+            f"The vector has no direction at {missing}; it was extracted at {own}. "
             "Extract at those sites first (sl.extract(..., sites=[...]))."
         )
     if not targets:
@@ -214,7 +214,7 @@ def sweep(
     if not alphas:
         raise ValueError("alphas is empty.")
     named = not isinstance(vector, (SteeringVector, LoReFT))
-    vectors = {"": vector} if not named else dict(vector)
+    vectors = {"": vector} if isinstance(vector, (SteeringVector, LoReFT)) else dict(vector)
     if not vectors:
         raise ValueError("No vectors to sweep.")
     cells = [(name, v, site) for name, v in vectors.items() for site in _targets(v, layers, sites)]
