@@ -104,8 +104,9 @@ class RemoteModel:
         return _steps(self._events("/v1/batch", {**body, "stream": True}), body)
 
     def upload_vector(self, name: str, vector: Any, replace: bool = False) -> str:
-        """Send a ``SteeringVector`` (or a ``.safetensors`` path) to the server as ``name``;
-        returns its content fingerprint (sha256), which ``pins[name]`` keeps.
+        """Send a ``SteeringVector`` or an ``sl.LoReFT`` (or a ``.safetensors`` /
+        ``.reft.safetensors`` path) to the server as ``name``; returns its content
+        fingerprint (sha256), which ``pins[name]`` keeps.
 
         The same content again is a no-op; other content under a held name is refused
         (``ServerError`` 409) unless ``replace``. Steering entries that name the vector can

@@ -14,6 +14,7 @@ checkpoints only when asked to, and only with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
@@ -91,6 +92,17 @@ class LoReFT(Op):
     @property
     def d_model(self) -> int:
         return int(self.R.shape[1])
+
+    @property
+    def sha256(self) -> str:
+        """The content fingerprint: sha256 of site, positions and scale, then R, W and b
+        (dtype, shape, bytes). Provenance does not enter it, as for a ``SteeringVector``."""
+        digest = hashlib.sha256(f"{self.site}|{self.positions!r}|{self.scale!r}".encode())
+        for name, tensor in self.tensors().items():
+            data = tensor.detach().to("cpu").contiguous()
+            digest.update(f"|{name}:{data.dtype}:{tuple(data.shape)}:".encode())
+            digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
 
     def form(self) -> None:
         return None  # a rank-r map: no table term (at prompt-only positions it still compiles)
@@ -171,6 +183,18 @@ class LoReFT(Op):
         if model is not None:
             reft.check_model(model)
         return reft
+
+    @staticmethod
+    def is_file(path: str | Path) -> bool:
+        """Whether ``path`` is a safetensors file whose header says it holds a LoReFT (read
+        without loading any tensor; anything unreadable is False)."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return (f.metadata() or {}).get("format") == _FORMAT
+        except Exception:  # not a safetensors file: not a LoReFT file either
+            return False
 
     def check_model(self, model: Any) -> None:
         """Refuse a model of another width, or one without this site."""

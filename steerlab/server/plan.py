@@ -21,10 +21,11 @@ from steerlab.core.errors import ContextError, SamplingError
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError
 from steerlab.core.reads import Monitor
+from steerlab.core.reft import LoReFT
 from steerlab.core.request import OPTIONS, Request, Sampling, fresh_seed
 from steerlab.core.rows import Rows, checked_monitors, lay_out, lay_out_ids
 from steerlab.core.sites import SiteError, resolve
-from steerlab.core.steer import Steer, steer_from_data, steers_at
+from steerlab.core.steer import Steer, SteerData, at_alphas, steer_from_data, steers_at
 from steerlab.core.window import check_window
 from steerlab.model import SteerableModel
 from steerlab.server.errors import ApiError
@@ -99,7 +100,10 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
             raise ApiError(400, str(error), f"{param}.site") from None
     source: torch.Tensor | SteeringVector
     if isinstance(item.vector, str):
-        source = store.vector(item.vector, f"{param}.vector", item.sha256)
+        held = store.held(item.vector, f"{param}.vector", item.sha256)
+        if isinstance(held, LoReFT):
+            return _reft_steers(held, item, data, alpha, param)
+        source = held
     else:
         if item.site is None:
             raise ApiError(400, "An inline vector needs a site.", f"{param}.site")
@@ -113,6 +117,25 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
     except SteerError as error:
         where = f"{param}.{error.field}" if error.field in ("when", "op") else param
         raise ApiError(400, str(error), where) from None
+
+
+def _reft_steers(reft: LoReFT, item: Steering, data: SteerData,
+                 alpha: float | Sequence[float], param: str) -> list[Steer]:  # fmt: skip
+    """A held LoReFT's steer: at its own site, its op itself; positions given replace its
+    own, and each alpha multiplies its scale."""
+    if item.site is not None and item.site != reft.site:
+        raise ApiError(400, f"{item.vector!r} is a LoReFT trained at {reft.site}; it cannot "
+                            f"steer at {item.site}.", f"{param}.site")  # fmt: skip
+    if "op" in item.model_fields_set:
+        raise ApiError(400, f"{item.vector!r} is a LoReFT: it is its own op; leave op out.",
+                       f"{param}.op")  # fmt: skip
+    if "positions" in item.model_fields_set:
+        reft = reft.at(data.positions)
+    try:
+        alphas = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
+        return [replace(s, when=data.when) for s in at_alphas(reft.steers(), alphas)]
+    except SteerError as error:
+        raise ApiError(400, str(error), param) from None
 
 
 def _alphas(alpha: float | Sequence[float], param: str) -> list[float]:

@@ -1,8 +1,9 @@
 """The vectors a server holds by name, uploaded as safetensors bytes and checked on arrival.
 
 An upload is checked exactly as ``SteeringVector.load`` checks a file (it goes through
-``steerlab.vectors.io.load``, with the served model); bytes that start like a pickle or a
-``torch.save`` archive are refused before anything reads them as a file.
+``steerlab.vectors.io.load``, with the served model), or, when its header says it is a
+LoReFT (``.reft.safetensors``), as ``sl.LoReFT.load`` checks one; bytes that start like a
+pickle or a ``torch.save`` archive are refused before anything reads them as a file.
 
 A name is never silently given another vector: each vector is known by its content
 fingerprint (``SteeringVector.sha256``). Uploading the same content under a name again is a
@@ -14,12 +15,15 @@ expects. The store is bounded (``max_vectors``, ``max_bytes``); an upload past a
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import tempfile
 import threading
 from pathlib import Path
 
+from steerlab.core.ops import SteerError
+from steerlab.core.reft import LoReFT
 from steerlab.model import SteerableModel
 from steerlab.server.errors import ApiError
 from steerlab.vectors import io
@@ -27,17 +31,41 @@ from steerlab.vectors.vector import SteeringVector
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 log = logging.getLogger("steerlab.server")
+Held = SteeringVector | LoReFT  # a LoReFT is held by name too, and steers at its own site
 
 
-def describe(name: str, vector: SteeringVector) -> dict[str, object]:
+def describe(name: str, vector: Held) -> dict[str, object]:
     """A held vector as the API shows it (upload response and listing)."""
+    if isinstance(vector, LoReFT):
+        return {"id": name, "object": "vector", "sha256": vector.sha256, "sites": [vector.site],
+                "d_model": vector.d_model, "scale": vector.scale, "method": _method(vector),
+                "op": "loreft", "rank": vector.rank, "positions": vector.positions}  # fmt: skip
     return {"id": name, "object": "vector", "sha256": vector.sha256, "sites": vector.sites,
             "d_model": vector.d_model, "scale": vector.scale,
             "method": vector.provenance.method}  # fmt: skip
 
 
-def _nbytes(vector: SteeringVector) -> int:
-    return sum(d.numel() * d.element_size() for d in vector.directions.values())
+def _method(reft: LoReFT) -> str:
+    try:
+        method = json.loads(reft.provenance or "{}").get("method")
+    except (ValueError, AttributeError):
+        method = None
+    return str(method or "loreft")
+
+
+def _nbytes(vector: Held) -> int:
+    tensors = vector.directions if isinstance(vector, SteeringVector) else vector.tensors()
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _read(path: Path, lm: SteerableModel) -> Held:
+    """The vector or LoReFT in an uploaded file, checked against ``lm``."""
+    try:
+        if LoReFT.is_file(path):
+            return LoReFT.load(path, model=lm)
+        return io.load(path, model=lm)
+    except (io.VectorFileError, SteerError, ValueError) as error:
+        raise ApiError(400, str(error), "file") from None
 
 
 class VectorStore:
@@ -47,11 +75,12 @@ class VectorStore:
                  max_bytes: int = 1024 << 20) -> None:  # fmt: skip
         self.lm = lm
         self.max_vectors, self.max_bytes = max_vectors, max_bytes
-        self._vectors: dict[str, SteeringVector] = {}
+        self._vectors: dict[str, Held] = {}
         self._lock = threading.Lock()
 
-    def add(self, name: str, data: bytes, *, replace: bool = False) -> SteeringVector:
-        """Check ``data`` (safetensors bytes) against the model and keep it as ``name``.
+    def add(self, name: str, data: bytes, *, replace: bool = False) -> Held:
+        """Check ``data`` (safetensors bytes: a vector or a LoReFT) against the model and
+        keep it as ``name``.
 
         Raises:
             ApiError: 400 for a bad name or file; 409 when ``name`` holds a vector with other
@@ -65,10 +94,7 @@ class VectorStore:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "upload.safetensors"
             path.write_bytes(data)
-            try:
-                vector = io.load(path, model=self.lm)
-            except (io.VectorFileError, ValueError) as error:
-                raise ApiError(400, str(error), "file") from None
+            vector = _read(path, self.lm)
         with self._lock:  # the checks and the insert as one step: concurrent uploads serialise
             held = self._vectors.get(name)
             if held is not None and held.sha256 == vector.sha256:
@@ -105,8 +131,18 @@ class VectorStore:
         return [describe(name, v) for name, v in items]
 
     def vector(self, name: str, param: str, sha256: str | None = None) -> SteeringVector:
-        """The vector held as ``name``; with ``sha256``, it must have that fingerprint (409
-        otherwise). Which sites it steers is ``core.steer.steers_at``'s rule."""
+        """The vector held as ``name`` (a LoReFT is refused: it has no direction to read
+        or condition on); ``held`` gives either."""
+        vector = self.held(name, param, sha256)
+        if isinstance(vector, LoReFT):
+            raise ApiError(400, f"{name!r} is a LoReFT: it steers (name it in steering), but "
+                                "it has no direction to read or condition on.", param)  # fmt: skip
+        return vector
+
+    def held(self, name: str, param: str, sha256: str | None = None) -> Held:
+        """The vector or LoReFT held as ``name``; with ``sha256``, it must have that
+        fingerprint (409 otherwise). Which sites a vector steers is
+        ``core.steer.steers_at``'s rule; a LoReFT steers at its own."""
         with self._lock:
             vector = self._vectors.get(name)
         if vector is None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt, normalise
+from steerlab.core.reft import LoReFT
 from steerlab.core.sites import Site
+from steerlab.core.steer import Steer, at_alphas
 from steerlab.vectors.scoring import (
     completion_nll,
     kl_divergence,
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from steerlab.model import SteerableModel
 
 Score = Callable[[str], float]
+Sweepable = SteeringVector | LoReFT  # a LoReFT is swept at the one site it was trained at
 COLUMNS = ("site", "layer", "alpha", "score", "perplexity", "kl", "n")
 
 
@@ -130,22 +133,26 @@ class SweepResult:
         )
 
 
-def _targets(vector: SteeringVector, layers: Sequence[int] | None, sites: Sequence[str] | None):
+def _targets(vector: Sweepable, layers: Sequence[int] | None, sites: Sequence[str] | None):
     if layers is not None and sites is not None:
         raise ValueError("Give layers= or sites=, not both.")
+    own = [vector.site] if isinstance(vector, LoReFT) else vector.sites
     if sites is not None:
         targets = list(sites)
     elif layers is not None:
-        kinds = sorted({Site.parse(s).kind for s in vector.sites})
+        kinds = sorted({Site.parse(s).kind for s in own})
         if len(kinds) != 1:
             raise ValueError(f"layers= needs a vector of one hook kind; it has {kinds}.")
         targets = [Site(int(layer), kinds[0]).name for layer in layers]
     else:
-        targets = vector.sites
-    missing = [s for s in targets if s not in vector.directions]
+        targets = own
+    missing = [s for s in targets if s not in own]
+    if missing and isinstance(vector, LoReFT):
+        raise ValueError(f"A LoReFT steers only at the site it was trained at, {vector.site}; "
+                         f"it cannot be swept at {missing}.")  # fmt: skip
     if missing:
         raise ValueError(
-            f"The vector has no direction at {missing}; it was extracted at {vector.sites}. "
+            f"The vector has no direction at {missing}; it was extracted at {own}. "
             "Extract at those sites first (sl.extract(..., sites=[...]))."
         )
     if not targets:
@@ -153,9 +160,16 @@ def _targets(vector: SteeringVector, layers: Sequence[int] | None, sites: Sequen
     return targets
 
 
+def _steers_at(vector: Sweepable, site: str, alphas: list[float]) -> list[Steer]:
+    """The steers of one grid row: ``vector`` at ``site``, one alpha per generated row."""
+    if isinstance(vector, LoReFT):
+        return at_alphas(vector.steers(), alphas)  # its own site; alphas scale its scale
+    return vector.at(site).steers(alpha=alphas)
+
+
 def sweep(
     lm: SteerableModel,
-    vector: SteeringVector | Mapping[str, SteeringVector],
+    vector: Sweepable | Mapping[str, Sweepable],
     prompts: Prompt | Sequence[Prompt],
     alphas: Sequence[float],
     *,
@@ -172,8 +186,9 @@ def sweep(
 
     Args:
         lm: the model.
-        vector: a ``SteeringVector`` (its ``scale`` multiplies every alpha), or a dict of
-            named vectors: records then start with a ``"vector"`` column, and
+        vector: a ``SteeringVector`` (its ``scale`` multiplies every alpha), an
+            ``sl.LoReFT`` (swept at its own site; alpha 1 is the intervention as trained),
+            or a dict of named ones: records then start with a ``"vector"`` column, and
             ``completions`` keys with the name.
         prompts: the prompts each cell completes.
         alphas: steering strengths; all of them share one generation batch per site.
@@ -198,8 +213,8 @@ def sweep(
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("alphas is empty.")
-    named = not isinstance(vector, SteeringVector)
-    vectors = {"": vector} if isinstance(vector, SteeringVector) else dict(vector)
+    named = not isinstance(vector, (SteeringVector, LoReFT))
+    vectors = {"": vector} if isinstance(vector, (SteeringVector, LoReFT)) else dict(vector)
     if not vectors:
         raise ValueError("No vectors to sweep.")
     cells = [(name, v, site) for name, v in vectors.items() for site in _targets(v, layers, sites)]
@@ -216,7 +231,8 @@ def sweep(
     records: list[dict[str, Any]] = []
     completions: dict[tuple[Any, ...], list[str]] = {}
     for name, v, site in bar(cells, desc="sweep", disable=not progress):
-        for record, texts in _sweep_site(lm, v.at(site), prompts, alphas, options, scorer):
+        steers = _steers_at(v, site, alphas)
+        for record, texts in _sweep_site(lm, steers, prompts, alphas, options, scorer):
             key: tuple[Any, ...] = (site, record["alpha"])
             if named:
                 record, key = {"vector": name, **record}, (name, *key)
@@ -227,21 +243,22 @@ def sweep(
 
 def _sweep_site(
     lm: SteerableModel,
-    vector: SteeringVector,  # one site
+    steers: list[Steer],  # one site, one alpha per row
     prompts: list[Prompt],
     alphas: list[float],
     options: dict[str, Any],
     scorer: Score,
 ) -> Iterator[tuple[dict[str, Any], list[str]]]:
     """One row of the grid: every prompt x alpha in one ``generate`` call, then scored."""
-    (site,) = vector.sites
-    gen = lm.generate(prompts, vector.steers(alpha=alphas), **options)  # prompt-major rows
+    site = steers[0].site
+    gen = lm.generate(prompts, steers, **options)  # prompt-major rows
     nll = completion_nll(lm, gen.prompt_tokens, gen.tokens)
     k = len(alphas)
     # An extra alpha-0 row per prompt, in the same batch, is the KL reference.
-    logprobs = next_token_logprobs(
-        lm, prompts, vector.steers(alpha=[0.0, *alphas]), chat=options["chat"]
-    ).unflatten(0, (len(prompts), k + 1))  # [prompts, 1 + alphas, vocab]
+    reference = [replace(s, alpha=(0.0, *s.alpha)) for s in steers]
+    logprobs = next_token_logprobs(lm, prompts, reference, chat=options["chat"]).unflatten(
+        0, (len(prompts), k + 1)
+    )  # [prompts, 1 + alphas, vocab]
     kl = kl_divergence(logprobs[:, 1:], logprobs[:, :1]).flatten()  # [rows]
     for j, alpha in enumerate(alphas):
         rows = range(j, len(gen), k)
