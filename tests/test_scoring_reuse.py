@@ -71,8 +71,9 @@ def test_shared_contexts_are_fed_once(toy_hf):
     # (3 x 12, padded) and the choices (12 x 8, padded) feed 132
     assert sum(fed) < sum(len(r.prompt) for r in rows) == 165
     fed.clear()
-    lm.engine.run(rows[:1])  # stored: only the last token is fed again
-    assert sum(fed) == 1
+    lm.engine.run(rows[:1])  # its context is stored: the choice and one context token are fed
+    context = lm.tokenizer(CONTEXTS[0])["input_ids"]
+    assert sum(fed) == len(rows[0].prompt) - len(context) + 1
 
 
 def test_steered_rows_share_only_with_the_same_steer(toy_hf):
