@@ -123,9 +123,11 @@ def loglikelihoods(results: dict[str, Any], task: str) -> list[float]:
 
 
 def evaluate(model: Any, tasks: dict[str, Any], task: str) -> tuple[float, list[float]]:
-    """One timed run of ``task``: (seconds, per-sample loglikelihoods)."""
+    """One timed run of ``task``, after an untimed one of two documents: (seconds,
+    per-sample loglikelihoods)."""
     from lm_eval.evaluator import evaluate as run
 
+    run(lm=model, task_dict={task: tasks[task]}, limit=2, bootstrap_iters=0, verbosity="ERROR")
     start = time.perf_counter()
     out = run(lm=model, task_dict={task: tasks[task]}, log_samples=True, bootstrap_iters=0,
               verbosity="ERROR")  # fmt: skip

@@ -145,10 +145,9 @@ class DynamicCacheOps:
         out = []
         for i, layer in enumerate(_layers(some)):
             each = [None if p is None else _layers(p)[i] for p in parts]
-            out.append(tuple(
-                torch.cat([_pad_left(None if e is None else getattr(e, name),
-                                     getattr(layer, name), 2, length) for e in each])
-                for name in ("keys", "values")))  # fmt: skip
+            out.append(tuple(_stacked([None if e is None else getattr(e, name) for e in each],
+                                      getattr(layer, name), 2, length)
+                             for name in ("keys", "values")))  # fmt: skip
         return _with_layers(some, out)  # type: ignore[arg-type]
 
 
@@ -170,12 +169,17 @@ def _with_layers(data: Any, tensors: list[tuple[torch.Tensor, torch.Tensor]]) ->
     return new
 
 
-def _pad_left(t: torch.Tensor | None, like: torch.Tensor, dim: int, length: int) -> torch.Tensor:
-    """One row of ``t`` (None: no positions yet) with zeros before it, ``length`` along ``dim``."""
+def _stacked(rows: list[torch.Tensor | None], like: torch.Tensor, dim: int,
+             length: int) -> torch.Tensor:  # fmt: skip
+    """One-row tensors (None: no positions yet) right-aligned along ``dim`` in ``length``
+    positions, zeros before them, stacked as rows."""
     shape = list(like.shape)
-    shape[0], shape[dim] = 1, length - (0 if t is None else t.shape[dim])
-    pad = like.new_zeros(shape)
-    return pad if t is None else torch.cat([pad, t], dim)
+    shape[0], shape[dim] = len(rows), length
+    out = like.new_zeros(shape)
+    for i, t in enumerate(rows):
+        if t is not None and t.shape[dim]:
+            out[i : i + 1].narrow(dim, length - t.shape[dim], t.shape[dim]).copy_(t)
+    return out
 
 
 def _first_device(data: Any) -> torch.device:
@@ -216,12 +220,12 @@ class LensCacheOps:
         new.entries = [copy.copy(e) for e in some.entries]
         for i, entry in enumerate(new.entries):
             for name in ("past_keys", "past_values"):
-                setattr(entry, name, torch.cat([_pad_left(
-                    None if p is None else getattr(p.entries[i], name), getattr(entry, name),
-                    1, length) for p in parts]))  # fmt: skip
-        new.previous_attention_mask = torch.cat([_pad_left(
-            None if p is None else p.previous_attention_mask, some.previous_attention_mask, 1,
-            length) for p in parts])  # fmt: skip
+                setattr(entry, name, _stacked(
+                    [None if p is None else getattr(p.entries[i], name) for p in parts],
+                    getattr(entry, name), 1, length))  # fmt: skip
+        new.previous_attention_mask = _stacked(
+            [None if p is None else p.previous_attention_mask for p in parts],
+            some.previous_attention_mask, 1, length)  # fmt: skip
         return new
 
 

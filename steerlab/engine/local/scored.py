@@ -89,7 +89,8 @@ def prefill_scored(backend: Backend, requests: Sequence[Request], call: Call, pa
             if hit is not None:
                 g.base, g.start = hit[0], hit[1] - 1  # refeed the last shared token
     batch, logits = _stage_one(backend, requests, groups, call, pad_id)
-    first = _scored(logits, [g.tokens[g.start + 1 : g.length] for g in groups], top)
+    first = _scored(logits, [g.tokens[g.start + 1 : g.length] for g in groups], top,
+                    [requests[g.rows[0]] for g in groups])  # fmt: skip
     if use_store:
         _keep(backend, store, groups, keys, batch, first, top)
     several = [g for g in groups if len(g.rows) > 1]
@@ -124,7 +125,6 @@ def _stage_one(backend: Backend, requests: Sequence[Request], groups: list[Group
     batch = Batch(backend, feed, base, pad_id, use_cache=True)
     batch.rows = [g.rows[0] for g in groups]  # call rows, for the steers' alphas
     logits = batch.forward(call, last_only=False)  # [groups, new, vocab]
-    _check(logits, batch.mask[:, -logits.shape[1] :], [requests[r] for r in batch.rows])
     return batch, logits
 
 
@@ -158,32 +158,44 @@ def _stage_two(backend: Backend, requests: Sequence[Request], groups: list[Group
     second = Batch(backend, feed, cache, pad_id, use_cache=True)
     second.rows = rows
     logits = second.forward(call, last_only=False)  # [rows, new, vocab]
-    _check(logits, second.mask[:, -logits.shape[1] :], [requests[r] for r in rows])
     scores = _scored(logits, [requests[r].prompt[g.length + 1 :]
-                              for g in several for r in g.rows], top)  # fmt: skip
+                              for g in several for r in g.rows], top,
+                     [requests[r] for r in rows])  # fmt: skip
     return logits[:, -1], scores
 
 
-def _scored(logits: torch.Tensor, targets: Sequence[Sequence[int]], top: int) -> list[Scores]:
+def _scored(logits: torch.Tensor, targets: Sequence[Sequence[int]], top: int,
+            requests: Sequence[Request]) -> list[Scores]:  # fmt: skip
     """Per row, the scores of ``targets[i]``: the tokens after each fed one but the last, the
-    fed tokens right-aligned in ``logits`` [rows, new, vocab]. One gather, one topk."""
+    fed tokens right-aligned in ``logits`` [rows, new, vocab]. A logprob is the chosen logit
+    less the position's logsumexp: one gather, and one ``topk`` only when ``top`` > 0."""
     rows, new = logits.shape[:2]
     width = max((len(t) for t in targets), default=0)
     if width == 0:
         return [[] for _ in targets]
-    window = logits[:, new - 1 - width : new - 1].float().log_softmax(-1)  # [rows, width, vocab]
+    window = logits[:, new - 1 - width : new - 1].float()  # [rows, width, vocab]
+    norm = window.logsumexp(-1, keepdim=True)  # [rows, width, 1]
     ids = torch.zeros(rows, width, dtype=torch.long)
     for i, t in enumerate(targets):
         if t:
             ids[i, width - len(t) :] = torch.tensor(t)
-    chosen = window.gather(-1, ids.to(window.device)[..., None])[..., 0].tolist()
+    chosen_t = (window.gather(-1, ids.to(window.device)[..., None]) - norm)[..., 0]
+    _finite(chosen_t, [len(t) for t in targets], requests)
+    chosen = chosen_t.tolist()
     tops: list[list[tuple[tuple[int, float], ...]]] = [[()] * width for _ in range(rows)]
     if top > 0:
         values, which = window.topk(min(top, window.shape[-1]), dim=-1)
         tops = [[tuple(zip(i, v)) for i, v in zip(ri, rv)]
-                for ri, rv in zip(which.tolist(), values.tolist())]  # fmt: skip
+                for ri, rv in zip(which.tolist(), (values - norm).tolist())]  # fmt: skip
     return [[TokenScore(tok, chosen[i][width - len(t) + j], tops[i][width - len(t) + j])
              for j, tok in enumerate(t)] for i, t in enumerate(targets)]  # fmt: skip
+
+
+def _finite(chosen: torch.Tensor, counts: list[int], requests: Sequence[Request]) -> None:
+    """THE per-step check (``check_finite``) on the scores a row reports: a NaN or inf logit
+    makes its position's logsumexp, and so its score, NaN or infinite."""
+    real = torch.arange(chosen.shape[1]) >= chosen.shape[1] - torch.tensor(counts)[:, None]
+    check_finite(chosen.masked_fill(~real.to(chosen.device), 0), 0, requests)
 
 
 def _one(logprobs: torch.Tensor, token: int, top: int) -> TokenScore:
@@ -199,20 +211,14 @@ def _trim(scores: Scores, top: int) -> Scores:
             for s in scores]  # fmt: skip
 
 
-def _check(logits: torch.Tensor, mask: torch.Tensor, requests: list[Request]) -> None:
-    """No NaN or inf in any fed position's logits (pads' are never read)."""
-    real = mask.bool().to(logits.device)[..., None]
-    check_finite(logits.float().masked_fill(~real, 0).sum(1), 0, requests)
-
-
 def _keep(backend: Backend, store: PromptStore, groups: list[Group], keys: list[RowKey],
           batch: Batch, first: list[Scores], top: int) -> None:  # fmt: skip
     """Store each group's start (its cache's real positions, its tokens' scores)."""
     per_token = 2 * backend.n_layers * backend.d_model * _itemsize(backend)
     for gi, g in enumerate(groups):
         nbytes = g.length * per_token
-        if g.length < 2 or not store.fits(nbytes):
-            continue
+        if g.length < 2 or not store.fits(nbytes) or 2 * g.start >= g.length:
+            continue  # a start mostly stored already is not stored twice
         keep = batch.mask[gi].nonzero()[:, 0]
         data = backend.cache_ops.take(batch.data, gi, keep)  # type: ignore[attr-defined]
         scores = (None, *(g.base.scores[1 : g.start + 1] if g.base else ()), *first[gi])
