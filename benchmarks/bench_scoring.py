@@ -14,7 +14,9 @@ before the clock starts:
 Unsteered, and steered: the server serves a preset (alpha x v added at the middle layer's
 residual stream); the baseline is lm-eval's ``hf`` model with a plain torch pre-hook adding the same.
 Every arm's per-sample loglikelihoods equal the baseline's within 1e-3 (asserted before a
-time is recorded). One timed run per arm.
+time is recorded). One timed run per arm, after an untimed one of two documents; the
+engine's store of scored prompts is emptied before each timed run, so no arm starts from
+prompts an earlier one scored.
 
     .venv/bin/python benchmarks/bench_scoring.py                 # rewrites its RESULTS.md section
     .venv/bin/python benchmarks/bench_scoring.py --quick         # fewer documents (QUICK=1 too)
@@ -122,12 +124,14 @@ def loglikelihoods(results: dict[str, Any], task: str) -> list[float]:
     return out
 
 
-def evaluate(model: Any, tasks: dict[str, Any], task: str) -> tuple[float, list[float]]:
-    """One timed run of ``task``, after an untimed one of two documents: (seconds,
-    per-sample loglikelihoods)."""
+def evaluate(model: Any, tasks: dict[str, Any], task: str,
+             fresh: Callable[[], None] = lambda: None) -> tuple[float, list[float]]:  # fmt: skip
+    """One timed run of ``task``, after an untimed one of two documents, ``fresh()`` called
+    between them: (seconds, per-sample loglikelihoods)."""
     from lm_eval.evaluator import evaluate as run
 
     run(lm=model, task_dict={task: tasks[task]}, limit=2, bootstrap_iters=0, verbosity="ERROR")
+    fresh()
     start = time.perf_counter()
     out = run(lm=model, task_dict={task: tasks[task]}, log_samples=True, bootstrap_iters=0,
               verbosity="ERROR")  # fmt: skip
@@ -185,6 +189,7 @@ def bench_model(name: str, path: Path, tasks: dict[str, Any], device: str,
     baseline = HFLM(pretrained=hf, tokenizer=tokenizer, batch_size=16, add_bos_token=False,
                     custom_prefix_token_id=0, device=device)  # fmt: skip
     lm = sl.load(path, backend="hf", device=device)
+    store = lm.engine.prompt_store
     vector = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(1))
     vector = vector / vector.norm() * 4
     with served(lm, vector) as (url, key):
@@ -194,7 +199,8 @@ def bench_model(name: str, path: Path, tasks: dict[str, Any], device: str,
                     base_s, want = evaluate(baseline, tasks, task)
                 for arm, settings in ARMS.items():
                     model = client(url, key, "steered" if steered else lm.name, settings)
-                    ours_s, got = evaluate(model, tasks, task)
+                    # no arm starts from prompts an earlier arm (or the warm-up) stored
+                    ours_s, got = evaluate(model, tasks, task, store.clear)
                     worst = max(abs(a - b) for a, b in zip(got, want))
                     assert len(got) == len(want) and worst < 1e-3, (name, task, arm, worst)
                     record(name, task, steered, arm, ours_s, base_s)
