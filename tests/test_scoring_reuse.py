@@ -50,9 +50,7 @@ def _fed(lm: sl.SteerableModel) -> list[int]:
 
 
 @pytest.mark.parametrize("backend", ["hf", "bridge", "hooked"])
-def test_multiple_choice_scores_as_transformers_in_one_call_and_one_row_at_a_time(
-    backend, toy_hf
-):
+def test_multiple_choice_scores_as_transformers_in_one_call_and_one_row_at_a_time(backend, toy_hf):
     lm = sl.load("steerlab-tiny", backend=backend)
     rows = _rows(lm)
     _check(lm.engine.run(rows), rows, toy_hf, [])

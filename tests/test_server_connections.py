@@ -194,8 +194,11 @@ def test_responses_leave_at_once_without_waiting_for_the_clients_ack():
         def get_extra_info(self, name: str) -> socket.socket | None:
             return self.sock if name == "socket" else None
 
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        with socket.create_connection(listener.getsockname()) as _, listener.accept()[0] as conn:
-            assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
-            _no_delay(Transport(conn))  # type: ignore[arg-type]
-            assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname()),
+        listener.accept()[0] as conn,
+    ):
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        _no_delay(Transport(conn))  # type: ignore[arg-type]
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from steerlab.core.request import Request, TokenScore
