@@ -3,6 +3,7 @@
     make bench            # every benchmark at full size (about 20 minutes on 2 cores)
     make bench QUICK=1    # smaller sizes, the slowest sections left out (about 3 minutes);
                           # writes benchmarks/RESULTS_quick.md, never RESULTS.md
+    BENCH_THREADS=2 make bench    # torch threads (1 by default)
 
 The file starts with the machine, its load average before and after, the library versions
 and each section's wall time. It is rewritten after every section, so a run cut short
@@ -35,6 +36,10 @@ from sections import table  # noqa: E402
 HERE = Path(__file__).parent
 QUICK = os.environ.get("QUICK", "") not in ("", "0")
 DEVICE = os.environ.get("STEERLAB_DEVICE", "cpu")
+# One torch thread unless BENCH_THREADS says otherwise: on a shared, busy CPU a two-thread
+# kernel waits for a descheduled partner, and small ops were measured 5-30x slower; both
+# arms of every ratio run with the same setting.
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 _PACKAGES = ("torch", "transformers", "transformer-lens", "lm-eval", "fastapi", "steerlab")
 
 
@@ -146,6 +151,7 @@ def main() -> None:
     )
     timings: list[tuple[str, str]] = []
     body: list[str] = []
+    torch.set_num_threads(THREADS)
     threads = torch.get_num_threads()
     for name, section, quick in SECTIONS:
         if QUICK and not quick:
