@@ -45,7 +45,7 @@ _PACKAGES = ("torch", "transformers", "transformer-lens", "lm-eval", "fastapi", 
 
 def engine_section() -> list[str]:
     if QUICK:
-        bench_engine.REPEATS, bench_engine.NEW = 1, 16
+        bench_engine.REPEATS, bench_engine.NEW = 1, 12
     rows = bench_engine.run(backends=not QUICK)
     return [
         "## Engine",
@@ -70,7 +70,7 @@ def compiled_section() -> list[str]:
 
 def features_section() -> list[str]:
     if QUICK:
-        bench_features.NEW = 8
+        bench_features.NEW, bench_features.D_SAE = 8, 4096
     return bench_features.main()
 
 
@@ -82,7 +82,7 @@ def server_section() -> list[str]:
     import bench_server  # needs the server extra (fastapi, uvicorn, httpx)
 
     if QUICK:
-        bench_server.N_REQUESTS, bench_server.NEW, bench_server.WINDOWS_MS = 8, 8, (5.0,)
+        bench_server.N_REQUESTS, bench_server.NEW, bench_server.WINDOWS_MS = 4, 8, (5.0,)
         return bench_server.section(bench_server.run()).splitlines()
     texts = [bench_server.section(bench_server.run()),
              bench_server.stall_section(bench_server.stall_run())]  # fmt: skip
