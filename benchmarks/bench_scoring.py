@@ -232,6 +232,7 @@ def run(quick: bool = False, device: str = "cpu") -> list[dict[str, object]]:
 
 def main(quick: bool = False, device: str = "cpu") -> list[str]:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = run(quick, device)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     import lm_eval
@@ -241,7 +242,8 @@ def main(quick: bool = False, device: str = "cpu") -> list[str]:
         "",
         f"Measured {started} by `benchmarks/bench_scoring.py`{' --quick' if quick else ''} on "
         f"{device} ({torch.get_num_threads()} CPU threads, torch {torch.__version__}, lm-eval "
-        f"{lm_eval.__version__}; load average after the run {load}). One timed run per arm; "
+        f"{lm_eval.__version__}; load average {before} before the run, {load} after). One "
+        "timed run per arm; "
         "every arm's per-sample loglikelihoods equal lm-eval `hf`'s within 1e-3 (asserted "
         "first). `ours` is lm-eval `local-completions` against `steerlab serve` (remote "
         "tokenizer); `baseline` is lm-eval's in-process `hf` model, batch 16, with a torch "
@@ -263,4 +265,5 @@ if __name__ == "__main__":
     from sections import replace_section
 
     args = _args()
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))  # as benchmarks/run.py
     replace_section(main(args.quick, args.device))
