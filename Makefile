@@ -63,8 +63,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check steerlab tests tests_vllm benchmarks
 	$(VENV)/bin/mypy
 
+# Every benchmark, RESULTS.md rewritten whole (<= 20 min on 2 cores); QUICK=1: smaller and
+# fewer (<= 3 min), into benchmarks/RESULTS_quick.md.
 bench: $(STAMP)
-	$(PY) benchmarks/run.py
+	QUICK=$(QUICK) $(PY) benchmarks/run.py
 
 # vLLM pins its own torch and transformers, so it gets an environment of its own, without
 # TransformerLens (steerlab's core imports without it). torch first, from the CPU wheel; the

@@ -85,9 +85,9 @@ def run(backends: bool = True) -> list[dict[str, object]]:
             PROMPT, steer, max_new_tokens=2 * NEW, stop_at_eos=False, use_cache=False
         ),  # fmt: skip
     )
-    record("KV cache vs recompute-everything loop, 256 new (speed)", "report", ours, base)
+    record(f"KV cache vs recompute-everything loop, {2 * NEW} new (speed)", "report", ours, base)
     ours, base = _median_pair(lambda: _ragged(lm, steer, True), lambda: _ragged(lm, steer, False))
-    record("batch 8, half stop at 8 / half at 128: compaction (speed)", "report", ours, base)
+    record(f"batch 8, half stop at 8 / half at {NEW}: compaction (speed)", "report", ours, base)
     if backends:  # needs TransformerLens for the hooked and bridge rows
         rows += _backends(model)
     return rows

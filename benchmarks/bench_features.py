@@ -74,7 +74,7 @@ def main() -> list[str]:
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
         f"`benchmarks/bench_features.py` ({torch.get_num_threads()} CPU threads, torch "
         f"{torch.__version__}). GPT-2-small-shaped random model (d_model 768), a random SAE "
-        f"of {D_SAE} features at `{SITE}`; 64 new tokens, every position steered. `ratio` is "
+        f"of {D_SAE} features at `{SITE}`; {NEW} new tokens, every position steered. `ratio` is "
         "ours over the baseline's time (1.00 costs the same).",
         "",
         *table(rows),

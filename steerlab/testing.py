@@ -104,6 +104,18 @@ class FakeCacheOps:
         data.ids = data.ids[rows]
         return data
 
+    def take(self, data: Any, row: int, keep: torch.Tensor) -> Any:
+        new = copy.copy(data)
+        new.ids = data.ids[row : row + 1, keep]
+        return new
+
+    def stack(self, parts: list[Any], length: int) -> Any:
+        some = copy.copy(next(p for p in parts if p is not None))
+        rows = [torch.zeros(1, 0, dtype=torch.long) if p is None else p.ids for p in parts]
+        some.ids = torch.cat([torch.cat([r.new_zeros(1, length - r.shape[1]), r], 1)
+                              for r in rows])  # fmt: skip
+        return some
+
 
 class FakeModel(nn.Module):
     def __init__(self) -> None:

@@ -180,3 +180,25 @@ def test_the_served_steering_app_closes_idle_connections(toy_lm):
         assert _closed_after(sock) < IDLE + 1.5
         assert post(address, "/v1/completions", {"model": MODEL, "prompt": "Hi",
                                                  "max_tokens": 1}).status_code == 200  # fmt: skip
+
+
+def test_responses_leave_at_once_without_waiting_for_the_clients_ack():
+    """Nagle's algorithm held a response's body until the client acknowledged its head (up to
+    40 ms per request): the server's connections send with TCP_NODELAY."""
+    from steerlab.server.connections import _no_delay
+
+    class Transport:
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+
+        def get_extra_info(self, name: str) -> socket.socket | None:
+            return self.sock if name == "socket" else None
+
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname()),
+        listener.accept()[0] as conn,
+    ):
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        _no_delay(Transport(conn))  # type: ignore[arg-type]
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

@@ -27,6 +27,12 @@ class CacheOps(Protocol):
 
     def select(self, data: Any, rows: torch.Tensor) -> Any: ...
 
+    # one row's positions at ``keep`` (a new object; pads left out where ``keep`` skips them)
+    def take(self, data: Any, row: int, keep: torch.Tensor) -> Any: ...
+
+    # one-row caches (None: no positions) left-padded to ``length`` and stacked as rows
+    def stack(self, parts: list[Any], length: int) -> Any: ...
+
 
 @dataclass
 class KVCache:
@@ -127,6 +133,54 @@ class DynamicCacheOps:
         data.batch_select_indices(rows.to(_first_device(data)))
         return data
 
+    def take(self, data: Any, row: int, keep: torch.Tensor) -> Any:
+        def pick(t: torch.Tensor) -> torch.Tensor:  # [batch, heads, seq, d_head]
+            return t[row : row + 1].index_select(2, keep.to(t.device))
+
+        return _with_layers(data, [(pick(layer.keys), pick(layer.values))
+                                   for layer in _layers(data)])  # fmt: skip
+
+    def stack(self, parts: list[Any], length: int) -> Any:
+        some = next(p for p in parts if p is not None)
+        out = []
+        for i, layer in enumerate(_layers(some)):
+            each = [None if p is None else _layers(p)[i] for p in parts]
+            out.append(tuple(_stacked([None if e is None else getattr(e, name) for e in each],
+                                      getattr(layer, name), 2, length)
+                             for name in ("keys", "values")))  # fmt: skip
+        return _with_layers(some, out)  # type: ignore[arg-type]
+
+
+def _layers(data: Any) -> list[Any]:
+    layers = getattr(data, "layers", None)
+    if layers is None:
+        raise TypeError("Taking rows out of a cache needs transformers 5's DynamicCache.")
+    return list(layers)
+
+
+def _with_layers(data: Any, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A new cache like ``data`` holding ``tensors`` (keys, values per layer)."""
+    new = copy.copy(data)
+    new.layers = []
+    for layer, (keys, values) in zip(_layers(data), tensors):
+        fresh = copy.copy(layer)
+        fresh.keys, fresh.values = keys, values
+        new.layers.append(fresh)
+    return new
+
+
+def _stacked(rows: list[torch.Tensor | None], like: torch.Tensor, dim: int,
+             length: int) -> torch.Tensor:  # fmt: skip
+    """One-row tensors (None: no positions yet) right-aligned along ``dim`` in ``length``
+    positions, zeros before them, stacked as rows."""
+    shape = list(like.shape)
+    shape[0], shape[dim] = len(rows), length
+    out = like.new_zeros(shape)
+    for i, t in enumerate(rows):
+        if t is not None and t.shape[dim]:
+            out[i : i + 1].narrow(dim, length - t.shape[dim], t.shape[dim]).copy_(t)
+    return out
+
 
 def _first_device(data: Any) -> torch.device:
     layers = getattr(data, "layers", [])
@@ -155,6 +209,25 @@ class LensCacheOps:
     def select(self, data: Any, rows: torch.Tensor) -> Any:
         return self._each(data, lambda t: t[rows.to(t.device)])
 
+    def take(self, data: Any, row: int, keep: torch.Tensor) -> Any:
+        new = copy.copy(data)
+        new.entries = [copy.copy(e) for e in data.entries]
+        return self._each(new, lambda t: t[row : row + 1].index_select(1, keep.to(t.device)))
+
+    def stack(self, parts: list[Any], length: int) -> Any:
+        some = next(p for p in parts if p is not None)
+        new = copy.copy(some)
+        new.entries = [copy.copy(e) for e in some.entries]
+        for i, entry in enumerate(new.entries):
+            for name in ("past_keys", "past_values"):
+                setattr(entry, name, _stacked(
+                    [None if p is None else getattr(p.entries[i], name) for p in parts],
+                    getattr(entry, name), 1, length))  # fmt: skip
+        new.previous_attention_mask = _stacked(
+            [None if p is None else p.previous_attention_mask for p in parts],
+            some.previous_attention_mask, 1, length)  # fmt: skip
+        return new
+
 
 class PairCacheOps:
     """Two caches advanced together (an amplified pair of models)."""
@@ -173,3 +246,10 @@ class PairCacheOps:
 
     def select(self, data: Any, rows: torch.Tensor) -> Any:
         return self.first.select(data[0], rows), self.second.select(data[1], rows)
+
+    def take(self, data: Any, row: int, keep: torch.Tensor) -> Any:
+        return self.first.take(data[0], row, keep), self.second.take(data[1], row, keep)
+
+    def stack(self, parts: list[Any], length: int) -> Any:
+        return (self.first.stack([None if p is None else p[0] for p in parts], length),
+                self.second.stack([None if p is None else p[1] for p in parts], length))  # fmt: skip

@@ -7,6 +7,11 @@ model name that stands for the base model steered at a fixed alpha), because lm-
 scoring path cannot send a ``steering`` field. Given an in-process model, ``lm_eval``
 serves it on loopback for the call, with the steer as the preset ``steered``. Given a
 server's URL, ``steer`` names one of the server's presets (``--preset NAME=FILE@ALPHA``).
+
+lm-eval sends 16 prompts a request, one request at a time: of its request styles (one
+prompt a request, 16 a request, 8 concurrent requests) the fastest in
+``benchmarks/bench_scoring.py``, faster than lm-eval's own in-process ``hf`` model, since
+the server feeds each multiple-choice context once for all of its choices.
 Tokenizing goes through the server's ``/tokenize`` (lm-eval's remote tokenizer), so the
 client needs no tokenizer of its own.
 """
@@ -30,6 +35,8 @@ if TYPE_CHECKING:
 
 _NOT_METRICS = ("alias", "sample_len")  # lm-eval's per-task bookkeeping, beside the metrics
 STEERED = "steered"  # the preset name an in-process model's steer is served under
+# prompts per request: the fastest of lm-eval's request styles (benchmarks/bench_scoring.py)
+BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,9 @@ def lm_eval(
 ) -> HarnessResult:
     """Run lm-eval's tasks against a steerlab server, unsteered and steered.
 
+    Requests carry 16 prompts each, the fastest request style measured (see the module's
+    docstring); ``model_args={"batch_size": ...}`` changes it.
+
     Args:
         lm_or_url: an in-process model (served on loopback for the call), or the base URL
             of a running ``steerlab serve`` (``http://127.0.0.1:8000``).
@@ -146,7 +156,8 @@ def lm_eval(
 
     with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key):
         args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
-                                "num_concurrent": 1, "max_retries": 1, "tokenized_requests": True,
+                                "num_concurrent": 1, "batch_size": BATCH, "max_retries": 1,
+                                "tokenized_requests": True,
                                 "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
         if key:  # lm-eval sends a bearer token only from the environment, or from a header
             args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})

@@ -19,6 +19,8 @@ from steerlab.engine.guard import Call, CallInFlightError, calling
 from steerlab.engine.local import prefix
 from steerlab.engine.local.capture import Recorder
 from steerlab.engine.local.loop import decode
+from steerlab.engine.local.prompt_store import PromptStore, model_state
+from steerlab.engine.local.scored import ScoredRows, fits, prefill_scored
 from steerlab.engine.local.steering import attach_steer, check_row_steers, group_steers
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
@@ -58,6 +60,8 @@ class LocalEngine:
         self.n_vocab = backend.n_vocab
         self._eos = eos_ids
         self.share_prefix = True  # rows of one prompt feed it once (``engine/prefix.py``)
+        # scored prompts kept for later scoring calls (``local/prompt_store.py``); None: off
+        self.prompt_store: PromptStore | None = PromptStore()
         self.compiled: CompiledStep | None = None
 
     def compile(self, *, mode: str | None = None, backend: str = "inductor") -> None:
@@ -150,6 +154,9 @@ class LocalEngine:
             if cache is not None:
                 raise ValueError("Scoring a prompt (prompt_logprobs) reads the logits of every "
                                  "prompt token, so it cannot continue a cache: drop cache=.")  # fmt: skip
+            if not sites and not keep_cache and use_cache and fits(requests, self.backend):
+                return self._stream(list(requests), None, False, None, True, wait, description,
+                                    False, scored=True)  # fmt: skip
             recorder = Recorder(sites) if sites else None
             return self._stream(list(requests), None, keep_cache, recorder, use_cache, wait,
                                 description, compact and not keep_cache and not sites)  # fmt: skip
@@ -171,8 +178,8 @@ class LocalEngine:
 
     def _stream(self, requests: list[Request], cache: KVCache | None, keep_cache: bool,
                 recorder: Recorder | None, use_cache: bool, wait: float, description: str,
-                compact: bool, shared: int | None = None,
-                static: bool = False) -> Iterator[Progress]:  # fmt: skip
+                compact: bool, shared: int | None = None, static: bool = False,
+                scored: bool = False) -> Iterator[Progress]:  # fmt: skip
         states = RowStates(self.tokenizer, requests)
         reads = CallReads(requests)
         states.reads = reads if reads else None
@@ -183,14 +190,20 @@ class LocalEngine:
                 cache = self._shared_prefix(requests, shared, call)
                 reads.spread(shared)
                 feed = prefix.last_tokens(requests)
-            batch: Batch | StaticBatch
-            if static:  # the compiled step: eager prefill, then one compiled graph per step
+            batch: Batch | StaticBatch | ScoredRows
+            first = None
+            if scored:  # each shared start fed once, this call's and earlier calls' alike
+                store = self.prompt_store if self.prompt_store is not None else PromptStore(0)
+                use = store.sync(model_state(self.models()))
+                first = prefill_scored(self.backend, requests, call, self.pad_id, store, use)
+                batch = ScoredRows(requests)
+            elif static:  # the compiled step: eager prefill, then one compiled graph per step
                 assert self.compiled is not None
                 batch = self.compiled.batch(requests, reads)
             else:
                 batch = Batch(self.backend, feed, cache, self.pad_id, use_cache)
             steps = decode(batch, states, call, eos_ids=self.eos_ids(), pad_id=self.pad_id,
-                           compact=compact, keep_cache=keep_cache)  # fmt: skip
+                           compact=compact, keep_cache=keep_cache, first=first)  # fmt: skip
             kept = _cache_of(batch, cache, keep_cache) if isinstance(batch, Batch) else _none
             lengths = [0] * len(requests)
             try:

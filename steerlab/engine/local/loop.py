@@ -42,6 +42,7 @@ def decode(
     pad_id: int,
     compact: bool,
     keep_cache: bool,
+    first: tuple[torch.Tensor, list[list[TokenScore | None]]] | None = None,
 ) -> Iterator[int]:
     """Decode every row to its end, yielding the step index after each step.
 
@@ -51,14 +52,17 @@ def decode(
     so the cache ends exactly at the end of the text. Rows whose sampling scores the prompt
     get their scores from the prefill's logits (the batch must start without a cache).
     Penalties, bias and ``min_tokens`` adjust the logits a row samples from, never its
-    reported logprobs.
+    reported logprobs. ``first`` hands over the first step's logits [batch, vocab] and the
+    prompts' scores, computed already (``scored.prefill_scored``).
     """
     streams = RandomStreams(states.requests)
     requests = states.requests
     # every token before the output, per call row (the batch has all rows at the start)
     prompts = batch.context() if any(adjusts(r.sampling) for r in requests) else None
     tops = [r.sampling.prompt_logprobs for r in requests]
-    if any(top is not None for top in tops):
+    if first is not None:
+        logits, states.prompt_scores = first
+    elif any(top is not None for top in tops):
         if not isinstance(batch, Batch) or batch.fed:
             raise ValueError("Scoring a prompt needs the whole prompt fed in this call.")
         every = batch.forward(call, last_only=False)  # [batch, seq, vocab]

@@ -1,0 +1,269 @@
+"""Scoring through ``steerlab serve`` against lm-eval 0.4.13's own in-process ``hf`` model.
+
+Two models: a GPT-2-small-shaped one (random weights, d_model 768, 12 layers, 50257 logits,
+steerlab-tiny's tokenizer) and steerlab-tiny. Two local tasks written here: multiple choice
+(48 documents x 4 choices, ~30-word contexts) and a ``loglikelihood_rolling`` one (stories).
+Arms, each through ``lm_eval.evaluator.evaluate`` on the same task objects, models built
+before the clock starts:
+
+- lm-eval's ``hf`` model, batch 16 (its default style): the baseline;
+- lm-eval's ``local-completions`` against ``steerlab serve`` on loopback, with lm-eval's
+  remote tokenizer (the server's ``/tokenize``), as ``sl.evals.lm_eval`` runs it:
+  one request at a time, 16 prompts a request, and 8 concurrent one-prompt requests.
+
+Unsteered, and steered: the server serves a preset (alpha x v added at the middle layer's
+residual stream); the baseline is lm-eval's ``hf`` model with a plain torch pre-hook adding the same.
+Every arm's per-sample loglikelihoods equal the baseline's within 1e-3 (asserted before a
+time is recorded). One timed run per arm, after an untimed one of two documents; the
+engine's store of scored prompts is emptied before each timed run, so no arm starts from
+prompts an earlier one scored.
+
+    .venv/bin/python benchmarks/bench_scoring.py                 # rewrites its RESULTS.md section
+    .venv/bin/python benchmarks/bench_scoring.py --quick         # fewer documents (QUICK=1 too)
+    .venv/bin/python benchmarks/bench_scoring.py --device cuda   # on a GPU (or STEERLAB_DEVICE)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from sections import table  # noqa: E402
+
+import steerlab as sl  # noqa: E402
+from steerlab.toy import asset_path  # noqa: E402
+from steerlab.toy.corpus import make_story  # noqa: E402
+
+SECTION = "## Scoring: lm-eval through steerlab serve vs lm-eval's hf model"
+ALPHA = 4.0
+MC, ROLLING = "bench_mc", "bench_rolling"
+TARGETS = {MC: 1.5, ROLLING: 1.0}
+ARMS: dict[str, dict[str, int]] = {  # local-completions settings per request style
+    "1 request at a time": {"batch_size": 1, "num_concurrent": 1},
+    "16 prompts a request": {"batch_size": 16, "num_concurrent": 1},
+    "8 concurrent requests": {"batch_size": 1, "num_concurrent": 8},
+}
+_MC_YAML = """task: bench_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
+_ROLLING_YAML = """task: bench_rolling
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+"""
+
+
+def write_tasks(folder: Path, n_mc: int, n_rolling: int) -> Path:
+    """The two tasks' YAML and JSON lines in ``folder``: contexts of a story's first 30 words,
+    four endings of 1-4 words drawn from other stories; whole stories for the rolling task."""
+    rng = random.Random(30)
+    words = [make_story(rng).text.split() for _ in range(n_mc * 5 + n_rolling)]
+    mc = []
+    for i in range(n_mc):
+        context = " ".join(words[i][:30])
+        endings = [" " + " ".join(words[n_mc + 4 * i + k][: 1 + (i + k) % 4]) for k in range(4)]
+        mc.append({"context": context, "choices": endings, "label": i % 4})
+    stories = [{"text": " ".join(w)} for w in words[n_mc * 5 :]]
+    for name, template, docs in ((MC, _MC_YAML, mc), (ROLLING, _ROLLING_YAML, stories)):
+        data = (folder / f"{name}.jsonl").resolve()
+        data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        (folder / f"{name}.yaml").write_text(template.format(data=json.dumps(str(data))))
+    return folder
+
+
+def gpt2_small(folder: Path) -> Path:
+    """A GPT-2-small-shaped random model with steerlab-tiny's tokenizer, saved to ``folder``."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                        bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+    GPT2LMHeadModel(config).eval().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(asset_path("steerlab-tiny")).save_pretrained(folder)
+    return folder
+
+
+def loglikelihoods(results: dict[str, Any], task: str) -> list[float]:
+    out = []
+    for sample in sorted(results["samples"][task], key=lambda s: s["doc_id"]):
+        for resp in sample["resps"]:
+            value = resp[0]
+            out.append(float(value[0] if isinstance(value, (list, tuple)) else value))
+    return out
+
+
+def evaluate(model: Any, tasks: dict[str, Any], task: str,
+             fresh: Callable[[], None] = lambda: None) -> tuple[float, list[float]]:  # fmt: skip
+    """One timed run of ``task``, after an untimed one of two documents, ``fresh()`` called
+    between them: (seconds, per-sample loglikelihoods)."""
+    from lm_eval.evaluator import evaluate as run
+
+    run(lm=model, task_dict={task: tasks[task]}, limit=2, bootstrap_iters=0, verbosity="ERROR")
+    fresh()
+    start = time.perf_counter()
+    out = run(lm=model, task_dict={task: tasks[task]}, log_samples=True, bootstrap_iters=0,
+              verbosity="ERROR")  # fmt: skip
+    return time.perf_counter() - start, loglikelihoods(out, task)
+
+
+@contextmanager
+def steered_hf(model: torch.nn.Module, vector: torch.Tensor | None) -> Iterator[None]:
+    """The baseline's steer: a plain pre-hook adding alpha * v to the middle block's input."""
+    if vector is None:
+        yield
+        return
+    block = model.transformer.h[len(model.transformer.h) // 2]
+    handle = block.register_forward_pre_hook(
+        lambda _, args: (args[0] + ALPHA * vector.to(args[0]),) + args[1:]
+    )
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def served(lm: sl.SteerableModel, vector: torch.Tensor) -> Iterator[tuple[str, str]]:
+    """``lm`` served on loopback with the preset ``steered``; yields (url, key)."""
+    from steerlab.server import ServedModels, create_app
+    from steerlab.server.background import serve_in_background
+    from steerlab.server.presets import Preset
+
+    steer = sl.Steer(f"blocks.{lm.n_layers // 2}.hook_resid_pre", vector, 1.0)
+    key = secrets.token_urlsafe(16)
+    app = create_app(ServedModels(lm), api_key=key, presets=[Preset("steered", steer, ALPHA)])
+    with serve_in_background(app) as url:
+        yield url, key
+
+
+def client(url: str, key: str, model: str, settings: dict[str, int]) -> Any:
+    """lm-eval's ``local-completions`` model as ``sl.evals.lm_eval`` configures it."""
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    return LocalCompletionsAPI(
+        base_url=f"{url}/v1/completions", model=model, tokenizer_backend="remote",
+        tokenized_requests=True, max_retries=1, custom_prefix_token_id=0, auth_token=key,
+        header={"Authorization": f"Bearer {key}"}, **settings,
+    )  # fmt: skip
+
+
+def bench_model(name: str, path: Path, tasks: dict[str, Any], device: str,
+                record: Callable[..., None]) -> None:  # fmt: skip
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    baseline = HFLM(pretrained=hf, tokenizer=tokenizer, batch_size=16, add_bos_token=False,
+                    custom_prefix_token_id=0, device=device)  # fmt: skip
+    lm = sl.load(path, backend="hf", device=device)
+    store = lm.engine.prompt_store
+    vector = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(1))
+    vector = vector / vector.norm() * 4
+    with served(lm, vector) as (url, key):
+        for task in (MC, ROLLING):
+            for steered in (False, True):
+                with steered_hf(hf, vector if steered else None):
+                    base_s, want = evaluate(baseline, tasks, task)
+                for arm, settings in ARMS.items():
+                    model = client(url, key, "steered" if steered else lm.name, settings)
+                    # no arm starts from prompts an earlier arm (or the warm-up) stored
+                    ours_s, got = evaluate(model, tasks, task, store.clear)
+                    worst = max(abs(a - b) for a, b in zip(got, want))
+                    assert len(got) == len(want) and worst < 1e-3, (name, task, arm, worst)
+                    record(name, task, steered, arm, ours_s, base_s)
+
+
+def run(quick: bool = False, device: str = "cpu") -> list[dict[str, object]]:
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    rows: list[dict[str, object]] = []
+
+    def record(model: str, task: str, steered: bool, arm: str, ours: float, base: float) -> None:
+        kind = "multiple choice" if task == MC else "rolling"
+        name = f"{model}, {kind}, {'preset' if steered else 'unsteered'}: {arm}"
+        rows.append(dict(comparison=name, ours_s=ours, baseline_s=base, ratio=base / ours,
+                         target=f">= {TARGETS[task]}x"))  # fmt: skip
+        print(f"{name:<70} ours {ours:6.2f}s  hf {base:6.2f}s  {base / ours:5.2f}x", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="steerlab-bench-scoring-") as tmp:
+        folder = write_tasks(Path(tmp), 12 if quick else 48, 4 if quick else 12)
+        manager = TaskManager(include_path=str(folder), include_defaults=False)
+        tasks = get_task_dict([MC, ROLLING], manager)
+        models = [("steerlab-tiny", asset_path("steerlab-tiny"))]
+        if not quick or device != "cpu":
+            models.insert(0, ("GPT-2-small shape", gpt2_small(Path(tmp) / "gpt2-small")))
+        for name, path in models:
+            bench_model(name, Path(path), tasks, device, record)
+    return rows
+
+
+def main(quick: bool = False, device: str = "cpu") -> list[str]:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = run(quick, device)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    import lm_eval
+
+    return [
+        SECTION,
+        "",
+        f"Measured {started} by `benchmarks/bench_scoring.py`{' --quick' if quick else ''} on "
+        f"{device} ({torch.get_num_threads()} CPU threads, torch {torch.__version__}, lm-eval "
+        f"{lm_eval.__version__}; load average {before} before the run, {load} after). One "
+        "timed run per arm; "
+        "every arm's per-sample loglikelihoods equal lm-eval `hf`'s within 1e-3 (asserted "
+        "first). `ours` is lm-eval `local-completions` against `steerlab serve` (remote "
+        "tokenizer); `baseline` is lm-eval's in-process `hf` model, batch 16, with a torch "
+        "pre-hook for the preset's steer. `ratio` is the baseline's time over ours (>1 is "
+        "faster). `sl.evals.lm_eval` sends 16 prompts a request.",
+        "",
+        *table(rows),
+    ]
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", default=os.environ.get("QUICK") == "1")
+    parser.add_argument("--device", default=os.environ.get("STEERLAB_DEVICE", "cpu"))
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    from sections import replace_section
+
+    args = _args()
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))  # as benchmarks/run.py
+    replace_section(main(args.quick, args.device))

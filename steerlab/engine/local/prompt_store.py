@@ -1,0 +1,122 @@
+"""Prompts scored earlier, kept with their keys and values, so a later prompt that starts the
+same way feeds only what is new.
+
+Multiple-choice scoring sends one context with each of its continuations, often in separate
+requests. The engine keeps each scored prompt's cache and token scores (bounded by bytes,
+least recently used first out), keyed by the row's steers, so the context is computed once
+however the requests arrive. Reuse is exact where it applies: the position rule is causal, so
+a steer acts on a prompt's first ``n`` tokens the same way whatever follows them, and the
+key holds every steer with its alpha.
+
+The store forgets everything when the model changes under it: a parameter written in place
+or replaced, a hook of the user's own added or removed, or the model put in training mode.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from steerlab.core.request import Request, TokenScore
+from steerlab.core.tagging import count_hooks
+
+RowKey = tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One scored prompt: its one-row cache (real positions only) and each token's score."""
+
+    tokens: tuple[int, ...]
+    data: Any
+    scores: tuple[TokenScore | None, ...]  # scores[0] is None: nothing predicts it
+    top: int  # alternatives kept per score
+    nbytes: int
+
+
+def row_key(request: Request) -> RowKey:
+    """What a prompt's cache depends on besides its tokens: every steer with its alpha."""
+    return tuple((s.fingerprint(), s.alpha) for s in request.steers if s.alpha != 0)
+
+
+def model_state(models: Sequence[nn.Module]) -> tuple[Any, ...] | None:
+    """A value that changes when the model's outputs may; None when it is training."""
+    if any(module.training for m in models for module in m.modules()):
+        return None
+    params = tuple((p._version, p.data_ptr()) for m in models for p in m.parameters())
+    hooks = sum(len(getattr(module, name)) for m in models for module in m.modules()
+                for name in ("_forward_hooks", "_forward_pre_hooks"))  # fmt: skip
+    own = sum(count_hooks(m) for m in models)
+    globals_ = len(nn.modules.module._global_forward_hooks)
+    globals_ += len(nn.modules.module._global_forward_pre_hooks)
+    return tuple(id(m) for m in models), params, hooks - own, globals_
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from the start.
+
+    >>> common_length([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PromptStore:
+    """Scored prompts by row key, least recently used dropped past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[RowKey, tuple[int, ...]], Stored] = OrderedDict()
+        self._bytes = 0
+        self._state: tuple[Any, ...] | None = None
+        self.hits = 0  # prompts that started from a stored one, for tests and benchmarks
+
+    def sync(self, state: tuple[Any, ...] | None) -> bool:
+        """Forget everything unless the model is as it was; whether the store may be used."""
+        if state is None or state != self._state:
+            self.clear()
+        self._state = state
+        return state is not None and self.max_bytes > 0
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def best(self, key: RowKey, tokens: Sequence[int], top: int) -> tuple[Stored, int] | None:
+        """The stored prompt sharing the most leading tokens (at least 2) with ``tokens``."""
+        found: tuple[Stored, int] | None = None
+        for (k, _), entry in self._entries.items():
+            if k != key or entry.top < top or entry.tokens[:2] != tuple(tokens[:2]):
+                continue
+            n = common_length(entry.tokens, tokens)
+            if n >= 2 and (found is None or n > found[1]):
+                found = (entry, n)
+        if found is not None:
+            self._entries.move_to_end((key, found[0].tokens))
+            self.hits += 1
+        return found
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a prompt of ``nbytes`` is worth keeping (at most an eighth of the store)."""
+        return 0 < nbytes <= self.max_bytes // 8
+
+    def add(self, key: RowKey, entry: Stored) -> None:
+        old = self._entries.pop((key, entry.tokens), None)
+        if old is not None:
+            self._bytes -= old.nbytes
+        self._entries[(key, entry.tokens)] = entry
+        self._bytes += entry.nbytes
+        while self._bytes > self.max_bytes and self._entries:
+            _, dropped = self._entries.popitem(last=False)
+            self._bytes -= dropped.nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
