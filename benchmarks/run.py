@@ -89,6 +89,24 @@ def server_section() -> list[str]:
     return "\n\n".join(texts).splitlines()
 
 
+def reads_section() -> list[str]:
+    import bench_reads
+
+    return bench_reads.main(quick=QUICK)
+
+
+def train_section() -> list[str]:
+    import bench_train
+
+    return bench_train.section(small=QUICK)
+
+
+def profile_section() -> list[str]:
+    import profile_compiled
+
+    return profile_compiled.main()
+
+
 def sweep_section() -> list[str]:
     import bench_sweep
 
@@ -105,7 +123,10 @@ SECTIONS: list[tuple[str, Callable[[], list[str]], bool]] = [
     ("server", server_section, True),
     ("evaluation: steerability", bench_evals.main, False),
     ("chat sessions", bench_chat.main, False),
+    ("conditions and monitors", reads_section, True),
+    ("learned steering", train_section, True),
     ("compiled step", compiled_section, False),
+    ("compiled step profile", profile_section, False),
     ("sweep", sweep_section, False),
 ]
 
