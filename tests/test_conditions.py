@@ -452,3 +452,23 @@ def test_a_chat_session_refuses_a_conditioned_steer_on_the_prompt(lm):
     chat = lm.chat()
     with pytest.raises(SteerError, match="lm.generate"):
         chat.steer = steer
+
+
+def test_scoring_a_prompt_with_a_condition_or_monitor_reads_each_whole_prompt(lm):
+    """Scored prompts share their starts (one forward per context), which a condition or a
+    monitor cannot: such calls take the ordinary path, and agree with one row at a time."""
+    from steerlab.engine import Request, Sampling
+
+    c = sl.Condition("blocks.1.hook_resid_post", direction(90), score="projection")
+    steer = sl.Steer("blocks.2.hook_resid_pre", direction(91), 4.0, when=c)
+    shared = "Once upon a time, there was a little fox who"
+    prompts = [shared + " ran.", shared + " sang by the sea.", shared + " slept."]
+    rows = [Request(tuple(ids(lm, p)), tuple(sl.engine.RowSteer.of(s, 4.0) for s in [steer]),
+                    Sampling(max_new_tokens=0, prompt_logprobs=0), stream=str(i))
+            for i, p in enumerate(prompts)]  # fmt: skip
+    together = lm.engine.run(rows)
+    alone = [lm.engine.run([r])[0] for r in rows]
+    for a, b in zip(together, alone):
+        assert a.fired == b.fired and a.condition_score == pytest.approx(b.condition_score)
+        assert [s.logprob for s in a.prompt_scores[1:]] == pytest.approx(
+            [s.logprob for s in b.prompt_scores[1:]], abs=1e-5)  # fmt: skip
