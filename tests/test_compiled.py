@@ -68,7 +68,9 @@ def test_logits_match_eager_closely(pair) -> None:
     assert diff < 1e-4
 
 
-def test_no_recompile_for_alpha_prompt_site_op_or_batch_in_bucket(pair) -> None:
+def test_no_recompile_for_alpha_prompt_vector_positions_or_batch_in_bucket(pair) -> None:
+    """Within one spec (the slots a batch steers, the terms its ops use) every call reuses
+    the bucket's graph: alphas, prompts, vectors, position rules and batch sizes are data."""
     fast, _ = pair
     v = torch.randn(fast.d_model)
     fast.generate(PROMPTS, sl.Steer("blocks.1.hook_resid_pre", v, alpha=[0.0, 1.0]),
@@ -76,17 +78,38 @@ def test_no_recompile_for_alpha_prompt_site_op_or_batch_in_bucket(pair) -> None:
     graphs = counters["stats"]["unique_graphs"]
     calls = [
         (PROMPTS, sl.Steer("blocks.1.hook_resid_pre", v, alpha=[0.0, 9.0])),
-        (
-            PROMPTS[:2] + ["A much longer prompt than before"],
-            sl.Steer("blocks.3.hook_resid_post", v, alpha=[1.0, 2.0]),
-        ),  # fmt: skip
-        (PROMPTS, sl.Steer("hook_embed", v, alpha=[2.0, -2.0], op=sl.Ablate())),
-        (PROMPTS[:1], sl.Steer("blocks.0.hook_resid_mid", v, alpha=[1.0] * 7, positions=2)),
-    ]
+        (PROMPTS[:2] + ["A much longer prompt than before"],
+         sl.Steer("blocks.1.hook_resid_pre", -v, alpha=[1.0, 2.0], positions=2)),
+        (PROMPTS[:1], sl.Steer("blocks.1.hook_resid_pre", 2 * v, alpha=[1.0] * 7,
+                               positions="generated")),
+    ]  # fmt: skip
     for prompts, steer in calls:
         fast.generate(prompts, steer, max_new_tokens=20)
     assert counters["stats"]["unique_graphs"] == graphs
     assert fast.engine.compiled.compile_times()  # the first step of each bucket, timed
+
+
+def test_one_graph_per_spec_computing_only_the_terms_it_uses(pair) -> None:
+    """A new set of steered slots or operation terms is one new graph, cached: the second
+    call of each spec compiles nothing; a batch of additions computes only additions."""
+    from steerlab.engine.compiled.step import Spec
+    from steerlab.engine.compiled.tables import slot_of
+
+    fast, _ = pair
+    v = torch.randn(fast.d_model)
+    specs = [
+        sl.Steer("blocks.3.hook_resid_post", v, alpha=[1.0, 2.0]),
+        sl.Steer("hook_embed", v, alpha=[2.0, -2.0], op=sl.Ablate()),
+        sl.Steer("blocks.0.hook_resid_mid", v, alpha=[1.0, 3.0], op=sl.Clamp(1.0)),
+    ]
+    for steer in specs:
+        fast.generate(PROMPTS, steer, max_new_tokens=4)
+        graphs = counters["stats"]["unique_graphs"]
+        fast.generate(PROMPTS[::-1], steer, max_new_tokens=6)
+        assert counters["stats"]["unique_graphs"] == graphs
+    fast.generate(PROMPTS, specs[0], max_new_tokens=4)
+    want = Spec((slot_of(3, "hook_resid_post"),), ("add",))  # no proj, feat or rot terms
+    assert want in {r.spec for r in fast.engine.compiled._runners.values()}
 
 
 def test_stream_closed_early_takes_hooks_off_and_frees_the_model(pair) -> None:
