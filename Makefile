@@ -53,9 +53,10 @@ test: setup
 	$(PYTEST) -q -p no:cacheprovider --doctest-modules steerlab
 
 # The core, the engines (eager), the server and vectors: tests/conftest.py's FAST_MODULES
-# less the tests marked slow by hand; the other modules are not even collected.
+# less the tests marked slow by hand, on the hf backend (every backend in the modules about
+# backends); the other modules are not even collected, nor nbval loaded.
 test-fast: $(STAMP)
-	$(PYTEST) -q -rs -m "not browser and not slow" tests
+	$(PYTEST) -q -rs -p no:nbval -m "not browser and not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

@@ -55,11 +55,26 @@ def pytest_ignore_collect(collection_path, config):
     return True if name.startswith("test_") and collection_path.stem not in FAST_MODULES else None
 
 
+# The modules whose point is the backends themselves run every backend in make test-fast;
+# elsewhere the fast set runs the hf backend, and make test all three.
+BACKEND_MODULES = frozenset({"test_parity", "test_loading", "test_loading_errors", "test_convert"})
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark slow every test under tests/ outside ``FAST_MODULES`` (new modules start slow)."""
+    """Mark slow every test under tests/ outside ``FAST_MODULES`` (new modules start slow),
+    and, outside ``BACKEND_MODULES``, the runs of a test on the hooked and bridge backends."""
     for item in items:
-        if HERE in item.path.parents and item.path.stem not in FAST_MODULES:
+        if HERE not in item.path.parents:
+            continue
+        if item.path.stem not in FAST_MODULES:
             item.add_marker(pytest.mark.slow)
+        elif item.path.stem not in BACKEND_MODULES and _other_backend(item):
+            item.add_marker(pytest.mark.slow)
+
+
+def _other_backend(item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("backend") in ("hooked", "bridge")
 
 
 def pytest_addoption(parser):
