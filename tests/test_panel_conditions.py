@@ -190,3 +190,33 @@ def test_removing_the_condition_vector_turns_the_condition_off(lm, vec, threshol
     panel.add_vector("u", vec, select=False)
     assert [label for label, _ in panel.controls.monitor.options] == ["(none)", "w", "u"]
     panel.close()
+
+
+def test_a_trained_loreft_is_an_entry_that_steers_at_its_own_site(lm):
+    """A LoReFT offered in the panel steers at the site it was trained at (the site
+    controls follow it and lock), as ``lm.generate`` with it does; it is no condition or
+    monitor vector; the baseline holds still."""
+    import steerlab as sl
+
+    torch.manual_seed(0)
+    d, rank = lm.d_model, 2
+    R = torch.linalg.qr(torch.randn(d, rank))[0].T.contiguous()  # orthonormal rows
+    reft = sl.LoReFT("blocks.1.hook_resid_post", R, torch.randn(rank, d) * 0.3,
+                     torch.randn(rank) * 2, positions="first:2+last:2")  # fmt: skip
+    vec = torch.randn(d)
+    panel = SteeringPanel(lm, {"v": vec, "sea": reft}, prompt="Once upon a time",
+                          max_new_tokens=8, debounce=0, alpha=1.0)  # fmt: skip
+    try:
+        runs = panel.baseline_runs
+        panel.controls.vector.value = "sea"
+        assert panel.controls.layer.value == 1 and panel.controls.hook.value == "hook_resid_post"
+        assert panel.controls.layer.disabled
+        pair = sl.Steer(reft.site, reft.R[0], [0.0, 1.0], reft.positions, reft)
+        want = lm.generate("Once upon a time", pair, max_new_tokens=8)
+        assert panel.error is None and panel.steered_text == want.text[1]
+        assert want.text[1] != want.text[0]  # it steers
+        assert panel.baseline_runs == runs
+        assert "sea" not in [v for _, v in panel.controls.condition.options]
+        assert lm.hook_count() == 0
+    finally:
+        panel.close()

@@ -19,6 +19,7 @@ import torch
 from steerlab.core import SteerError
 from steerlab.core.prompts import encode
 from steerlab.core.reads import score
+from steerlab.core.reft import LoReFT
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
 from steerlab.exporting import export_button
@@ -45,6 +46,7 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PANE_BORDER, STALE_BORDER = "1px solid #ddd", "1px dashed #b00020"
 STALE_NOTE = "⚠ not current: the last run failed; this is the previous result"
 CLAMP_SITE_TIP = "a clamp acts at the SAE's own site"
+TRAINED_SITE_TIP = "a trained LoReFT acts at the site it was trained at"
 HINT = (
     "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
     "regenerates beside the baseline.</i>"
@@ -201,7 +203,7 @@ class SteeringPanel:
             max_new_tokens=max_new_tokens,
             d_sae=1 if sae is None else sae.d_sae,
         )
-        self.controls.set_vector_names(list(self.vectors))
+        self.controls.set_vector_names(self._directions())
         self.controls.alpha.step = alpha_step
         if feature is not None:
             if sae is None:
@@ -276,7 +278,7 @@ class SteeringPanel:
         try:  # new options reset the selection: put it back without a run
             dropdown.options = self._vector_options()
             dropdown.value = current
-            self.controls.set_vector_names(list(self.vectors))
+            self.controls.set_vector_names(self._directions())
         finally:
             self._muted = False
         if select and dropdown.value != name:
@@ -313,13 +315,17 @@ class SteeringPanel:
         try:  # new options reset the selection: put it back without a run
             dropdown.options = self._vector_options()
             dropdown.value = dropdown.options[0] if selected else current
-            self.controls.set_vector_names(list(self.vectors))  # its condition/monitor: off
+            self.controls.set_vector_names(self._directions())  # its condition/monitor: off
         finally:
             self._muted = False
         if selected:
             self._sync_site_controls()
         if selected or reads:
             self._debouncer.trigger(self._next_request())
+
+    def _directions(self) -> list[str]:
+        """The vectors with a direction to read (a condition, a monitor): not a LoReFT."""
+        return [n for n, v in self.vectors.items() if not isinstance(v, LoReFT)]
 
     def _vector_options(self) -> list[str]:
         return list(self.vectors) + ([FEATURE] if self.sae is not None else [])
@@ -386,19 +392,23 @@ class SteeringPanel:
         controls = self.controls
         clamping = (self.sae is not None and controls.vector.value == FEATURE
                     and controls.feature_op.value == "clamp")  # fmt: skip
+        trained = self.vectors.get(controls.vector.value)
+        trained = trained if isinstance(trained, LoReFT) else None
         muted, self._muted = self._muted, True
         try:
-            if clamping:
-                assert self.sae is not None
-                site = Site.parse(self.sae.site)
+            if clamping or trained is not None:
+                own = trained.site if trained is not None else self.sae.site  # type: ignore[union-attr]
+                site = Site.parse(own)
                 if site.layer is not None:
                     controls.layer.value = site.layer
                 controls.hook.value = site.kind
         finally:
             self._muted = muted
+        tip = TRAINED_SITE_TIP if trained is not None else CLAMP_SITE_TIP
+        clamping = clamping or trained is not None
         for control in (controls.layer, controls.hook):
             control.disabled = clamping
-            control.tooltip = CLAMP_SITE_TIP if clamping else None
+            control.tooltip = tip if clamping else None
 
     def _is_current(self, request: PanelRequest) -> bool:
         return request.request_id == self._latest
@@ -861,9 +871,8 @@ def _default_layer(lm: SteerableModel, vectors: dict[str, VectorLike], layer: in
             raise ValueError(f"layer {layer} is out of range: this model has 0..{lm.n_layers - 1}.")
         return layer
     first = next(iter(vectors.values()))
-    if (
-        isinstance(first, SteeringVector)
-        and (found := Site.parse(first.sites[0]).layer) is not None
-    ):
+    sites = first.sites if isinstance(first, SteeringVector) else (
+        [first.site] if isinstance(first, LoReFT) else [])  # fmt: skip
+    if sites and (found := Site.parse(sites[0]).layer) is not None:
         return found
     return lm.n_layers // 2

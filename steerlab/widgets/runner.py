@@ -9,6 +9,7 @@ import torch
 
 from steerlab.core import Positions, Steer, SteerError
 from steerlab.core.reads import COMPARES, Condition
+from steerlab.core.reft import LoReFT
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
 from steerlab.core.steer import steers_at
@@ -16,7 +17,7 @@ from steerlab.features import SAE
 from steerlab.model import SteerableModel
 from steerlab.vectors import SteeringVector
 
-VectorLike = SteeringVector | torch.Tensor
+VectorLike = SteeringVector | torch.Tensor | LoReFT  # a LoReFT: a trained steer
 FEATURE = "SAE feature"  # the vector dropdown's entry for the SAE's chosen feature
 FEATURE_OPS = ("add", "clamp")
 CONDITION_KIND = "hook_resid_post"  # the "steer only when" row reads this site kind
@@ -81,12 +82,12 @@ def check_vector(name: str, vector: object) -> None:
     """
     if not isinstance(name, str) or not name:
         raise SteerError(f"A vector's name must be a non-empty string; got {name!r}.")
-    if isinstance(vector, SteeringVector):
+    if isinstance(vector, (SteeringVector, LoReFT)):
         return
     if not isinstance(vector, torch.Tensor) or vector.ndim != 1:
         shape = f" of shape {tuple(vector.shape)}" if isinstance(vector, torch.Tensor) else ""
         raise SteerError(
-            f"Vector {name!r} must be a SteeringVector or a 1-D torch.Tensor, "
+            f"Vector {name!r} must be a SteeringVector, a 1-D torch.Tensor or an sl.LoReFT, "
             f"not {type(vector).__name__}{shape}."
         )
 
@@ -165,6 +166,8 @@ def lent_direction(vector: VectorLike, site: str) -> torch.Tensor:
     >>> lent_direction(v, "blocks.2.hook_resid_post")
     tensor([1., 1., 1.])
     """
+    if isinstance(vector, LoReFT):  # the panel never offers one to read (``_directions``)
+        raise SteerError("A trained LoReFT has no direction to read: pick a vector.")
     (steer,) = steers_at(vector, site, 1.0)
     return steer.vector
 
@@ -217,6 +220,13 @@ def _plan(
     if request.vector not in vectors:
         raise SteerError(f"No vector named {request.vector!r}; the panel has {sorted(vectors)}.")
     vector, site = vectors[request.vector], request.site
+    if isinstance(vector, LoReFT):  # trained at its own site and positions: alpha scales it
+        if site != vector.site:
+            raise SteerError(f"{request.vector!r} is a trained LoReFT: it steers at "
+                             f"{vector.site} only, not {site}.")  # fmt: skip
+        (trained,) = vector.steers()
+        steer = replace(trained, alpha=tuple(a * vector.scale for a in alphas))
+        return PanelSteer(steer, None, f"{request.vector} (trained)")
     (steer,) = steers_at(vector, site, list(alphas), request.positions)
     if isinstance(vector, SteeringVector) and site not in vector.directions:
         return PanelSteer(steer, vector.sites[0], request.vector)
