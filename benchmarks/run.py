@@ -36,10 +36,10 @@ from sections import table  # noqa: E402
 HERE = Path(__file__).parent
 QUICK = os.environ.get("QUICK", "") not in ("", "0")
 DEVICE = os.environ.get("STEERLAB_DEVICE", "cpu")
-# One torch thread unless BENCH_THREADS says otherwise: on a shared, busy CPU a two-thread
-# kernel waits for a descheduled partner, and small ops were measured 5-30x slower; both
-# arms of every ratio run with the same setting.
-THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+# torch's own thread count unless BENCH_THREADS says otherwise (BENCH_THREADS=1 on a shared,
+# busy CPU, where a two-thread kernel waits for a descheduled partner and small ops were
+# measured 5-30x slower); both arms of every ratio run with the same setting.
+THREADS = int(os.environ.get("BENCH_THREADS", str(torch.get_num_threads())))
 _PACKAGES = ("torch", "transformers", "transformer-lens", "lm-eval", "fastapi", "steerlab")
 
 
