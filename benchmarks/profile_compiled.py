@@ -49,7 +49,7 @@ def profile(batch: int, new: int = 64, top: int = 12) -> list[str]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         run()
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
-    lines += [line.rstrip() for line in table.splitlines() if line.strip()]
+    lines += ["  " + line.rstrip() for line in table.splitlines() if line.strip()]  # no "## "
     lines += ["```", ""]
     return lines
 
