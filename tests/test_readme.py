@@ -8,7 +8,9 @@ README = Path(__file__).parents[1] / "README.md"
 
 def test_quickstart_blocks_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    runnable = [b for b in blocks if "meta-llama" not in b]  # needs a hub and 8 GPUs
+    # the large-model block needs a hub and 8 GPUs; the training block's data is the
+    # reader's (tutorial 11 trains on the toy under nbval)
+    runnable = [b for b in blocks if "meta-llama" not in b and "sl.train." not in b]
     assert len(runnable) == 5
     monkeypatch.chdir(tmp_path)  # the quickstart writes happy.safetensors and norms.pdf
     namespace: dict = {}
