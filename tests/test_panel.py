@@ -423,7 +423,7 @@ def test_add_vector_updates_dropdown_and_data_in_one_call(lm, vec):
     assert panel.controls.vector.value == "minus v" and panel.render_count == renders
     panel.add_vector("minus v", vec)  # replacing the selected vector reruns with the new data
     assert panel.render_count == renders + 1 and panel.steered_text != expected.text[1]
-    with pytest.raises(sl.SteerError, match="SteeringVector or a 1-D torch.Tensor"):
+    with pytest.raises(sl.SteerError, match="SteeringVector, a 1-D torch.Tensor or an sl.LoReFT"):
         panel.add_vector("bad", [1.0, 2.0])
     assert "bad" not in panel.controls.vector.options and "bad" not in panel.vectors
 

@@ -78,7 +78,7 @@ def check_vector(name: str, vector: object) -> None:
     >>> check_vector("v", [1.0, 2.0])  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
     ...
-    steerlab.core.errors.SteerError: Vector 'v' must be a SteeringVector or a 1-D torch.Tensor, not list.
+    steerlab.core.errors.SteerError: Vector 'v' must be a SteeringVector, a 1-D torch.Tensor or an sl.LoReFT, not list.
     """
     if not isinstance(name, str) or not name:
         raise SteerError(f"A vector's name must be a non-empty string; got {name!r}.")
