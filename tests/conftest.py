@@ -66,9 +66,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE not in item.path.parents:
             continue
-        if item.path.stem not in FAST_MODULES:
-            item.add_marker(pytest.mark.slow)
-        elif item.path.stem not in BACKEND_MODULES and _other_backend(item):
+        module = item.path.stem
+        other = module not in BACKEND_MODULES and _other_backend(item)
+        if module not in FAST_MODULES or other:
             item.add_marker(pytest.mark.slow)
 
 
