@@ -9,50 +9,22 @@ import math
 import pytest
 import torch
 from engine_parity import direction
-from reference import RefCast, cast_greedy
+from reads_parity import (
+    NEW,
+    PROMPTS,
+    cast,
+    check_cast_rows,
+    check_monitors_against_hf,
+    condition,
+    ids,
+    median_threshold,
+    steer_of,
+)
+from reference import cast_greedy
 
 import steerlab as sl
 from steerlab.core.ops import SteerError
 from steerlab.engine import RowSteer
-
-PROMPTS = [
-    "Once upon a time",
-    "The ship sailed across the sea",
-    "In the dark forest",
-    "The waves rolled onto the beach",
-    "A fox ran between the trees",
-    "The harbor was quiet",
-    "The happy fox",
-    "Deep in the woods, an owl",
-]
-NEW = 8
-COND_LAYER, BEHAVE_LAYER = 1, 2
-
-
-def ids(lm, text):
-    return list(lm.tokenizer(text)["input_ids"])
-
-
-def cast(threshold: float, compare: str = "above", mode: str = "mean") -> RefCast:
-    return RefCast(COND_LAYER, direction(20), threshold, compare, BEHAVE_LAYER, direction(21),
-                   8.0, mode)  # fmt: skip
-
-
-def condition(ref: RefCast, read: str = "mean") -> sl.Condition:
-    return sl.Condition(f"blocks.{ref.condition_layer}.hook_resid_pre", ref.condition,
-                        threshold=ref.threshold, compare=ref.compare, read=read)  # fmt: skip
-
-
-def steer_of(ref: RefCast, when) -> sl.Steer:
-    return sl.Steer(f"blocks.{ref.behaviour_layer}.hook_resid_pre", ref.vector, ref.alpha,
-                    positions="generated", when=when)  # fmt: skip
-
-
-def median_threshold(lm, hf, mode: str = "mean") -> float:
-    """A threshold between the 4th and 5th reference scores: half the rows fire."""
-    scores = sorted(cast_greedy(hf, ids(lm, p), cast(0.0, mode=mode), 1, set())[2]
-                    for p in PROMPTS)  # fmt: skip
-    return (scores[3] + scores[4]) / 2
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +35,7 @@ def lm():
 @pytest.mark.parametrize("mode", ["mean", "last"])
 @pytest.mark.parametrize("compare", ["above", "below"])
 def test_batch_of_8_with_mixed_rows_equals_ibm_cast_row_by_row(lm, toy_hf, mode, compare):
-    ref = cast(median_threshold(lm, toy_hf, mode), compare, mode)
-    out = lm.generate(PROMPTS, steer=steer_of(ref, condition(ref, mode)), max_new_tokens=NEW,
-                      stop_at_eos=False)  # fmt: skip
-    wanted = [cast_greedy(toy_hf, ids(lm, p), ref, NEW, set()) for p in PROMPTS]
-    assert [w[1] for w in wanted].count(True) == 4  # mixed: half the rows fire
-    assert out.fired.tolist() == [w[1] for w in wanted]
-    torch.testing.assert_close(out.condition_scores, torch.tensor([w[2] for w in wanted]),
-                               atol=1e-5, rtol=1e-4)  # fmt: skip
-    assert out.tokens == [w[0] for w in wanted]
-    assert lm.hook_count() == 0
+    check_cast_rows(lm, toy_hf, mode, compare)
 
 
 def test_rows_that_did_not_fire_are_bit_identical_to_unsteered(lm, toy_hf):
@@ -206,6 +169,10 @@ def test_monitors_equal_transformer_lens_run_with_cache_of_the_steered_text():
         # new token t was chosen at position n - 1 + t
         torch.testing.assert_close(trace.generated[r], want[n - 1 : n - 1 + NEW],
                                    atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def test_monitors_equal_plain_transformers_hidden_states_of_the_steered_text(lm, toy_hf):
+    check_monitors_against_hf(lm, toy_hf)
 
 
 def test_monitors_never_change_a_token_and_pad_with_nan(lm):

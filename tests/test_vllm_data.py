@@ -278,3 +278,125 @@ def test_a_folder_of_pickled_weights_is_refused_on_vllm_too(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
     with pytest.raises(ValueError, match="pickled .bin"):
         sl.load(str(tmp_path), backend="vllm")
+
+
+def _gated_request(when, monitors=(), prompt=(5, 6, 7, 8, 9), alpha=2.0) -> Request:
+    steer = RowSteer("blocks.2.hook_resid_pre", V, alpha, "generated", sl.Add(), when)
+    return Request(prompt, (steer,), Sampling(max_new_tokens=4), "s", monitors=monitors)
+
+
+def test_rows_that_read_travel_with_their_tensors_and_never_share_cached_blocks():
+    from steerlab.engine.vllm.params import row_tensors, sent_steers
+
+    c = sl.Condition("blocks.1.hook_resid_pre", V.flip(0), threshold=0.1)
+    m = sl.Monitor("m", "blocks.0.hook_resid_post", V * 3)
+    request = _gated_request(c, (m,), alpha=0.0)
+    assert sent_steers(request) == request.steers  # alpha 0: it still reports its decision
+    assert live_of(request) == ()
+    salts = {to_vllm(request, "r", revision="", eos_ids=set()).prompt["cache_salt"]
+             for _ in range(2)}  # fmt: skip
+    assert len(salts) == 2  # a salt of its own each time: no prefix-cache reads
+    extra = to_vllm(request, "r", revision="", eos_ids=set()).sampling["extra_args"]
+    plan = parse_plan(extra, row_tensors(request))
+    assert plan is not None and plan.gates == [c] and plan.monitors == (m,)
+    assert torch.equal(plan.monitors[0].direction, m.direction)
+    plain = Request((5, 6), (), Sampling(max_new_tokens=2), "s")
+    assert "cache_salt" not in to_vllm(plain, "p", revision="", eos_ids=set()).prompt
+
+
+def live_of(request: Request) -> tuple:
+    from steerlab.engine.vllm.params import live_steers
+
+    return live_steers(request)
+
+
+def test_a_worker_sums_a_prompt_fed_in_chunks_once_and_gates_by_the_decision():
+    """Two requests, prompts of 5 fed as positions 0-2, then 3-4 (with a repeat of 3-4, as
+    after a preemption), then one decode token each: the decision equals the formula on
+    the whole prompt's mean; only the firing row is steered; monitors keep every position."""
+    from steerlab.core.reads import score
+    from steerlab.engine.vllm.params import row_tensors
+    from steerlab.engine.vllm.worker import SteerWorker
+
+    gen = torch.Generator().manual_seed(5)
+    c = torch.randn(4, generator=gen)
+    cond = sl.Condition("blocks.1.hook_resid_pre", c, threshold=0.0, score="projection")
+    m = sl.Monitor("m", "blocks.2.hook_resid_pre", torch.randn(4, generator=gen))
+    requests = {"a": _gated_request(cond, (m,)), "b": _gated_request(cond, (m,))}
+    acts = {
+        "a": torch.randn(6, 4, generator=gen) + 2 * c,
+        "b": torch.randn(6, 4, generator=gen) - 2 * c,
+    }
+    worker = SteerWorker()
+    state = worker._steerlab()
+    plans = {}
+    for rid, request in requests.items():
+        state.vectors.update(row_tensors(request))
+        extra = to_vllm(request, rid.upper(), revision="", eos_ids=set()).sampling["extra_args"]
+        plans[rid] = parse_plan(extra, state.vectors)
+        state.reads.track(rid, plans[rid], SimpleNamespace(num_prompt_tokens=5))
+    steered = {}
+    for positions in ([0, 1, 2], [3, 4], [3, 4], [5]):
+        state.reads.new_forward()
+        n = len(positions)
+        state.batch = lay_out_forward(["a", "b"], [0, n, 2 * n], torch.tensor(positions * 2),
+                                      plans, {"a": 5, "b": 5})  # fmt: skip
+        x = torch.cat([acts["a"][positions], acts["b"][positions]])
+        assert worker._steerlab_apply("blocks.1.hook_resid_pre", x) is None  # read only
+        out = worker._steerlab_apply("blocks.2.hook_resid_pre", x)
+        steered[positions[0]] = x if out is None else out
+    assert not state.errors
+    reports = {r.plan.row: r.report() for r in state.reads.rows.values()}
+    for rid, want_fired in (("a", True), ("b", False)):
+        want = score(acts[rid][:5].mean(0, keepdim=True), c, "projection")
+        got = reports[rid.upper()]
+        assert got["fired"] is want_fired and abs(got["score"] - float(want)) < 1e-6
+        positions, values = got["monitors"]["m"]
+        assert positions == list(range(6))
+        seen = acts[rid] + (2.0 * V * torch.tensor([0, 0, 0, 0, 0, 1.0])[:, None]) * want_fired
+        torch.testing.assert_close(torch.tensor(values), seen @ _unit(m.direction))
+    # position 5 (a generated token): row a steered by alpha * V, row b untouched
+    assert torch.equal(steered[5][0], acts["a"][5] + 2.0 * V)
+    assert torch.equal(steered[5][1], acts["b"][5])
+    assert torch.equal(steered[0], torch.cat([acts["a"][[0, 1, 2]], acts["b"][[0, 1, 2]]]))
+
+
+def test_a_gap_in_the_prompt_fails_the_row_and_a_late_decision_is_an_error():
+    from steerlab.engine.vllm.params import row_tensors
+    from steerlab.engine.vllm.worker import SteerWorker
+
+    cond = sl.Condition("blocks.1.hook_resid_pre", V)
+    request = Request((5, 6, 7, 8, 9), (RowSteer("blocks.2.hook_resid_pre", V, 2.0, "all",
+                                                 sl.Add(), cond),), Sampling(max_new_tokens=2), "s")  # fmt: skip
+    worker = SteerWorker()
+    state = worker._steerlab()
+    state.vectors.update(row_tensors(request))
+    plans = {"a": parse_plan(to_vllm(request, "A", revision="", eos_ids=set())
+                             .sampling["extra_args"], state.vectors)}  # fmt: skip
+    state.reads.track("a", plans["a"], SimpleNamespace(num_prompt_tokens=5))
+    state.batch = lay_out_forward(["a"], [0, 3], torch.tensor([0, 1, 2]), plans, {"a": 5})
+    x = torch.randn(3, 4)
+    worker._steerlab_apply("blocks.1.hook_resid_pre", x)
+    out = worker._steerlab_apply("blocks.2.hook_resid_pre", x)
+    assert "chunked prefill" in state.errors["A"]  # the steer acts on a prompt not yet read
+    assert out is None or torch.equal(out, x)  # and nothing was steered
+    state.errors.clear()
+    state.batch = lay_out_forward(["a"], [0, 1], torch.tensor([4]), plans, {"a": 5})
+    worker._steerlab_apply("blocks.1.hook_resid_pre", torch.randn(1, 4))
+    assert "was not fed" in state.errors["A"]  # positions 3 skipped: a cache hit, say
+
+
+def test_what_vllm_cannot_decide_exactly_is_refused_with_why():
+    from steerlab.engine.vllm.engine import reads_reason
+
+    cond = sl.Condition("blocks.1.hook_resid_pre", V)
+    generated = _gated_request(cond, prompt=tuple(range(40)))
+    on_prompt = Request(tuple(range(40)), (RowSteer("blocks.2.hook_resid_pre", V, 2.0, "all",
+                                                    sl.Add(), cond),), Sampling(), "s")  # fmt: skip
+    assert reads_reason([generated], stages=1, max_chunk=32) is None
+    assert "max_num_batched_tokens" in reads_reason([on_prompt], stages=1, max_chunk=32)
+    assert reads_reason([on_prompt], stages=1, max_chunk=64) is None
+    assert "pipeline stages" in reads_reason([generated], stages=2, max_chunk=64)
+    monitored = Request((5, 6), (), Sampling(), "s",
+                        monitors=(sl.Monitor("m", "blocks.0.hook_resid_post", V),))  # fmt: skip
+    assert reads_reason([monitored], stages=2, max_chunk=64) is None

@@ -55,19 +55,3 @@ def test_min_p_one_leaves_only_the_likeliest_token_as_on_the_local_engine(lm):
         lm.generate(prompts, max_new_tokens=16, temperature=1.5, min_p=1.0, seed=0).tokens == greedy
     )
     assert lm.generate(prompts, max_new_tokens=16, temperature=1.5, seed=0).tokens != greedy
-
-
-def test_conditions_and_monitors_are_refused_with_why_before_anything_runs(lm):
-    """vLLM's workers do not decide conditions nor send readouts yet: both are refused, and
-    ``explain`` says why; nothing runs unconditioned."""
-    import torch
-
-    c = sl.Condition("blocks.1.hook_resid_pre", torch.ones(128))
-    steer = sl.Steer("blocks.2.hook_resid_pre", torch.ones(128), 4.0, positions="generated",
-                     when=c)  # fmt: skip
-    assert lm.explain("Once", steer).startswith("refused: a conditioned steer")
-    with pytest.raises(sl.SteerError, match="do not decide conditions"):
-        lm.generate("Once", steer=steer, max_new_tokens=2)
-    with pytest.raises(sl.SteerError, match="readouts"):
-        lm.generate("Once", max_new_tokens=2, monitor={"m": ("blocks.1.hook_resid_pre",
-                                                             torch.ones(128))})  # fmt: skip

@@ -66,3 +66,25 @@ def test_pipeline_parallel_llama_rows_equal_hf(lm, folder):
         changed += out.tokens[1] != out.tokens[0]
     assert changed >= len(sites) - 2
     assert lm.hook_count() == 0
+
+
+def test_conditions_are_refused_and_monitors_read_on_the_stage_holding_them(lm, folder):
+    """A worker decides from what it holds, so a condition on two stages is refused, with
+    why; a monitor is read by whichever stage holds its layer, and the reports merge."""
+    c = sl.Condition("blocks.0.hook_resid_post", _vec(30))
+    steer = sl.Steer("blocks.3.hook_resid_pre", _vec(31), 2.0, positions="generated", when=c)
+    assert lm.explain("Hello there", steer).startswith("refused:")
+    with pytest.raises(sl.SteerError, match="pipeline stages"):
+        lm.generate("Hello there", steer=steer, max_new_tokens=2)
+    monitor = {"early": ("blocks.0.hook_resid_post", _vec(32)),
+               "late": ("blocks.3.hook_resid_post", _vec(33))}  # fmt: skip
+    prompts = ["Hello there", "abc"]
+    got = lm.generate(prompts, max_new_tokens=NEW, monitor=monitor)
+    want = sl.load(str(folder), backend="hf").generate(prompts, max_new_tokens=NEW, monitor=monitor)
+    assert got.tokens == want.tokens
+    for name in monitor:
+        for part in ("prompt", "generated"):
+            torch.testing.assert_close(getattr(got.monitors[name], part),
+                                       getattr(want.monitors[name], part), atol=1e-4,
+                                       rtol=1e-4, equal_nan=True)  # fmt: skip
+    assert lm.hook_count() == 0

@@ -223,3 +223,37 @@ def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
         reply = _post(url, "/v1/completions", body)
     local = lm.generate("A cat", max_new_tokens=6)
     assert reply.json()["choices"][0]["token_ids"] == local.tokens[0]
+
+
+def test_conditions_and_monitors_through_the_server_on_vllm(server, lm, hf):
+    """A conditioned steering entry and a monitor, answered from vLLM's workers: the same
+    decisions, scores and traces as the local engine gives, in full and streamed."""
+    from reads_parity import PROMPTS, cast, condition, median_threshold, steer_of
+
+    url, _ = server
+    ref = cast(median_threshold(lm, hf))
+    steer = steer_of(ref, condition(ref))
+    m = _vec(61, 1.0)
+    local = sl.load("steerlab-tiny", backend="hf").generate(
+        PROMPTS[:4], steer=steer, max_new_tokens=6, stop_at_eos=False,
+        monitor={"m": ("blocks.2.hook_resid_post", m)})  # fmt: skip
+    body = {"model": MODEL, "prompt": PROMPTS[:4], "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True, "steering": [steer.to_data()],
+            "monitor": [{"name": "m", "site": "blocks.2.hook_resid_post", "vector": m.tolist()}]}  # fmt: skip
+    reply = _post(url, "/v1/completions", body)
+    assert reply.status_code == 200, reply.text
+    choices = reply.json()["choices"]
+    assert [c["text"] for c in choices] == local.text
+    assert [c["steerlab"]["fired"] for c in choices] == local.fired.tolist()
+    torch.testing.assert_close(torch.tensor([c["steerlab"]["condition_score"] for c in choices]),
+                               local.condition_scores)  # fmt: skip
+    traces = torch.tensor([c["steerlab"]["monitors"]["m"]["generated"] for c in choices])
+    torch.testing.assert_close(traces, local.monitors["m"].generated, atol=1e-4, rtol=1e-4)
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
+                      headers=HEADERS, timeout=120) as streamed:  # fmt: skip
+        events = [json.loads(line[6:]) for line in streamed.iter_lines()
+                  if line.startswith("data: {")]  # fmt: skip
+    last = [e["choices"][0] for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    assert sorted((c["index"], c["steerlab"]["fired"]) for c in last) == list(
+        enumerate(local.fired.tolist()))  # fmt: skip
+    assert lm.hook_count() == 0

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from steerlab.core.ops import Add, Operation
+from steerlab.core.reads import Gate, Monitor
 from steerlab.core.steer import position_mask, steer_from_data
 
 DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args
@@ -24,24 +25,42 @@ DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_a
 
 @dataclass(frozen=True)
 class RowPlan:
-    """One request's steers, parsed once: ``(steer key, alpha)`` each."""
+    """One request's steers, parsed once: ``(steer key, alpha)`` each, the key being
+    ``(site, vector key, positions, op, gate)``; and what the request reads: its monitors,
+    and the first position its conditions read from (``Request.reads_from``)."""
 
     row: str  # steerlab's id for the request (vLLM may rename its own)
     steers: tuple[tuple[tuple, float], ...]
+    monitors: tuple[Monitor, ...] = ()
+    reads_from: int = 0
+
+    @property
+    def gates(self) -> list[Gate]:
+        """The distinct gates of this request's steers, in order."""
+        return list(dict.fromkeys(key[4] for key, _ in self.steers if key[4] is not None))
+
+    @property
+    def reads(self) -> bool:
+        return bool(self.monitors) or any(key[4] is not None for key, _ in self.steers)
 
 
 def parse_plan(extra_args: dict[str, Any] | None,
                tensors: Mapping[str, torch.Tensor] | None = None) -> RowPlan | None:  # fmt: skip
-    """The steers a request carries (read by ``core.steer.steer_from_data``; an op's
-    tensors looked up in ``tensors`` by key), or None for an unsteered request."""
+    """The steers and monitors a request carries (read by ``core.steer.steer_from_data``;
+    an op's, a condition's and a monitor's tensors looked up in ``tensors`` by key), or None
+    for a request with neither."""
     data = (extra_args or {}).get(DATA_KEY)
     if not data:
         return None
     steers = []
     for item in data["steers"]:
         s = steer_from_data(item, tensors)
-        steers.append(((s.site, s.vector, s.positions, s.op), float(s.alpha)))  # type: ignore[arg-type]
-    return RowPlan(str(data["row"]), tuple(steers))
+        steers.append(((s.site, s.vector, s.positions, s.op, s.when), float(s.alpha)))  # type: ignore[arg-type]
+    monitors = tuple(
+        Monitor(m["name"], m["site"], (tensors or {})[m["vector"]])
+        for m in data.get("monitors", ())
+    )  # fmt: skip
+    return RowPlan(str(data["row"]), tuple(steers), monitors, int(data.get("reads_from", 0)))
 
 
 @dataclass
@@ -59,6 +78,7 @@ class SiteSteer:
     touched: torch.Tensor  # [tokens] bool
     rows: list[tuple[str, int]]  # (row id, tokens it steers in this forward)
     index: torch.Tensor | None = None  # [tokens] into vector_keys, for a fused Add
+    gate: Gate | None = None  # steers only where this gate fires (never fused)
 
 
 @dataclass
@@ -67,6 +87,11 @@ class ForwardBatch:
 
     by_site: dict[str, list[SiteSteer]] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)  # steered rows in this forward
+    # Where each real token comes from, for what reads it (conditions and monitors): its
+    # request (an index into ``req_ids``) and absolute position; empty where nothing reads.
+    req_ids: list[str] = field(default_factory=list)
+    owner: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
@@ -85,6 +110,7 @@ class _Applier:
     where: Any  # the positions rule
     alpha: np.ndarray  # [requests] float32, 0 for requests it does not steer
     index: np.ndarray | None  # [requests] into vector_keys, for a fused Add
+    gate: Gate | None = None
 
 
 @dataclass
@@ -100,6 +126,7 @@ class Composition:
     appliers: list[_Applier]
     row_ids: list[str | None]  # steerlab's row per request, None when unsteered
     every_position: bool  # every steer touches all positions: no per-step rule to apply
+    reads: bool = False  # some request has a condition or a monitor
 
     @classmethod
     def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None]) -> Composition:
@@ -119,8 +146,9 @@ class Composition:
                     (i, tuple(a for _, a in steers)))  # fmt: skip
         appliers = [a for site, by_chain in chains.items()
                      for a in _site(site, by_chain, n)]  # fmt: skip
-        every = all(a.where == "all" for a in appliers)
-        return cls(tuple(req_ids), appliers, row_ids, every)
+        reads = any(p is not None and p.reads for p in (plans.get(r) for r in req_ids))
+        every = all(a.where == "all" for a in appliers) and not reads
+        return cls(tuple(req_ids), appliers, row_ids, every, reads)
 
 
 def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
@@ -130,7 +158,7 @@ def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
     out: list[_Applier] = []
     fusable: dict[Any, list[tuple[tuple, list[tuple[int, float]]]]] = {}
     for chain, members in chains.items():
-        if len(chain) == 1 and type(chain[0][3]) is Add:
+        if len(chain) == 1 and type(chain[0][3]) is Add and chain[0][4] is None:
             fusable.setdefault(chain[0][2], []).append(
                 (chain[0], [(i, alphas[0]) for i, alphas in members]))  # fmt: skip
             continue
@@ -138,7 +166,7 @@ def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
             per_request = np.zeros(n, dtype=np.float32)
             for i, alphas in members:
                 per_request[i] = alphas[k]
-            out.append(_Applier(site, (key[1],), key[3], key[2], per_request, None))
+            out.append(_Applier(site, (key[1],), key[3], key[2], per_request, None, key[4]))
     for where, group in fusable.items():
         per_request = np.zeros(n, dtype=np.float32)
         index = np.zeros(n, dtype=np.int64)
@@ -163,7 +191,7 @@ def lay_out_forward(
     comp = composition if composition is not None else Composition.of(req_ids, plans)
     n_tokens = positions.shape[0]
     batch = ForwardBatch(rows=[r for r in comp.row_ids if r is not None])
-    if not comp.appliers:
+    if not comp.appliers and not comp.reads:
         return batch
     owner = np.repeat(np.arange(len(req_ids)), np.diff(np.asarray(starts)))  # [real tokens]
     if comp.every_position:
@@ -171,6 +199,8 @@ def lay_out_forward(
     else:
         pos = positions[: len(owner)].to("cpu", torch.long).numpy()
         prompt_len = np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
+    if comp.reads:
+        batch.req_ids, batch.owner, batch.pos = list(req_ids), owner, pos
     for a in comp.appliers:
         token_alpha = a.alpha[owner]
         if a.where != "all":
@@ -186,7 +216,7 @@ def lay_out_forward(
             token_index[: len(owner)] = a.index[owner]
             index = torch.from_numpy(token_index)
         batch.by_site.setdefault(a.site, []).append(
-            SiteSteer(a.vector_keys, a.op, alpha_t, alpha_t != 0, rows, index)  # type: ignore[arg-type]
+            SiteSteer(a.vector_keys, a.op, alpha_t, alpha_t != 0, rows, index, a.gate)  # type: ignore[arg-type]
         )
     return batch
 

@@ -13,11 +13,12 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from steerlab.core.request import Request, TokenScore
+from steerlab.core.request import Readout, Request, TokenScore
 from steerlab.core.sampling import non_finite
 from steerlab.engine.progress import Progress
 from steerlab.engine.state import RowStates
-from steerlab.engine.vllm.params import expected_tokens, live_steers, to_vllm
+from steerlab.engine.vllm.params import expected_tokens, live_steers, read_sites, reads, to_vllm
+from steerlab.engine.vllm.reads import merge_reports
 from steerlab.engine.vllm.scores import lines_up, prompt_scores, token_score
 
 if TYPE_CHECKING:
@@ -105,9 +106,12 @@ class _Decoding:
         self.rows: list[str] = []  # vLLM request ids
         self.index: dict[str, int] = {}
         self.states = RowStates(engine.tokenizer, [])
+        self.states.reads = _Readouts(self)
+        self.read: dict[int, dict] = {}  # what the workers read on finished rows
         self.live: set[str] = set()  # rows vLLM still decodes
         self.cached: list[int] = []  # prompt tokens served from the prefix cache, per row
         self.sites: list[frozenset[str]] = []  # the sites each row steers
+        self.reading: list[bool] = []  # rows with a condition or a monitor
         self.hooked: set[str] = set()  # sites hooked on the workers for this call
         self.proven: set[str] = set()  # sites seen steering in this call
         self.held: dict[int, _Held] = {}  # rows that finished, not yet checked
@@ -121,6 +125,7 @@ class _Decoding:
         engine = self.engine
         engine.send_vectors(requests)
         sites = {s.site for r in requests for s in live_steers(r)}
+        sites |= {site for r in requests for site in read_sites(r)}
         if sites - self.hooked:  # between steps: the workers re-hook the union
             self.hooked |= sites
             engine.rpc("steerlab_begin", sorted(self.hooked))
@@ -142,6 +147,7 @@ class _Decoding:
             self.index[row] = i
             self.cached.append(0)
             self.sites.append(frozenset(s.site for s in live_steers(request)))
+            self.reading.append(reads(request))
         for k, (row, prompt, params) in enumerate(sent):
             try:
                 with engine.client_lock:
@@ -242,7 +248,7 @@ class _Decoding:
         they are checked: a caller never sees them end (or their stop string) unchecked."""
         states = self.states
         for i in finished:
-            if not self.sites[i] or states.reasons[i] == "cancelled":
+            if not (self.sites[i] or self.reading[i]) or states.reasons[i] == "cancelled":
                 continue
             n, k = prior[i]
             self.held[i] = _Held(step, states.reasons[i], states.tokens[i][n:],
@@ -277,6 +283,8 @@ class _Decoding:
         rows = [self.rows[i] for i in ask]
         forget = [self.rows[i] for i in finished]
         reports = self.engine.rpc("steerlab_report", rows, forget)
+        read = merge_reports({row: [r["reads"][row] for r in reports if row in r["reads"]]
+                              for row in forget})  # fmt: skip
         for i, row in zip(ask, rows):
             # Tensor-parallel ranks of a stage each steer the same tokens: count them once.
             by_stage: dict[int, int] = {}
@@ -302,6 +310,27 @@ class _Decoding:
                 )
             if fired > 0:
                 self.proven |= self.sites[i]
+            if i in finished and self.reading[i]:
+                self.read[i] = self._checked_reads(i, read.get(row), generated)
+
+    def _checked_reads(self, i: int, read: dict | None, generated: int) -> dict:
+        """Row ``i``'s reads, once they are known to be whole: a decision for its gate, and
+        each monitor's value at every position fed (``generated`` tokens sampled)."""
+        request = self.requests[i]
+        if read is None or not read["decided"]:
+            raise SteerHookError(f"Row {i} has a condition, but vLLM's workers did not decide "
+                                 "it (did the condition's hook run?). Nothing was returned "
+                                 "for it.")  # fmt: skip
+        fed = set(range(len(request.prompt) + generated - 1))
+        for m in request.monitors:
+            positions = set(read["monitors"].get(m.name, ([], []))[0])
+            if not fed <= positions:
+                raise SteerHookError(
+                    f"Monitor {m.name!r} on row {i} read {len(positions & fed)} of the "
+                    f"{len(fed)} positions vLLM fed (did its hook run?). Nothing was "
+                    "returned for it."
+                )  # fmt: skip
+        return read
 
     def _abort(self, rows: list[str]) -> None:
         if rows:
@@ -311,3 +340,28 @@ class _Decoding:
 
     def abort_all(self) -> None:
         self._abort(sorted(self.live))
+
+
+class _Readouts:
+    """A call's conditions and monitors as ``RowStates.reads`` gives them to completions:
+    what the workers reported for each finished row."""
+
+    def __init__(self, decoding: _Decoding) -> None:
+        self.decoding = decoding
+
+    def row(self, r: int, kept: int) -> tuple[bool | None, float | None, dict[str, Readout]]:
+        read = self.decoding.read.get(r)
+        if read is None:
+            return None, None, {}
+        request = self.decoding.requests[r]
+        n = len(request.prompt)
+        readouts = {}
+        for m in request.monitors:
+            positions, values = read["monitors"].get(m.name, ([], []))
+            at = dict(zip(positions, values))
+            readouts[m.name] = Readout(
+                m.site,
+                tuple(at[p] for p in range(n) if p in at),
+                tuple(at[p] for p in range(n - 1, n - 1 + kept) if p in at),
+            )  # fmt: skip
+        return read["fired"], read["score"], readouts

@@ -18,17 +18,17 @@ import torch
 
 from steerlab.backends.cache import KVCache
 from steerlab.core.identity import config_sha256
-from steerlab.core.ops import SteerError, op_tensors, op_to_data
+from steerlab.core.ops import SteerError, op_to_data
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import all_sites
-from steerlab.core.steer import check_steer
+from steerlab.core.steer import check_steer, position_form
 from steerlab.core.window import check_window
 from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
-from steerlab.engine.vllm.params import live_steers
+from steerlab.engine.vllm.params import reads, row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
 
@@ -58,6 +58,10 @@ class VLLMEngine:
         self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
         self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
+        vllm_config = llm.llm_engine.vllm_config
+        self.pipeline_stages: int = vllm_config.parallel_config.pipeline_parallel_size
+        # the most prompt tokens one forward feeds: a longer prompt is fed in chunks
+        self.max_chunk: int = vllm_config.scheduler_config.max_num_batched_tokens
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
         # Past this many, the workers drop their vectors at the end of a call (a server sent
@@ -130,7 +134,7 @@ class VLLMEngine:
             for steer in r.steers:
                 check_steer(steer.site, steer.vector, valid, self.d_model, steer.when)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
-        why = reads_reason(requests)
+        why = reads_reason(requests, self.pipeline_stages, self.max_chunk)
         if why is not None:
             raise SteerError(f"The vLLM engine cannot run this: {why}.")
 
@@ -181,10 +185,14 @@ class VLLMEngine:
         )
 
     def explain(self, requests: Sequence[Request], **_: Any) -> str:
-        why = reads_reason(requests)
+        why = reads_reason(requests, self.pipeline_stages, self.max_chunk)
         if why is not None:
             return f"refused: {why}"
-        return "vllm: the vLLM engine decodes every call, eagerly, in its workers"
+        text = "vllm: the vLLM engine decodes every call, eagerly, in its workers"
+        if any(reads(r) for r in requests):
+            text += ("; conditions are decided and monitors read there, at prefill and each "
+                     "step, with no prefix-cache reads for these rows")  # fmt: skip
+        return text
 
     def prefill(self, requests: Sequence[Request], **_: Any) -> KVCache:
         raise NotImplementedError(
@@ -210,15 +218,15 @@ class VLLMEngine:
 
     def send_vectors(self, requests: Sequence[Request]) -> None:
         """Every worker gets each new vector (and operation tensor, such as a feature clamp's
-        encoder) once, as safetensors bytes keyed by its content hash."""
+        encoder, and each condition's and monitor's direction) once, as safetensors bytes
+        keyed by its content hash."""
         from safetensors.torch import save
 
         new: dict[str, torch.Tensor] = {}
         for r in requests:
-            for s in live_steers(r):
-                for key, tensor in {s.vector_key: s.vector, **op_tensors(s.op)}.items():
-                    if key not in self._sent:
-                        new[key] = tensor.detach().cpu().contiguous()
+            for key, tensor in row_tensors(r).items():
+                if key not in self._sent:
+                    new[key] = tensor.detach().cpu().contiguous()
         if new:
             self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)
@@ -230,13 +238,26 @@ class VLLMEngine:
             self._sent.clear()
 
 
-def reads_reason(requests: Sequence[Request]) -> str | None:
-    """What of ``requests`` vLLM's workers do not do: they apply steers as data, but do not
-    yet decide a condition per request or send monitors back. Refused, never run unconditioned."""
-    if any(s.when is not None for r in requests for s in r.steers):
-        return ("a conditioned steer (when=) is decided per row by the local engines (hf, "
-                "hooked, bridge); vLLM's workers do not decide conditions")  # fmt: skip
-    if any(r.monitors for r in requests):
-        return ("monitors (monitor=) are read by the local engines (hf, hooked, bridge); "
-                "vLLM's workers do not send readouts back")  # fmt: skip
+def reads_reason(requests: Sequence[Request], stages: int, max_chunk: int) -> str | None:
+    """What of ``requests``' conditions vLLM's workers cannot do exactly, or None.
+
+    A worker decides a condition from the activations it holds, so the condition and the
+    steer it gates must be on one pipeline stage: with several stages, conditions are
+    refused. A prompt condition is summed across chunks of a chunked prefill, which is
+    exact for a steer on generated tokens; a steer that touches the prompt needs the
+    decision before it acts, so its whole prompt must fit in one forward.
+    """
+    gated = [(r, s) for r in requests for s in r.steers if s.when is not None]
+    if gated and stages > 1:
+        return (f"a conditioned steer (when=) on {stages} pipeline stages: a worker decides "
+                "from the activations it holds, and a condition's site and its steer's may sit "
+                "on different stages; use tensor parallelism, or an in-process backend")  # fmt: skip
+    for r, s in gated:
+        prompt_steer = not s.when.per_token and position_form(s.positions)[0]  # type: ignore[union-attr]
+        if prompt_steer and len(r.prompt) > max_chunk:
+            return (f"a steer at {s.site} on the prompt, gated by a whole-prompt condition, on "
+                    f"a {len(r.prompt)}-token prompt: vLLM feeds at most {max_chunk} tokens a "
+                    "forward (max_num_batched_tokens), so the condition would be decided after "
+                    "the steer had to act; use positions='generated', or load with a larger "
+                    "vllm_args={'max_num_batched_tokens': ...}")  # fmt: skip
     return None

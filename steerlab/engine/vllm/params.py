@@ -6,11 +6,15 @@ Nothing here imports vLLM: the engine builds vLLM's types from these plain value
 from __future__ import annotations
 
 import hashlib
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from steerlab.core.ops import op_tensors, tensor_fingerprint
+from steerlab.core.reads import gate_tensors
 from steerlab.core.request import OPTIONS, Request, RowSteer
 from steerlab.core.sampling import is_greedy
 from steerlab.core.steer import position_mask, prompt_span
@@ -22,8 +26,41 @@ def live_steers(request: Request) -> tuple[RowSteer, ...]:
     return tuple(s for s in request.steers if s.alpha != 0.0)
 
 
+def sent_steers(request: Request) -> tuple[RowSteer, ...]:
+    """The steers a worker is told of: the live ones, and a conditioned one at alpha 0,
+    whose decision the row still reports (as on the local engines)."""
+    return tuple(s for s in request.steers if s.alpha != 0.0 or s.when is not None)
+
+
+def reads(request: Request) -> bool:
+    """Whether a worker reads anything on this row: a condition or a monitor."""
+    return bool(request.monitors) or any(s.when is not None for s in request.steers)
+
+
+def read_sites(request: Request) -> set[str]:
+    """The sites a row's conditions and monitors read."""
+    sites = {c.site for s in request.steers if s.when is not None for c in s.when.leaves()}
+    return sites | {m.site for m in request.monitors}
+
+
+def row_tensors(request: Request) -> dict[str, torch.Tensor]:
+    """Every tensor a row's data names by key: its steers' vectors, their ops' tensors,
+    their conditions' directions, and its monitors' directions."""
+    out: dict[str, torch.Tensor] = {}
+    for s in sent_steers(request):
+        out |= {s.vector_key: s.vector, **op_tensors(s.op)}
+        if s.when is not None:
+            out |= gate_tensors(s.when)
+    for m in request.monitors:
+        out[tensor_fingerprint(m.direction)] = m.direction
+    return out
+
+
 def cache_salt(request: Request, revision: str) -> str | None:
     """A prefix-cache namespace for a steered request; None for an unsteered one.
+
+    A row that reads (a condition or a monitor) gets a salt of its own, never reused: its
+    worker must see every prompt token, so it reads nothing from the prefix cache.
 
     KV blocks computed under one steer must never be served to a request steered
     differently, or not at all. The salt covers what the keys and values depend on: each
@@ -32,6 +69,8 @@ def cache_salt(request: Request, revision: str) -> str | None:
     "first:3+last:3"), the prompt length too: a longer prompt turns some of a shorter one's
     generated tokens into prompt tokens, and moves a span's last tokens.
     """
+    if reads(request):
+        return "steerlab-reads:" + secrets.token_hex(16)
     steers = live_steers(request)
     if not steers:
         return None
@@ -69,7 +108,7 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
     """
     s = request.sampling
     prompt_top = None if s.prompt_logprobs is None else _capped(s.prompt_logprobs, vocab)
-    steers = live_steers(request)
+    steers = sent_steers(request)
     prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt)}
     salt = cache_salt(request, revision)
     if salt is not None:
@@ -90,9 +129,16 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
         # masks the EOS ids whether or not they stop the row, as steerlab's does)
         **{o.name: getattr(s, o.name) for o in OPTIONS if o.vllm},
     }
-    if steers:
-        data = [st.to_data(vector_key=st.vector_key) for st in steers]
-        sampling["extra_args"] = {DATA_KEY: {"row": row, "steers": data}}
+    if steers or request.monitors:
+        data: dict[str, Any] = {
+            "row": row,
+            "steers": [st.to_data(vector_key=st.vector_key) for st in steers],
+        }
+        if request.monitors:
+            data["monitors"] = [m.to_data(tensor_fingerprint) for m in request.monitors]
+        if request.reads_from:
+            data["reads_from"] = request.reads_from
+        sampling["extra_args"] = {DATA_KEY: data}
     return VLLMRequest(row, prompt, sampling)
 
 

@@ -23,6 +23,7 @@ from steerlab.core.ops import operand
 from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.vllm import hooks
 from steerlab.engine.vllm.batch import ForwardBatch, Layouts, RowPlan, SiteSteer, parse_plan
+from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
 
 
@@ -39,6 +40,7 @@ class _State:
     fired: dict[str, int] = field(default_factory=dict)  # by row: tokens steered
     errors: dict[str, str] = field(default_factory=dict)  # by row
     batch: ForwardBatch | None = None
+    reads: WorkerReads = field(default_factory=WorkerReads)  # conditions and monitors
 
 
 class SteerWorker:
@@ -114,17 +116,21 @@ class SteerWorker:
         state.fired.clear()
         state.errors.clear()
         state.moved.clear()
+        state.reads.clear()
         return self.steerlab_end()
 
     def steerlab_report(self, rows: list[str], forget: list[str]) -> dict[str, Any]:
         """What the hooks did for ``rows`` on this worker: ``{"rank": [pipeline stage,
-        tensor-parallel rank], "rows": {row: [tokens steered, error or None]}}``. The
-        ``forget`` rows (those that finished) are dropped afterwards."""
+        tensor-parallel rank], "rows": {row: [tokens steered, error or None]}, "reads":
+        {row: RowReads.report()}}``, the reads for the ``forget`` rows (those that
+        finished), which are dropped afterwards."""
         from vllm.distributed import get_pp_group, get_tp_group
 
         state = self._steerlab()
         out = {row: [state.fired.get(row, 0), state.errors.get(row)] for row in rows}
         done = set(forget)
+        reads = {r.plan.row: r.report() for r in state.reads.rows.values() if r.plan.row in done}
+        state.reads.forget(done)
         for row in done:
             state.fired.pop(row, None)
             state.errors.pop(row, None)
@@ -133,7 +139,7 @@ class SteerWorker:
                 if plan is not None and plan.row in done:
                     del state.plans[rid]
         rank = [get_pp_group().rank_in_group, get_tp_group().rank_in_group]
-        return {"rank": rank, "rows": out}
+        return {"rank": rank, "rows": out, "reads": reads}
 
     def steerlab_pp_buffers(self) -> bool:
         """Allocate the buffers a later pipeline stage receives activations in.
@@ -164,6 +170,7 @@ class SteerWorker:
     def _steerlab_lay_out(self, kwargs: dict) -> None:
         state = self._steerlab()
         state.batch = None
+        state.reads.new_forward()
         runner = self.model_runner
         batch = runner.input_batch
         n = batch.num_reqs
@@ -175,6 +182,7 @@ class SteerWorker:
                     state.plans[rid] = parse_plan(  # an op's tensors travel as vectors do
                         getattr(params, "extra_args", None), state.vectors
                     )
+                    state.reads.track(rid, state.plans[rid], runner.requests[rid])
             if not any(state.plans[rid] for rid in req_ids):
                 return
             starts = runner.query_start_loc.np[: n + 1].tolist()
@@ -195,18 +203,35 @@ class SteerWorker:
         self._steerlab().batch = None
 
     def _steerlab_apply(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
+        """Conditions read ``site`` first, then its steers act, then monitors read."""
         state = self._steerlab()
-        if state.batch is None or site not in state.batch.by_site:
+        batch = state.batch
+        if batch is None:
             return None
-        for steer in state.batch.by_site[site]:
+        reading = bool(batch.req_ids)  # some request has a condition or a monitor
+        if reading:
+            self._steerlab_reads(site, lambda: state.reads.before(site, act, batch, state.errors))
+        steers = batch.by_site.get(site, [])
+        for steer in steers:
             try:
-                act = self._steerlab_one(steer, act)
+                act = self._steerlab_one(steer, act, site)
             except Exception as err:
                 for row, _ in steer.rows:
                     state.errors.setdefault(row, f"at {site}: {err!r}")
-        return act
+        if reading:
+            self._steerlab_reads(site, lambda: state.reads.after(site, act, batch))
+        return act if steers else None
 
-    def _steerlab_one(self, steer: SiteSteer, act: torch.Tensor) -> torch.Tensor:
+    def _steerlab_reads(self, site: str, read: Any) -> None:
+        """A read that fails fails every request that reads (never a silent gap)."""
+        state = self._steerlab()
+        try:
+            read()
+        except Exception as err:
+            for reads in state.reads.rows.values():
+                state.errors.setdefault(reads.plan.row, f"reading {site}: {err!r}")
+
+    def _steerlab_one(self, steer: SiteSteer, act: torch.Tensor, site: str) -> torch.Tensor:
         state = self._steerlab()
         key = (steer.vector_keys, act.device, act.dtype, steer.op)
         if key not in state.moved:
@@ -218,7 +243,11 @@ class SteerWorker:
             state.moved[key] = operand(steer.op, stacked, act.dtype, act.device)
         tokens = act.shape[0]
         alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]  # [tokens, 1]
-        touched = steer.touched[:tokens].to(act.device)[:, None]
+        touched = steer.touched[:tokens]
+        if steer.gate is not None:  # counted below as visited: the hook ran either way
+            assert state.batch is not None
+            touched = touched & state.reads.mask(site, steer, state.batch, tokens, state.errors)
+        touched = touched.to(act.device)[:, None]
         direction = state.moved[key]
         if steer.index is not None:  # a fused Add: each token's own vector
             direction = direction[steer.index[:tokens].to(act.device)]
