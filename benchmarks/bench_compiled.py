@@ -56,7 +56,7 @@ def tiny_rows(rows: list[dict], compile_s: dict[str, float]) -> None:
     _row(rows, "steerlab-tiny b1, 64 new, steered: compiled vs eager steerlab", ours, base,
          "report")  # fmt: skip
     ours, base = _median_pair(compiled, _hf_generate(eager.model, ids, 64))
-    _row(rows, "steerlab-tiny b1, 64 new, steered: compiled vs HF generate", ours, base, ">=3x")
+    _row(rows, "steerlab-tiny b1, 64 new, steered: compiled vs HF generate", ours, base, ">=2.5x")
 
 
 def gpt2_rows(rows: list[dict], compile_s: dict[str, float], new: int = 64) -> None:
@@ -79,7 +79,7 @@ def gpt2_rows(rows: list[dict], compile_s: dict[str, float], new: int = 64) -> N
             _hf_generate(model, ids, new),
         )
         _row(rows, f"GPT-2-small shape b{batch}, {new} new, steered: compiled vs HF generate",
-             ours, base, ">=1.2x")  # fmt: skip
+             ours, base, ">=1.25x")  # fmt: skip
 
 
 def _panel_latency(lm: sl.SteerableModel, vector: torch.Tensor, debounce: float) -> dict:
@@ -142,6 +142,43 @@ def panel_rows(rows: list[dict], compile_s: dict[str, float]) -> list[str]:
     ]
 
 
+def first_call() -> float:
+    """Seconds of a new process's first compiled call (GPT-2-small shape, batch 1, 64 new):
+    compilation, or loading it from inductor's cache, plus the call itself."""
+    from bench_engine import _gpt2_small
+
+    lm = sl.wrap(*_gpt2_small()).compile()
+    steer = sl.Steer("blocks.6.hook_resid_pre", torch.randn(768), alpha=4.0, positions="generated")
+    start = time.perf_counter()
+    lm.generate(PROMPT, steer, max_new_tokens=64, stop_at_eos=False)
+    return time.perf_counter() - start
+
+
+def across_processes() -> list[str]:
+    """The first compiled call in two fresh processes sharing one new inductor cache folder:
+    the first compiles, the second loads what the first wrote (torch's on-disk FX graph and
+    AOTAutograd caches, on by default; ``TORCHINDUCTOR_CACHE_DIR`` moves them)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    times = []
+    with tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": folder}
+        for _ in range(2):
+            out = subprocess.run([sys.executable, __file__, "--first-call"], env=env, check=True,
+                                 capture_output=True, text=True).stdout  # fmt: skip
+            times.append(float(out.strip().splitlines()[-1]))
+    print(f"first call, new process: {times[0]:.1f} s (empty cache), {times[1]:.1f} s (cached)")
+    return [
+        f"- First compiled call of a new process, GPT-2-small shape, batch 1, 64 new tokens "
+        f"(the call itself included): {times[0]:.1f} s with an empty inductor cache, "
+        f"{times[1]:.1f} s in the next process, which loads the compiled graphs from the cache "
+        "on disk (target: <=30 s, or cached across processes)."
+    ]
+
+
 def run() -> tuple[list[dict], list[str]]:
     rows: list[dict] = []
     compile_s: dict[str, float] = {}
@@ -149,10 +186,16 @@ def run() -> tuple[list[dict], list[str]]:
     notes = panel_rows(rows, compile_s)
     gpt2_rows(rows, compile_s)
     notes += [f"- First call (compile included), {k}: {v:.1f} s" for k, v in compile_s.items()]
+    notes += across_processes()
     for note in notes:
         print(note)
     return rows, notes
 
 
 if __name__ == "__main__":
-    run()
+    import sys
+
+    if sys.argv[1:] == ["--first-call"]:
+        print(first_call())
+    else:
+        run()

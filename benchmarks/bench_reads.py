@@ -61,6 +61,11 @@ def run(quick: bool = False) -> tuple[list[dict], list[str]]:
         ours, base = _median_pair(lambda: gen(fast, gated), lambda: gen(fast, plain))
         _row(rows, f"GPT-2-small b8, {new} new, compiled: conditioned vs unconditioned", ours,
              base, "<=1.05")  # fmt: skip
+        assert fast.explain(prompts, plain, monitor=monitor).startswith("compiled")
+        ours, base = _median_pair(lambda: gen(fast, plain, monitor=monitor),
+                                  lambda: gen(fast, plain))  # fmt: skip
+        _row(rows, f"GPT-2-small b8, {new} new, compiled: with a monitor vs without", ours, base,
+             "<=1.05")  # fmt: skip
         notes.append(f"Compiled with a monitor: `{fast.explain(prompts, plain, monitor=monitor)}`.")
     forwards = []
     handle = model.transformer.register_forward_pre_hook(lambda *_: forwards.append(1))

@@ -98,7 +98,7 @@ def reads_section() -> list[str]:
 def train_section() -> list[str]:
     import bench_train
 
-    return bench_train.section(small=QUICK)
+    return bench_train.section(small=QUICK, compiled=not QUICK)
 
 
 def profile_section() -> list[str]:
