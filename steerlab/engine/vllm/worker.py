@@ -4,8 +4,9 @@ vLLM mixes this class into its worker class; the engine calls its ``steerlab_*``
 name with ``collective_rpc`` and plain data (no pickle, no callables). Vectors arrive once,
 as safetensors bytes keyed by content hash; each request names its steers in
 ``SamplingParams.extra_args``. While a call runs, hooks on the model lay out each forward
-(``batch.lay_out_forward``), apply its steers, and count, per request, how many tokens they
-steered. A hook that fails records the error against its requests, and the engine fails
+(``batch.lay_out_forward``), read its conditions (``reads.WorkerReads``), apply its steers
+where their gates let them, record its monitors, and count, per request, how many tokens
+the steers visited. A hook that fails records the error against its requests, and the engine fails
 them: nothing is logged and skipped.
 """
 
