@@ -5,6 +5,7 @@ The engine itself is tested in ``tests_vllm/`` (``make test-vllm``)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -336,15 +337,18 @@ def test_a_worker_sums_a_prompt_fed_in_chunks_once_and_gates_by_the_decision():
         plans[rid] = parse_plan(extra, state.vectors)
         state.reads.track(rid, plans[rid], SimpleNamespace(num_prompt_tokens=5))
     steered = {}
+    buffer = torch.zeros(8, dtype=torch.long)  # vLLM rewrites one positions buffer each step
     for positions in ([0, 1, 2], [3, 4], [3, 4], [5]):
         state.reads.new_forward()
         n = len(positions)
-        state.batch = lay_out_forward(["a", "b"], [0, n, 2 * n], torch.tensor(positions * 2),
-                                      plans, {"a": 5, "b": 5})  # fmt: skip
-        x = torch.cat([acts["a"][positions], acts["b"][positions]])
+        buffer.zero_()
+        buffer[: 2 * n] = torch.tensor(positions * 2)
+        state.batch = lay_out_forward(["a", "b"], [0, n, 2 * n], buffer, plans,
+                                      {"a": 5, "b": 5})  # fmt: skip
+        x = torch.cat([acts["a"][positions], acts["b"][positions], torch.zeros(8 - 2 * n, 4)])
         assert worker._steerlab_apply("blocks.1.hook_resid_pre", x) is None  # read only
         out = worker._steerlab_apply("blocks.2.hook_resid_pre", x)
-        steered[positions[0]] = x if out is None else out
+        steered[positions[0]] = (x if out is None else out)[: 2 * n]
     assert not state.errors
     reports = {r.plan.row: r.report() for r in state.reads.rows.values()}
     for rid, want_fired in (("a", True), ("b", False)):
@@ -390,13 +394,50 @@ def test_what_vllm_cannot_decide_exactly_is_refused_with_why():
     from steerlab.engine.vllm.engine import reads_reason
 
     cond = sl.Condition("blocks.1.hook_resid_pre", V)
-    generated = _gated_request(cond, prompt=tuple(range(40)))
-    on_prompt = Request(tuple(range(40)), (RowSteer("blocks.2.hook_resid_pre", V, 2.0, "all",
-                                                    sl.Add(), cond),), Sampling(), "s")  # fmt: skip
-    assert reads_reason([generated], stages=1, max_chunk=32) is None
-    assert "max_num_batched_tokens" in reads_reason([on_prompt], stages=1, max_chunk=32)
-    assert reads_reason([on_prompt], stages=1, max_chunk=64) is None
-    assert "pipeline stages" in reads_reason([generated], stages=2, max_chunk=64)
+
+    def gated(positions) -> Request:
+        steer = RowSteer("blocks.2.hook_resid_pre", V, 2.0, positions, sl.Add(), cond)
+        return Request(tuple(range(10)), (steer,), Sampling(), "s")
+
+    # With chunked prefill on, any prompt may be split: a steer on prompt tokens is refused.
+    assert reads_reason([gated("generated")], stages=1, chunks_prompts=True) is None
+    assert reads_reason([gated(10)], stages=1, chunks_prompts=True) is None  # past the prompt
+    for positions in ("all", "prompt", "last:2", 9):
+        why = reads_reason([gated(positions)], stages=1, chunks_prompts=True)
+        assert why is not None and "enable_chunked_prefill" in why
+        assert reads_reason([gated(positions)], stages=1, chunks_prompts=False) is None
+    per_token = sl.Condition("blocks.1.hook_resid_pre", V, read="token")
+    token_steer = RowSteer("blocks.2.hook_resid_pre", V, 2.0, "all", sl.Add(), per_token)
+    assert reads_reason([Request((1, 2), (token_steer,), Sampling(), "s")], stages=1,
+                        chunks_prompts=True) is None  # fmt: skip
+    assert "pipeline stages" in reads_reason([gated("generated")], stages=2, chunks_prompts=False)
     monitored = Request((5, 6), (), Sampling(), "s",
                         monitors=(sl.Monitor("m", "blocks.0.hook_resid_post", V),))  # fmt: skip
-    assert reads_reason([monitored], stages=2, max_chunk=64) is None
+    assert reads_reason([monitored], stages=2, chunks_prompts=True) is None
+
+
+def test_a_condition_with_nothing_to_read_never_fires_as_on_the_local_engine():
+    """``reads_from`` at the prompt's end: no token read, a NaN score, no fire (the local
+    engine's ``prompt_score``), rather than a decision that never comes."""
+    from steerlab.engine.vllm.params import row_tensors
+    from steerlab.engine.vllm.reads import RowReads
+
+    cond = sl.Condition("blocks.1.hook_resid_pre", V)
+    request = Request((5, 6, 7), (RowSteer("blocks.2.hook_resid_pre", V, 2.0, "generated",
+                                           sl.Add(), cond),), Sampling(), "s", reads_from=3)  # fmt: skip
+    extra = to_vllm(request, "A", revision="", eos_ids=set()).sampling["extra_args"]
+    reads = RowReads(parse_plan(extra, row_tensors(request)), prompt_len=3)
+    report = reads.report()
+    assert report["decided"] and report["fired"] is False and math.isnan(report["score"])
+
+
+def test_worker_reports_merge_stage_by_stage_and_rank_by_rank():
+    from steerlab.engine.vllm.reads import merge_reports
+
+    early = {"fired": True, "score": 0.5, "decided": True, "monitors": {"a": [[0, 1], [1.0, 2.0]]}}
+    late = {"fired": None, "score": None, "decided": True, "monitors": {"b": [[0, 1], [3.0, 4.0]]}}
+    merged = merge_reports({"R": [early, dict(early), late]})["R"]  # two TP ranks, one more stage
+    assert merged["fired"] is True and merged["score"] == 0.5 and merged["decided"]
+    assert merged["monitors"] == {"a": [[0, 1], [1.0, 2.0]], "b": [[0, 1], [3.0, 4.0]]}
+    undecided = {**early, "fired": None, "score": None, "decided": False}
+    assert not merge_reports({"R": [early, undecided]})["R"]["decided"]

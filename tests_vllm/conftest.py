@@ -33,9 +33,11 @@ def lm():
     import steerlab as sl
 
     # vLLM caches only full KV blocks, 128 tokens by default on CPU: smaller blocks let the
-    # prefix-cache tests cache a prompt that fits the toy's 128-token window.
+    # prefix-cache tests cache a prompt that fits the toy's 128-token window. Chunked
+    # prefill off: every prompt in one forward, as a conditioned steer on the prompt needs
+    # (tests_vllm/test_reads.py has an engine with it on).
     model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
-                    vllm_args={"block_size": 32})  # fmt: skip
+                    vllm_args={"block_size": 32, "enable_chunked_prefill": False})  # fmt: skip
     yield model
     model.engine.close()
 

@@ -116,16 +116,18 @@ def test_a_prompt_fed_in_chunks_is_read_whole(chunked, local, hf):
     """A mean condition sums the prompt across chunks: decisions, scores, tokens and
     monitor traces equal the local engine's, which feeds each prompt in one forward."""
     lengths = [len(chunked.tokenizer(p)["input_ids"]) for p in LONG]
-    assert min(lengths) > chunked.engine.max_chunk == 32
+    assert min(lengths) > 32 and chunked.engine.chunks_prompts
     ref = cast(median_threshold(chunked, hf))
     monitor = {"m": ("blocks.1.hook_resid_post", direction(62))}
     kwargs = dict(steer=steer_of(ref, condition(ref)), monitor=monitor, max_new_tokens=NEW,
                   stop_at_eos=False)  # fmt: skip
     got, want = chunked.generate(LONG, **kwargs), local.generate(LONG, **kwargs)
     _same(got, want)
-    # A steer on the prompt needs its decision before it acts: refused, with why.
+    # A steer on the prompt needs its decision before it acts: refused, with why, even for
+    # a short prompt (vLLM may split any prompt when a step's budget is shared).
     prompt_steer = sl.Steer("blocks.2.hook_resid_pre", ref.vector, 4.0, when=condition(ref))
     assert chunked.explain(LONG, prompt_steer).startswith("refused:")
-    with pytest.raises(sl.SteerError, match="max_num_batched_tokens"):
+    assert chunked.explain(PROMPTS[:1], prompt_steer).startswith("refused:")
+    with pytest.raises(sl.SteerError, match="enable_chunked_prefill"):
         chunked.generate(LONG, steer=prompt_steer, max_new_tokens=2)
     assert chunked.hook_count() == 0

@@ -18,7 +18,7 @@ disagree on what a condition means.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -257,6 +257,26 @@ def as_gate(when: object) -> Gate | None:
                      f"{type(when).__name__} {when!r:.60}.", "when")  # fmt: skip
 
 
+def prompt_score(c: Condition, total: torch.Tensor, count: torch.Tensor,
+                 last: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """THE score of a prompt condition from what an engine summed over each row's prompt:
+    ``total [rows, d]`` and ``count [rows]`` of the tokens read (float32), and the ``last``
+    token's activation ``[rows, d]``. NaN where a row read no token (it never fires).
+
+    >>> c = Condition("blocks.0.hook_resid_post", torch.tensor([1.0, 0.0]), score="projection")
+    >>> prompt_score(c, torch.tensor([[4.0, 2.0]]), torch.tensor([2.0]), torch.zeros(1, 2))
+    tensor([2.])
+    """
+    h = last if c.read == "last" else total / count.clamp(min=1)[:, None]
+    return c.scores(h).masked_fill(count == 0, float("nan"))
+
+
+def reported_gate(gates: Iterable[Gate | None]) -> Gate | None:
+    """The gate whose decision a row reports (``fired``, ``condition_score``), from its
+    steers' gates in order: the first prompt gate; None when it has none."""
+    return next((g for g in gates if g is not None and not g.per_token), None)
+
+
 def check_gate_order(gate: Gate, steer_site: str, touches_prompt: bool) -> None:
     """A gate must be decided before the steer it gates acts.
 
@@ -362,6 +382,15 @@ class Monitor(TensorValue):
     def _label(self) -> str:
         return f"Monitor {self.name!r}"
 
+    def values(self, h: torch.Tensor) -> torch.Tensor:
+        """THE reading: ``h·v/|v|`` of each row of ``h [..., d]``, in float32 (at least).
+
+        >>> Monitor("m", "blocks.0.hook_resid_post", torch.tensor([3.0, 4.0])).values(torch.ones(2))
+        tensor(1.4000)
+        """
+        wide = torch.promote_types(h.dtype, torch.float32)
+        return h.to(wide) @ unit(self.on(h.device)["direction"], wide)
+
     def check(self, sites: Sequence[str], d_model: int) -> None:
         resolve(self.site, list(sites))
         if self.direction.shape[0] != d_model:
@@ -415,6 +444,16 @@ def _monitor(name: object, value: object) -> Monitor:
                          "(vector.at(site)).", "monitor")  # fmt: skip
     direction, _ = direction_of(value, sites[0])  # type: ignore[arg-type]
     return Monitor(name, sites[0], direction)
+
+
+def monitor_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> Monitor:
+    """A monitor from ``Monitor.to_data(tensor_key)``'s form, its direction looked up by key
+    in ``tensors`` (where tensors travel once, as to vLLM's workers)."""
+    key = data.get("vector")
+    if not isinstance(key, str) or key not in tensors:
+        raise SteerError(f"monitor {data.get('name')!r:.40}: its vector {key!r:.40} is not a "
+                         "known key.", "monitor")  # fmt: skip
+    return Monitor(data["name"], data["site"], tensors[key])
 
 
 def nan_padded(rows: Sequence[Sequence[float]], width: int | None = None,

@@ -410,6 +410,11 @@ class Request:
     monitors: tuple[Monitor, ...] = ()
     reads_from: int = 0
 
+    @property
+    def reads(self) -> bool:
+        """Whether the row reads its activations: a condition or a monitor."""
+        return bool(self.monitors) or any(s.when is not None for s in self.steers)
+
     def __post_init__(self) -> None:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.prompt):
             raise ValueError("Request.prompt must be a sequence of int token ids.")

@@ -285,7 +285,7 @@ class Steer:
             op.check(site, vector)
         gate = as_gate(when)
         if gate is not None:
-            check_gate_order(gate, site, touches_prompt=position_form(positions)[0])
+            check_gate_order(gate, site, touches_prompt=touches_prompt(positions))
         object.__setattr__(self, "site", site)
         object.__setattr__(self, "vector", vector)
         object.__setattr__(self, "alpha", alphas)
@@ -381,6 +381,11 @@ def position_form(positions: Positions) -> tuple[bool, bool, int]:
     if positions == "generated":
         return False, True, 0
     return True, True, int(positions)
+
+
+def touches_prompt(positions: Positions) -> bool:
+    """Whether the rule can touch a prompt token ("generated" cannot)."""
+    return position_form(positions)[0]
 
 
 def touches_generated(positions: Positions) -> bool:

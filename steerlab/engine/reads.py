@@ -23,8 +23,7 @@ from dataclasses import replace
 import torch
 
 from steerlab.backends.base import Backend
-from steerlab.core.ops import unit
-from steerlab.core.reads import Condition, Gate, Monitor
+from steerlab.core.reads import Condition, Gate, Monitor, prompt_score, reported_gate
 from steerlab.core.request import Readout, Request
 from steerlab.core.sites import Site
 from steerlab.engine.guard import Call
@@ -106,10 +105,8 @@ class CallReads:
             if context is None:
                 return None
             rows, pos, _ = context.on(act.device)
-            wide = act.to(torch.float32)
             for m in monitors:  # kept on the device as they are: no sync in the loop
-                values = wide @ unit(m.on(act.device)["direction"], torch.float32)  # [b, s]
-                self.reads[m].append((rows, pos, values, context.prefill))
+                self.reads[m].append((rows, pos, m.values(act), context.prefill))  # [b, s]
             return None
 
         return record
@@ -147,12 +144,7 @@ class CallReads:
     def _score(self, c: Condition) -> torch.Tensor:
         if c not in self.sums:  # nothing fed yet: no row fires
             return torch.full((self.n,), float("nan"))
-        if c.read == "last":
-            h = self.lasts[c]
-        else:
-            h = self.sums[c] / self.counts[c].clamp(min=1)[:, None]
-        scores = c.scores(h)
-        return scores.masked_fill(self.counts[c] == 0, float("nan"))
+        return prompt_score(c, self.sums[c], self.counts[c], self.lasts[c])
 
     def gate(self, gate: Gate, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Where ``gate`` lets its steer act in the forward running now, ``[batch, seq]``:
@@ -202,8 +194,7 @@ class CallReads:
         """Row ``r``'s decision (of its first prompt-gated steer), its score, and its
         monitors' readouts (``kept`` new tokens)."""
         fired = score = None
-        gate = next((s.when for s in self.requests[r].steers
-                     if s.when is not None and not s.when.per_token), None)  # fmt: skip
+        gate = reported_gate(s.when for s in self.requests[r].steers)
         if gate is not None:
             decided, scores = self.decision(gate)
             fired, score = bool(decided[r]), float(scores[r])

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from steerlab.core.ops import Add, Operation
-from steerlab.core.reads import Gate, Monitor
+from steerlab.core.reads import Gate, Monitor, monitor_from_data
 from steerlab.core.steer import position_mask, steer_from_data
 
 DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args
@@ -56,10 +56,7 @@ def parse_plan(extra_args: dict[str, Any] | None,
     for item in data["steers"]:
         s = steer_from_data(item, tensors)
         steers.append(((s.site, s.vector, s.positions, s.op, s.when), float(s.alpha)))  # type: ignore[arg-type]
-    monitors = tuple(
-        Monitor(m["name"], m["site"], (tensors or {})[m["vector"]])
-        for m in data.get("monitors", ())
-    )  # fmt: skip
+    monitors = tuple(monitor_from_data(m, tensors or {}) for m in data.get("monitors", ()))
     return RowPlan(str(data["row"]), tuple(steers), monitors, int(data.get("reads_from", 0)))
 
 
@@ -199,8 +196,8 @@ def lay_out_forward(
     else:
         pos = positions[: len(owner)].to("cpu", torch.long).numpy()
         prompt_len = np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
-    if comp.reads:
-        batch.req_ids, batch.owner, batch.pos = list(req_ids), owner, pos
+    if comp.reads:  # pos may view vLLM's positions buffer, which its next step rewrites
+        batch.req_ids, batch.owner, batch.pos = list(req_ids), owner, pos.copy()
     for a in comp.appliers:
         token_alpha = a.alpha[owner]
         if a.where != "all":

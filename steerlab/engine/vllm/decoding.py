@@ -17,7 +17,13 @@ from steerlab.core.request import Readout, Request, TokenScore
 from steerlab.core.sampling import non_finite
 from steerlab.engine.progress import Progress
 from steerlab.engine.state import RowStates
-from steerlab.engine.vllm.params import expected_tokens, live_steers, read_sites, reads, to_vllm
+from steerlab.engine.vllm.params import (
+    expected_tokens,
+    fed_positions,
+    live_steers,
+    read_sites,
+    to_vllm,
+)
 from steerlab.engine.vllm.reads import merge_reports
 from steerlab.engine.vllm.scores import lines_up, prompt_scores, token_score
 
@@ -115,6 +121,7 @@ class _Decoding:
         self.hooked: set[str] = set()  # sites hooked on the workers for this call
         self.proven: set[str] = set()  # sites seen steering in this call
         self.held: dict[int, _Held] = {}  # rows that finished, not yet checked
+        self.dropped: list[str] = []  # rows aborted unfinished, for the workers to forget
         self.closed = False
 
     def add(self, requests: list[Request]) -> range:
@@ -147,7 +154,7 @@ class _Decoding:
             self.index[row] = i
             self.cached.append(0)
             self.sites.append(frozenset(s.site for s in live_steers(request)))
-            self.reading.append(reads(request))
+            self.reading.append(request.reads)
         for k, (row, prompt, params) in enumerate(sent):
             try:
                 with engine.client_lock:
@@ -282,6 +289,8 @@ class _Decoding:
         ask = sorted({*started, *finished})
         rows = [self.rows[i] for i in ask]
         forget = [self.rows[i] for i in finished]
+        forget += self.dropped  # rows aborted before they finished: the workers forget them
+        self.dropped = []
         reports = self.engine.rpc("steerlab_report", rows, forget)
         read = merge_reports({row: [r["reads"][row] for r in reports if row in r["reads"]]
                               for row in forget})  # fmt: skip
@@ -317,11 +326,15 @@ class _Decoding:
         """Row ``i``'s reads, once they are known to be whole: a decision for its gate, and
         each monitor's value at every position fed (``generated`` tokens sampled)."""
         request = self.requests[i]
-        if read is None or not read["decided"]:
+        if read is None:
+            raise SteerHookError(f"Row {i} reads its activations (a condition or a monitor), "
+                                 "but vLLM's workers sent nothing back for it. Nothing was "
+                                 "returned for it.")  # fmt: skip
+        if not read["decided"]:
             raise SteerHookError(f"Row {i} has a condition, but vLLM's workers did not decide "
                                  "it (did the condition's hook run?). Nothing was returned "
                                  "for it.")  # fmt: skip
-        fed = set(range(len(request.prompt) + generated - 1))
+        fed = set(fed_positions(request, 0, generated).tolist())
         for m in request.monitors:
             positions = set(read["monitors"].get(m.name, ([], []))[0])
             if not fed <= positions:
@@ -337,6 +350,7 @@ class _Decoding:
             with self.engine.client_lock:
                 self.engine.llm.llm_engine.abort_request(rows)
             self.live -= set(rows)
+            self.dropped += [r for r in rows if self.index[r] not in self.held]
 
     def abort_all(self) -> None:
         self._abort(sorted(self.live))

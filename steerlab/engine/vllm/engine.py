@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 from steerlab.backends.cache import KVCache
@@ -22,13 +23,13 @@ from steerlab.core.ops import SteerError, op_to_data
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import all_sites
-from steerlab.core.steer import check_steer, position_form
+from steerlab.core.steer import check_steer, position_mask
 from steerlab.core.window import check_window
 from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
-from steerlab.engine.vllm.params import reads, row_tensors
+from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
 
@@ -60,8 +61,11 @@ class VLLMEngine:
         self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
         vllm_config = llm.llm_engine.vllm_config
         self.pipeline_stages: int = vllm_config.parallel_config.pipeline_parallel_size
-        # the most prompt tokens one forward feeds: a longer prompt is fed in chunks
-        self.max_chunk: int = vllm_config.scheduler_config.max_num_batched_tokens
+        # whether vLLM may feed a prompt in several forwards (chunked prefill, or a cap on
+        # long prefills): then no decision made over a whole prompt can precede its prompt
+        scheduler = vllm_config.scheduler_config
+        self.chunks_prompts: bool = bool(scheduler.enable_chunked_prefill
+                                         or scheduler.long_prefill_token_threshold > 0)  # fmt: skip
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
         # Past this many, the workers drop their vectors at the end of a call (a server sent
@@ -134,7 +138,7 @@ class VLLMEngine:
             for steer in r.steers:
                 check_steer(steer.site, steer.vector, valid, self.d_model, steer.when)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
-        why = reads_reason(requests, self.pipeline_stages, self.max_chunk)
+        why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
         if why is not None:
             raise SteerError(f"The vLLM engine cannot run this: {why}.")
 
@@ -185,11 +189,11 @@ class VLLMEngine:
         )
 
     def explain(self, requests: Sequence[Request], **_: Any) -> str:
-        why = reads_reason(requests, self.pipeline_stages, self.max_chunk)
+        why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
         if why is not None:
             return f"refused: {why}"
         text = "vllm: the vLLM engine decodes every call, eagerly, in its workers"
-        if any(reads(r) for r in requests):
+        if any(r.reads for r in requests):
             text += ("; conditions are decided and monitors read there, at prefill and each "
                      "step, with no prefix-cache reads for these rows")  # fmt: skip
         return text
@@ -238,26 +242,32 @@ class VLLMEngine:
             self._sent.clear()
 
 
-def reads_reason(requests: Sequence[Request], stages: int, max_chunk: int) -> str | None:
+def reads_reason(requests: Sequence[Request], stages: int, chunks_prompts: bool) -> str | None:
     """What of ``requests``' conditions vLLM's workers cannot do exactly, or None.
 
     A worker decides a condition from the activations it holds, so the condition and the
     steer it gates must be on one pipeline stage: with several stages, conditions are
-    refused. A prompt condition is summed across chunks of a chunked prefill, which is
-    exact for a steer on generated tokens; a steer that touches the prompt needs the
-    decision before it acts, so its whole prompt must fit in one forward.
+    refused. A prompt condition is summed across the chunks of a chunked prefill, which is
+    exact for a steer on generated tokens. A conditioned steer that touches the prompt needs
+    the decision before it acts on it, so it needs every prompt fed in one forward: vLLM
+    promises that only with chunked prefill off (it may otherwise split any prompt, short
+    ones too, when a step's token budget is shared).
     """
     gated = [(r, s) for r in requests for s in r.steers if s.when is not None]
     if gated and stages > 1:
         return (f"a conditioned steer (when=) on {stages} pipeline stages: a worker decides "
                 "from the activations it holds, and a condition's site and its steer's may sit "
                 "on different stages; use tensor parallelism, or an in-process backend")  # fmt: skip
+    if not chunks_prompts:
+        return None
     for r, s in gated:
-        prompt_steer = not s.when.per_token and position_form(s.positions)[0]  # type: ignore[union-attr]
-        if prompt_steer and len(r.prompt) > max_chunk:
-            return (f"a steer at {s.site} on the prompt, gated by a whole-prompt condition, on "
-                    f"a {len(r.prompt)}-token prompt: vLLM feeds at most {max_chunk} tokens a "
-                    "forward (max_num_batched_tokens), so the condition would be decided after "
-                    "the steer had to act; use positions='generated', or load with a larger "
-                    "vllm_args={'max_num_batched_tokens': ...}")  # fmt: skip
+        n = len(r.prompt)
+        at = np.arange(n)
+        if s.when.per_token or not position_mask(s.positions, at, at >= n, n).any():  # type: ignore[union-attr]
+            continue
+        return (f"a steer at {s.site} on prompt tokens, gated by a whole-prompt condition: "
+                "vLLM may feed a prompt in chunks (chunked prefill, on here), so the decision "
+                "could come after the steer had to act. Use positions='generated', or load "
+                "with vllm_args={'enable_chunked_prefill': False} (and no "
+                "long_prefill_token_threshold)")  # fmt: skip
     return None

@@ -32,11 +32,6 @@ def sent_steers(request: Request) -> tuple[RowSteer, ...]:
     return tuple(s for s in request.steers if s.alpha != 0.0 or s.when is not None)
 
 
-def reads(request: Request) -> bool:
-    """Whether a worker reads anything on this row: a condition or a monitor."""
-    return bool(request.monitors) or any(s.when is not None for s in request.steers)
-
-
 def read_sites(request: Request) -> set[str]:
     """The sites a row's conditions and monitors read."""
     sites = {c.site for s in request.steers if s.when is not None for c in s.when.leaves()}
@@ -69,7 +64,7 @@ def cache_salt(request: Request, revision: str) -> str | None:
     "first:3+last:3"), the prompt length too: a longer prompt turns some of a shorter one's
     generated tokens into prompt tokens, and moves a span's last tokens.
     """
-    if reads(request):
+    if request.reads:
         return "steerlab-reads:" + secrets.token_hex(16)
     steers = live_steers(request)
     if not steers:
@@ -153,6 +148,13 @@ def expected_tokens(request: Request, cached: int, generated: int) -> int:
     are not recomputed, and the last sampled token is never fed back.
     """
     n_prompt = len(request.prompt)
-    fed = np.arange(cached, n_prompt + generated - 1)
+    fed = fed_positions(request, cached, generated)
     return sum(int(position_mask(s.positions, fed, fed >= n_prompt, n_prompt).sum())
                for s in live_steers(request))  # fmt: skip
+
+
+def fed_positions(request: Request, cached: int, generated: int) -> np.ndarray:
+    """The positions vLLM fed a row with ``generated`` tokens sampled: from the first not
+    served by the prefix cache (``cached``) to the last but one (the last sampled token is
+    never fed back)."""
+    return np.arange(cached, len(request.prompt) + generated - 1)

@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from steerlab.core.ops import unit
-from steerlab.core.reads import Condition, Gate
+from steerlab.core.reads import Condition, Gate, Monitor, prompt_score, reported_gate
 from steerlab.engine.vllm.batch import ForwardBatch, RowPlan, SiteSteer
 
 
@@ -41,22 +40,22 @@ class _Sum:
 
 @dataclass
 class RowReads:
-    """One request's condition sums and decisions, and its monitors' values by position."""
+    """One request's condition sums and decisions, and its monitors' values by forward."""
 
     plan: RowPlan
     prompt_len: int
     sums: dict[Condition, _Sum] = field(default_factory=dict)
     decided: dict[Gate, tuple[bool, float]] = field(default_factory=dict)
-    traces: dict[str, dict[int, float]] = field(default_factory=dict)  # by monitor name
+    # by monitor name: (positions, values on the device) of each forward, read at the end
+    traces: dict[str, list[tuple[np.ndarray, torch.Tensor]]] = field(default_factory=dict)
 
     def add(self, c: Condition, act: torch.Tensor, pos: np.ndarray) -> str | None:
         """Sum ``act [n, d]`` at positions ``pos [n]`` (one request's tokens in this
         forward) into ``c``'s prompt sum; returns an error, or None."""
-        start = self.plan.reads_from
         s = self.sums.get(c)
         if s is None:
             s = self.sums[c] = _Sum(torch.zeros(act.shape[-1], device=act.device),
-                                    next_pos=start)  # fmt: skip
+                                    next_pos=self.plan.reads_from)  # fmt: skip
         keep = (pos >= s.next_pos) & (pos < self.prompt_len)
         if not keep.any():
             return None
@@ -74,27 +73,36 @@ class RowReads:
         return None
 
     def decision(self, gate: Gate) -> tuple[bool, float] | None:
-        """``(fired, score)`` of a prompt gate once every part has read the whole prompt."""
+        """``(fired, score)`` of a prompt gate once every part has read the whole prompt
+        (``core.reads.prompt_score``, as the local engines score); None before."""
         if gate in self.decided:
             return self.decided[gate]
         scores = {}
         for c in gate.leaves():
             s = self.sums.get(c)
-            if s is None or s.next_pos < self.prompt_len or s.last is None:
+            if self.plan.reads_from >= self.prompt_len:  # nothing to read: NaN, never fires
+                s = _Sum(torch.zeros(c.direction.shape[0]), next_pos=self.prompt_len)
+            if s is None or s.next_pos < self.prompt_len:
                 return None
-            h = s.last if c.read == "last" else s.total / max(s.count, 1)
-            scores[c] = c.scores(h[None])
+            last = s.last if s.last is not None else torch.zeros_like(s.total)
+            scores[c] = prompt_score(c, s.total[None], torch.tensor([float(s.count)],
+                                                                    device=s.total.device),
+                                     last[None])  # fmt: skip
         fired, score = gate.decide(scores)
         self.decided[gate] = bool(fired[0]), float(score[0])
         return self.decided[gate]
 
     def report(self) -> dict:
-        """Plain data for the engine: the decision of the request's first prompt-gated
-        steer (as ``CallReads.row`` picks it) and each monitor's ``[positions, values]``."""
-        gate = next((key[4] for key, _ in self.plan.steers
-                     if key[4] is not None and not key[4].per_token), None)  # fmt: skip
+        """Plain data for the engine: the decision the row reports (``reported_gate``),
+        whether it was made, and each monitor's ``[positions, values]``."""
+        gate = reported_gate(key[4] for key, _ in self.plan.steers)
         decided = None if gate is None else self.decision(gate)
-        traces = {name: [sorted(t), [t[p] for p in sorted(t)]] for name, t in self.traces.items()}
+        traces = {}
+        for name, parts in self.traces.items():
+            at: dict[int, float] = {}
+            for positions, values in parts:  # a position fed again (a preemption) overwrites
+                at.update(zip(positions.tolist(), values.tolist()))
+            traces[name] = [sorted(at), [at[p] for p in sorted(at)]]
         return {
             "fired": None if decided is None else decided[0],
             "score": None if decided is None else decided[1],
@@ -155,10 +163,12 @@ class WorkerReads:
         gate = steer.gate
         assert gate is not None
         real = len(batch.owner)
-        out = torch.zeros(tokens, dtype=torch.bool)
-        if gate.per_token:
-            out[:real] = gate.decide(self.token)[0].cpu()
+        if gate.per_token:  # on the device: no sync
+            where = gate.decide(self.token)[0]
+            out = torch.zeros(tokens, dtype=torch.bool, device=where.device)
+            out[:real] = where
             return out
+        out = torch.zeros(tokens, dtype=torch.bool)
         fired = np.zeros(len(batch.req_ids), dtype=bool)
         first = np.zeros(len(batch.req_ids), dtype=np.int64)
         touched = steer.touched[:real].numpy()
@@ -172,16 +182,16 @@ class WorkerReads:
                     f"the condition gating the steer at {site} was not decided "
                     "before the steer had to act on the prompt: vLLM fed this prompt in "
                     "chunks (chunked prefill), so its whole-prompt read came too late. Use "
-                    "positions='generated', or a max_num_batched_tokens above the prompt "
-                    "length"))  # fmt: skip
+                    "positions='generated', or vllm_args={'enable_chunked_prefill': False}"))  # fmt: skip
                 continue
             fired[i], first[i] = decided[0], reads.plan.reads_from
         out[:real] = torch.from_numpy(fired[batch.owner] & (batch.pos >= first[batch.owner]))
         return out
 
     def after(self, site: str, act: torch.Tensor, batch: ForwardBatch) -> None:
-        """Record every monitor at ``site`` from ``act [tokens, d]`` (after its steers)."""
-        values: dict[int, list[float]] = {}  # by id of the direction
+        """Record every monitor at ``site`` from ``act [tokens, d]`` (after its steers),
+        kept on the device until the row reports: no sync in the loop."""
+        values: dict[Monitor, torch.Tensor] = {}  # one product per monitor (by content)
         real = len(batch.owner)
         for _, rid, (a, b) in _spans(batch):
             reads = self.rows.get(rid)
@@ -190,13 +200,10 @@ class WorkerReads:
             for m in reads.plan.monitors:
                 if m.site != site:
                     continue
-                key = id(m.direction)
-                if key not in values:  # one product per direction, one sync
-                    u = unit(m.on(act.device)["direction"], torch.float32)
-                    values[key] = (act[:real].to(torch.float32) @ u).tolist()
-                trace = reads.traces.setdefault(m.name, {})
-                for p, v in zip(batch.pos[a:b].tolist(), values[key][a:b]):
-                    trace[p] = v
+                if m not in values:
+                    values[m] = m.values(act[:real])
+                trace = reads.traces.setdefault(m.name, [])
+                trace.append((batch.pos[a:b], values[m][a:b]))
 
 
 def _spans(batch: ForwardBatch):  # noqa: ANN202
@@ -213,7 +220,7 @@ def merge_reports(reports: Mapping[str, list[dict]]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for row, parts in reports.items():
         merged: dict = {"fired": None, "score": None, "monitors": {},
-                        "decided": any(part["decided"] for part in parts)}  # fmt: skip
+                        "decided": all(part["decided"] for part in parts)}  # fmt: skip
         for part in parts:
             if merged["fired"] is None and part["fired"] is not None:
                 merged["fired"], merged["score"] = part["fired"], part["score"]

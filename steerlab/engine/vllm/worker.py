@@ -130,7 +130,8 @@ class SteerWorker:
         state = self._steerlab()
         out = {row: [state.fired.get(row, 0), state.errors.get(row)] for row in rows}
         done = set(forget)
-        reads = {r.plan.row: r.report() for r in state.reads.rows.values() if r.plan.row in done}
+        asked = done & set(rows)
+        reads = {r.plan.row: r.report() for r in state.reads.rows.values() if r.plan.row in asked}
         state.reads.forget(done)
         for row in done:
             state.fired.pop(row, None)
@@ -244,11 +245,12 @@ class SteerWorker:
             state.moved[key] = operand(steer.op, stacked, act.dtype, act.device)
         tokens = act.shape[0]
         alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]  # [tokens, 1]
-        touched = steer.touched[:tokens]
+        touched = steer.touched[:tokens].to(act.device)
         if steer.gate is not None:  # counted below as visited: the hook ran either way
             assert state.batch is not None
-            touched = touched & state.reads.mask(site, steer, state.batch, tokens, state.errors)
-        touched = touched.to(act.device)[:, None]
+            gate = state.reads.mask(site, steer, state.batch, tokens, state.errors)
+            touched = touched & gate.to(act.device)
+        touched = touched[:, None]
         direction = state.moved[key]
         if steer.index is not None:  # a fused Add: each token's own vector
             direction = direction[steer.index[:tokens].to(act.device)]
