@@ -17,7 +17,7 @@ prompt vLLM split into chunks) is an error for its row, never a silent unsteered
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,14 +137,20 @@ class WorkerReads:
     def new_forward(self) -> None:
         self.token.clear()
 
+    def _reading(self, batch: ForwardBatch) -> Iterator[tuple[int, RowReads, tuple[int, int]]]:
+        """``(index, reads, (first token, end))`` of every request in the forward that reads."""
+        counts = np.bincount(batch.owner, minlength=len(batch.req_ids))
+        ends = np.cumsum(counts)
+        for i, rid in enumerate(batch.req_ids):
+            reads = self.rows.get(rid)
+            if reads is not None:
+                yield i, reads, (int(ends[i] - counts[i]), int(ends[i]))
+
     def before(self, site: str, act: torch.Tensor, batch: ForwardBatch,
                errors: dict[str, str]) -> None:  # fmt: skip
         """Read ``site``'s activation ``act [tokens, d]`` for every condition there."""
         real = len(batch.owner)
-        for _, rid, (a, b) in _spans(batch):
-            reads = self.rows.get(rid)
-            if reads is None:
-                continue
+        for _, reads, (a, b) in self._reading(batch):
             for gate in reads.plan.gates:
                 for c in gate.leaves():
                     if c.site != site:
@@ -172,9 +178,8 @@ class WorkerReads:
         fired = np.zeros(len(batch.req_ids), dtype=bool)
         first = np.zeros(len(batch.req_ids), dtype=np.int64)
         touched = steer.touched[:real].numpy()
-        for i, rid, (a, b) in _spans(batch):
-            reads = self.rows.get(rid)
-            if reads is None or not touched[a:b].any():
+        for i, reads, (a, b) in self._reading(batch):
+            if not touched[a:b].any():
                 continue
             decided = reads.decision(gate)
             if decided is None:
@@ -193,10 +198,7 @@ class WorkerReads:
         kept on the device until the row reports: no sync in the loop."""
         values: dict[Monitor, torch.Tensor] = {}  # one product per monitor (by content)
         real = len(batch.owner)
-        for _, rid, (a, b) in _spans(batch):
-            reads = self.rows.get(rid)
-            if reads is None:
-                continue
+        for _, reads, (a, b) in self._reading(batch):
             for m in reads.plan.monitors:
                 if m.site != site:
                     continue
@@ -204,14 +206,6 @@ class WorkerReads:
                     values[m] = m.values(act[:real])
                 trace = reads.traces.setdefault(m.name, [])
                 trace.append((batch.pos[a:b], values[m][a:b]))
-
-
-def _spans(batch: ForwardBatch):  # noqa: ANN202
-    """``(index, request id, (first token, end))`` of every request in the forward."""
-    counts = np.bincount(batch.owner, minlength=len(batch.req_ids))
-    ends = np.cumsum(counts)
-    for i, rid in enumerate(batch.req_ids):
-        yield i, rid, (int(ends[i] - counts[i]), int(ends[i]))
 
 
 def merge_reports(reports: Mapping[str, list[dict]]) -> dict[str, dict]:
