@@ -229,8 +229,8 @@ def _keep(backend: Backend, store: PromptStore, groups: list[Group], keys: list[
 
 
 def _itemsize(backend: Backend) -> int:
-    params = [p for m in backend.modules() for p in m.parameters()]
-    return params[0].element_size() if params else 4
+    first = next((p for m in backend.modules() for p in m.parameters()), None)
+    return first.element_size() if first is not None else 4
 
 
 class ScoredRows:
