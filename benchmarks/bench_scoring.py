@@ -61,6 +61,29 @@ ARMS: dict[str, dict[str, int]] = {  # local-completions settings per request st
     "16 prompts a request": {"batch_size": 16, "num_concurrent": 1},
     "8 concurrent requests": {"batch_size": 1, "num_concurrent": 8},
 }
+# why the arms that miss their target miss it; the split is profile_scoring.py's section
+NOTES = [
+    "Where the arms below their target stand (the time split of one-prompt requests is "
+    "`profile_scoring.py`'s section of this file):",
+    "",
+    "- **One request at a time, multiple choice.** lm-eval waits for each answer, so each "
+    "loglikelihood is a forward of its own and nothing batches. Each document's context is "
+    "fed once (its first request stores it; the other three feed their continuation only), "
+    "but on this CPU a forward of a few new tokens costs a large part of one of 40: every "
+    "weight matrix, the 50257 x 768 LM head included, is read whatever the row count, and "
+    "MKL's matrix product is slow below 8 rows. With everything outside the scoring forwards "
+    "free, the arm would reach the profile's last line, under the 1.5x target.",
+    "- **Rolling.** lm-eval's API models send each document in a request of its own, one "
+    "document after another (`TemplateAPI.loglikelihood_rolling` calls "
+    "`_loglikelihood_tokens` per document) whatever `batch_size` and `num_concurrent` say, so "
+    "the three rolling arms are the same requests, and documents share no context. The "
+    "server's forward of a story is lm-eval `hf`'s own forward of it at batch 1 (equal to its "
+    "padded batch of 12 within noise here): parity less the round trips is the ceiling.",
+    "- **steerlab-tiny.** A forward costs a few milliseconds, less than a loopback HTTP round "
+    "trip and the server's hand-offs (about 3 ms for an empty FastAPI route called with "
+    "`requests`, when this note was written); lm-eval `hf` scores the whole task in-process "
+    "in under a second, so no arm over HTTP reaches it.",
+]
 _MC_YAML = """task: bench_mc
 dataset_path: json
 dataset_kwargs:
@@ -271,6 +294,8 @@ def main(quick: bool = False, device: str = "cpu") -> list[str]:
         "sends 16 prompts a request.",
         "",
         *table(rows),
+        "",
+        *NOTES,
     ]
 
 

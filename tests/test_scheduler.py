@@ -129,25 +129,32 @@ def test_the_after_batch_sweep_never_holds_an_idle_model(toy_lm, monkeypatch):
 
 def test_an_announced_window_waits_for_announced_jobs_and_for_nothing_else(lm):
     """With callers announcing their jobs, the window (an hour here) closes as soon as nothing
-    is queued or announced: a lone job is answered at once, an announcement withdrawn is not
-    waited for, and two announced jobs share one batch however far apart they come."""
+    is queued or announced, after batches of one job: a lone job is answered at once, an
+    announcement withdrawn is not waited for, and two announced jobs share one batch however
+    far apart they come. After a batch of several, the window is waited for again."""
     scheduler = Scheduler(lambda _: lm.engine, window_s=3600, announced=True).start()
+
+    def two_jobs(announced: bool) -> None:  # submitted 0.2 s apart: one batch
+        done = [threading.Event() for _ in range(2)]
+        jobs = [Job([_request(lm, text)], None, lambda e, d=d: d.set() if isinstance(e, Done) else None)
+                for text, d in zip(["abc", "xy"], done)]  # fmt: skip
+        before = scheduler.batches
+        scheduler.submit(jobs[0], expected=announced)
+        time.sleep(0.2)  # the engine thread takes it, and waits for the other
+        scheduler.submit(jobs[1], expected=announced)
+        assert all(d.wait(60) for d in done)
+        assert scheduler.batches == before + 1
+
     try:
         scheduler.run([_request(lm, "hello")], timeout=60)  # an hour's window: not waited out
         scheduler.expect()
         scheduler.unexpect()
         scheduler.run([_request(lm, "hello")], timeout=60)
-        before = scheduler.batches
         scheduler.expect()
         scheduler.expect()
-        done = [threading.Event() for _ in range(2)]
-        jobs = [Job([_request(lm, text)], None, lambda e, d=d: d.set() if isinstance(e, Done) else None)
-                for text, d in zip(["abc", "xy"], done)]  # fmt: skip
-        scheduler.submit(jobs[0], expected=True)
-        time.sleep(0.2)  # the engine thread takes it, and waits for the one still announced
-        scheduler.submit(jobs[1], expected=True)
-        assert all(d.wait(60) for d in done)
-        assert scheduler.batches == before + 1
+        two_jobs(announced=True)
+        scheduler.window_s = 1.0  # clients side by side: the next batch waits out its window
+        two_jobs(announced=False)
     finally:
         scheduler.stop()
 

@@ -5,8 +5,10 @@ clients, a notebook cell and the panel's timer alike (``Scheduler.run`` blocks f
 caller in-process). Requests that arrive within ``window_s`` of the first waiting one (up to
 ``max_rows`` rows) decode as one mixed batch. Where callers announce their jobs before
 submitting them (``announced=True``: the server does, as each request starts to arrive),
-the window closes as soon as nothing is queued and nothing announced is on its way, so a
-client that sends one request at a time never waits it out. A batch decodes through
+the window closes as soon as nothing is queued and nothing announced is on its way, while
+the batches come one job at a time: a client that sends one request at a time never waits
+it out, and concurrent clients, whose next requests trickle in as their answers are read,
+still fill their batches. A batch decodes through
 ``lm.engine.stream``: each row carries its own steers and sampling, and its random stream
 depends only on its own request, so a row's tokens equal its solo run. Rows that finish
 leave the batch; a job whose rows are all done is answered at once. A cancelled job (its
@@ -114,7 +116,8 @@ class Scheduler:
             for one model).
         window_s: how long the first waiting job waits for others to share its batch.
         announced: callers ``expect`` each job before they submit it; the window then
-            closes early when nothing is queued or expected.
+            closes early when nothing is queued or expected and the last batch held one
+            job.
         max_rows: the most rows one batch decodes.
         lock_wait: how long a batch queues behind another call on the same model.
 
@@ -137,6 +140,7 @@ class Scheduler:
         self.lock_wait = lock_wait  # queue this long behind another call on the same model
         self.announced = announced
         self._expected = 0  # jobs announced (``expect``) and not yet submitted
+        self._last_jobs = 1  # jobs in the last batch: 1 for a client alone, so far
         self.join_running = True  # admit jobs into a running call where the engine can
         self._stopping = False  # stop() was called: admit nothing more
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -274,13 +278,15 @@ class Scheduler:
                 break
             jobs.append(job)
             rows += len(job.requests)
+        self._last_jobs = len(jobs)
         return jobs
 
     def _nothing_coming(self) -> bool:
-        """Nothing held or queued, and, where callers announce jobs, none announced."""
+        """Where callers announce jobs: nothing held, queued or announced, after a batch of
+        one job (a batch of several: clients side by side, worth the window)."""
         with self._lock:
-            return (self.announced and not self._held and self._queue.empty()
-                    and self._expected == 0)  # fmt: skip
+            return (self.announced and self._last_jobs <= 1 and not self._held
+                    and self._queue.empty() and self._expected == 0)  # fmt: skip
 
     def _run(self, engine: Engine, jobs: list[Job]) -> None:
         """Decode ``jobs`` as one batch; on failure, split the unanswered jobs in halves and

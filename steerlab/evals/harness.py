@@ -168,7 +168,8 @@ def lm_eval(
                                 "num_concurrent": 1, "batch_size": BATCH, "max_retries": 1,
                                 "tokenized_requests": True,
                                 "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
-        if folder is not None:  # no /tokenize round trips: the same tokenizer, client side
+        if folder is not None and "tokenizer_backend" not in (model_args or {}):
+            # no /tokenize round trips: the server's own tokenizer, on the client
             args.update(tokenizer_backend="huggingface", tokenizer=folder, add_bos_token=False)
         if key:  # lm-eval sends a bearer token only from the environment, or from a header
             args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})
