@@ -24,14 +24,17 @@ def replace_section(lines: list[str], path: Path = RESULTS) -> None:
 
 
 def table(rows: list[dict[str, object]], digits: int = 2) -> list[str]:
-    """Benchmark rows (``comparison``, ``ours_s``, ``baseline_s``, ``ratio``, ``target``) as a
-    markdown table."""
+    """Benchmark rows (``comparison``, ``ours_s``, ``baseline_s``, ``ratio``, ``target``, and
+    optionally ``load``, the load average beside the figure) as a markdown table."""
+    load = any("load" in r for r in rows)
+    extra = (" load |", "---|") if load else ("", "")
     return [
-        "| comparison | ours (s) | baseline (s) | ratio | target |",
-        "|---|---|---|---|---|",
+        "| comparison | ours (s) | baseline (s) | ratio | target |" + extra[0],
+        "|---|---|---|---|---|" + extra[1],
         *(
             f"| {r['comparison']} | {r['ours_s']:.{digits}f} | {r['baseline_s']:.{digits}f} | "
             f"{r['ratio']:.2f} | {r['target']} |"
+            + (f" {r.get('load', float('nan')):.2f} |" if load else "")
             for r in rows
         ),  # fmt: skip
     ]

@@ -130,3 +130,19 @@ def test_lm_eval_draws_no_request_bars_and_shows_a_missing_stderr_as_n_a(toy_lm,
     line = next(x for x in repr(result.table()).splitlines() if "toy_stories" in x)
     assert line.split()[-1] == "N/A" and "nan" not in line
     assert "<td>N/A</td>" in result._repr_html_()
+
+
+def test_an_in_process_model_is_tokenized_on_the_client_not_through_tokenize(toy_lm, tasks,
+                                                                              monkeypatch):  # fmt: skip
+    """No /tokenize round trips for an in-process model (two per loglikelihood cost more
+    than scoring steerlab-tiny); the ids equal the server's own, as the oracle test checks."""
+    from lm_eval.utils import RemoteTokenizer
+
+    calls = []
+    encode = RemoteTokenizer.encode
+    monkeypatch.setattr(RemoteTokenizer, "encode", lambda self, text: calls.append(text)
+                        or encode(self, text))  # fmt: skip
+    result = sl.evals.lm_eval(toy_lm, ["toy_sentiment"], limit=2, include_path=tasks,
+                              log_samples=True)  # fmt: skip
+    assert calls == []
+    assert len(_loglikelihoods(result.unsteered, "toy_sentiment")) > 0

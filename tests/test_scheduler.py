@@ -4,14 +4,16 @@ equals its run alone, a failing request fails alone, and the server answers thro
 from __future__ import annotations
 
 import threading
+import time
 
+import httpx
 import pytest
 import torch
-from server_helpers import post, served
+from server_helpers import HEADERS, post, served
 
 import steerlab as sl
 from steerlab.engine import Request, RowSteer, Sampling
-from steerlab.engine.scheduler import Scheduler
+from steerlab.engine.scheduler import Done, Job, Scheduler
 from steerlab.testing import FakeBackend, char_tokenizer
 
 SITE = FakeBackend.site
@@ -123,3 +125,46 @@ def test_the_after_batch_sweep_never_holds_an_idle_model(toy_lm, monkeypatch):
 
     monkeypatch.setattr(local, "calling", refuse)
     assert toy_lm.engine.sweep_hooks() == 0
+
+
+def test_an_announced_window_waits_for_announced_jobs_and_for_nothing_else(lm):
+    """With callers announcing their jobs, the window (an hour here) closes as soon as nothing
+    is queued or announced, after batches of one job: a lone job is answered at once, an
+    announcement withdrawn is not waited for, and two announced jobs share one batch however
+    far apart they come. After a batch of several, the window is waited for again."""
+    scheduler = Scheduler(lambda _: lm.engine, window_s=3600, announced=True).start()
+
+    def two_jobs(announced: bool) -> None:  # submitted 0.2 s apart: one batch
+        done = [threading.Event() for _ in range(2)]
+        jobs = [Job([_request(lm, text)], None, lambda e, d=d: d.set() if isinstance(e, Done) else None)
+                for text, d in zip(["abc", "xy"], done)]  # fmt: skip
+        before = scheduler.batches
+        scheduler.submit(jobs[0], expected=announced)
+        time.sleep(0.2)  # the engine thread takes it, and waits for the other
+        scheduler.submit(jobs[1], expected=announced)
+        assert all(d.wait(60) for d in done)
+        assert scheduler.batches == before + 1
+
+    try:
+        scheduler.run([_request(lm, "hello")], timeout=60)  # an hour's window: not waited out
+        scheduler.expect()
+        scheduler.unexpect()
+        scheduler.run([_request(lm, "hello")], timeout=60)
+        scheduler.expect()
+        scheduler.expect()
+        two_jobs(announced=True)
+        scheduler.window_s = 1.0  # clients side by side: the next batch waits out its window
+        two_jobs(announced=False)
+    finally:
+        scheduler.stop()
+
+
+def test_the_server_answers_one_request_at_a_time_without_waiting_out_its_window(lm):
+    """A minute's window: each request is answered as soon as it is planned, and a request
+    that fails validation leaves nothing announced behind."""
+    with served(lm, window_ms=60_000) as url:
+        body = {"model": "model", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}
+        for _ in range(2):  # a reply within 30 s, for a window of 60
+            for sent, status in ((body, 200), ({**body, "max_tokens": -1}, 400)):
+                reply = httpx.post(f"{url}/v1/completions", json=sent, headers=HEADERS, timeout=30)
+                assert reply.status_code == status

@@ -25,11 +25,16 @@ def tag(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def is_tagged(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is one of steerlab's hooks (``tag``)."""
+    return bool(getattr(fn, _TAG, False))
+
+
 def _tagged(module: nn.Module) -> list[tuple[dict, int]]:
     found = []
     for name in _DICTS:
         hooks = getattr(module, name, {})
-        found += [(hooks, key) for key, fn in list(hooks.items()) if getattr(fn, _TAG, False)]
+        found += [(hooks, key) for key, fn in list(hooks.items()) if is_tagged(fn)]
     return found
 
 

@@ -2,13 +2,19 @@
 
 Every caller that shares a model through it gets the same scheduling: the server's HTTP
 clients, a notebook cell and the panel's timer alike (``Scheduler.run`` blocks for one
-caller in-process). Requests that arrive within ``window_s`` of the first waiting one (up to ``max_rows`` rows)
-decode as one mixed batch through ``lm.engine.stream``: each row carries its own steers and
-sampling, and its random stream depends only on its own request, so a row's tokens equal
-its solo run. Rows that finish leave the batch; a job whose rows are all done is answered
-at once. A cancelled job (its client went away) has its rows ended between steps. On an
-engine whose stream takes more requests while it runs (vLLM's continuous batch), jobs
-that arrive meanwhile join the running batch between steps instead of waiting for it.
+caller in-process). Requests that arrive within ``window_s`` of the first waiting one (up to
+``max_rows`` rows) decode as one mixed batch. Where callers announce their jobs before
+submitting them (``announced=True``: the server does, as each request starts to arrive),
+the window closes as soon as nothing is queued and nothing announced is on its way, while
+the batches come one job at a time: a client that sends one request at a time never waits
+it out, and concurrent clients, whose next requests trickle in as their answers are read,
+still fill their batches. A batch decodes through
+``lm.engine.stream``: each row carries its own steers and sampling, and its random stream
+depends only on its own request, so a row's tokens equal its solo run. Rows that finish
+leave the batch; a job whose rows are all done is answered at once. A cancelled job (its
+client went away) has its rows ended between steps. On an engine whose stream takes more
+requests while it runs (vLLM's continuous batch), jobs that arrive meanwhile join the
+running batch between steps instead of waiting for it.
 
 A failure inside a batch (NaN logits from one request's steer, say) fails that request
 alone: the unanswered jobs of the batch are retried, and streamed text already
@@ -109,6 +115,9 @@ class Scheduler:
         engine_for: the engine that decodes jobs with a given key (``lambda _: lm.engine``
             for one model).
         window_s: how long the first waiting job waits for others to share its batch.
+        announced: callers ``expect`` each job before they submit it; the window then
+            closes early when nothing is queued or expected and the last batch held one
+            job.
         max_rows: the most rows one batch decodes.
         lock_wait: how long a batch queues behind another call on the same model.
 
@@ -122,12 +131,16 @@ class Scheduler:
     """
 
     def __init__(self, engine_for: Callable[[Any], Engine], *, window_s: float = 0.005,
-                 max_rows: int = 64, lock_wait: float = 60.0) -> None:  # fmt: skip
+                 max_rows: int = 64, lock_wait: float = 60.0,
+                 announced: bool = False) -> None:  # fmt: skip
         if not 0 <= window_s <= threading.TIMEOUT_MAX:  # NaN too: the queue would wait for good
             raise ValueError(f"window_s must be a number of seconds from 0 to "
                              f"{threading.TIMEOUT_MAX:g}; got {window_s!r}.")  # fmt: skip
         self.engine_for, self.window_s, self.max_rows = engine_for, window_s, max_rows
         self.lock_wait = lock_wait  # queue this long behind another call on the same model
+        self.announced = announced
+        self._expected = 0  # jobs announced (``expect``) and not yet submitted
+        self._last_jobs = 1  # jobs in the last batch: 1 for a client alone, so far
         self.join_running = True  # admit jobs into a running call where the engine can
         self._stopping = False  # stop() was called: admit nothing more
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -147,9 +160,22 @@ class Scheduler:
         self._queue.put(None)
         self._thread.join(timeout)
 
-    def submit(self, job: Job) -> None:
-        """Queue ``job``; once the engine thread has died, fail it at once (``EngineStopped``)."""
+    def expect(self) -> None:
+        """Announce a job that is on its way: the batching window waits for it."""
         with self._lock:
+            self._expected += 1
+
+    def unexpect(self) -> None:
+        """Withdraw an announced job that will not come (its request failed first)."""
+        with self._lock:
+            self._expected = max(self._expected - 1, 0)
+
+    def submit(self, job: Job, expected: bool = False) -> None:
+        """Queue ``job`` (``expected``: one announced with ``expect``); once the engine thread
+        has died, fail it at once (``EngineStopped``)."""
+        with self._lock:
+            if expected:  # with the put, so the window never sees it neither queued nor expected
+                self._expected = max(self._expected - 1, 0)
             if self.failure is None:
                 self._live.add(job)
                 self._queue.put(job)
@@ -237,6 +263,8 @@ class Scheduler:
         jobs, rows = [first], len(first.requests)
         deadline = time.monotonic() + self.window_s
         while rows < self.max_rows:
+            if self._nothing_coming():
+                break  # waiting would only delay this batch
             try:
                 job = self._held.popleft() if self._held else self._queue.get(
                     timeout=max(deadline - time.monotonic(), 0))  # fmt: skip
@@ -250,7 +278,15 @@ class Scheduler:
                 break
             jobs.append(job)
             rows += len(job.requests)
+        self._last_jobs = len(jobs)
         return jobs
+
+    def _nothing_coming(self) -> bool:
+        """Where callers announce jobs: nothing held, queued or announced, after a batch of
+        one job (a batch of several: clients side by side, worth the window)."""
+        with self._lock:
+            return (self.announced and self._last_jobs <= 1 and not self._held
+                    and self._queue.empty() and self._expected == 0)  # fmt: skip
 
     def _run(self, engine: Engine, jobs: list[Job]) -> None:
         """Decode ``jobs`` as one batch; on failure, split the unanswered jobs in halves and

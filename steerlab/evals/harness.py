@@ -12,8 +12,14 @@ lm-eval sends 16 prompts a request, one request at a time: of its request styles
 prompt a request, 16 a request, 8 concurrent requests) the fastest in
 ``benchmarks/bench_scoring.py``, faster than lm-eval's own in-process ``hf`` model, since
 the server feeds each multiple-choice context once for all of its choices.
-Tokenizing goes through the server's ``/tokenize`` (lm-eval's remote tokenizer), so the
-client needs no tokenizer of its own.
+
+For an in-process model lm-eval tokenizes locally, with the model's own (fast) tokenizer
+saved to a temporary folder: lm-eval's remote tokenizer costs two ``/tokenize`` round trips
+per loglikelihood (the context, and context plus continuation), which took longer than the
+scoring itself on steerlab-tiny (``benchmarks/RESULTS.md``). Both give the same token ids:
+the server tokenizes with the same tokenizer, without special tokens, as lm-eval's
+``huggingface`` backend does with ``add_bos_token=False``. Against a server's URL, and for a
+tokenizer that is not a fast one, tokenizing goes through the server's ``/tokenize``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import difflib
 import math
 import secrets
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -106,8 +113,10 @@ def lm_eval(
 ) -> HarnessResult:
     """Run lm-eval's tasks against a steerlab server, unsteered and steered.
 
-    Requests carry 16 prompts each, the fastest request style measured (see the module's
-    docstring); ``model_args={"batch_size": ...}`` changes it.
+    Requests carry 16 prompts each, one request at a time, the fastest request style measured,
+    and an in-process model's prompts are tokenized on the client with its own tokenizer
+    instead of through the server (see the module's docstring);
+    ``model_args={"batch_size": ...}`` changes the first.
 
     Args:
         lm_or_url: an in-process model (served on loopback for the call), or the base URL
@@ -154,11 +163,14 @@ def lm_eval(
     manager = _task_manager(TaskManager, names, include_path)
     _check_task_names(manager, names)
 
-    with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key):
+    with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key, folder):
         args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
                                 "num_concurrent": 1, "batch_size": BATCH, "max_retries": 1,
                                 "tokenized_requests": True,
                                 "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
+        if folder is not None and "tokenizer_backend" not in (model_args or {}):
+            # no /tokenize round trips: the server's own tokenizer, on the client
+            args.update(tokenizer_backend="huggingface", tokenizer=folder, add_bos_token=False)
         if key:  # lm-eval sends a bearer token only from the environment, or from a header
             args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})
         args.update(model_args or {})
@@ -197,8 +209,9 @@ def _check_task_names(manager: Any, names: Sequence[str]) -> None:
 
 @contextmanager
 def _server(lm_or_url: Any, steer: Any, alpha: float,
-            api_key: str | None) -> Iterator[tuple[str, str, str | None, str | None]]:  # fmt: skip
-    """``(url, base model name, preset name or None, api key or None)`` for the call."""
+            api_key: str | None) -> Iterator[tuple[str, str, str | None, str | None, str | None]]:  # fmt: skip
+    """``(url, base model name, preset name or None, api key or None, tokenizer folder or
+    None)`` for the call: the folder holds an in-process model's fast tokenizer."""
     if isinstance(lm_or_url, str):
         url = lm_or_url.rstrip("/").removesuffix("/v1")
         names = [card["id"] for card in _get(url, "/v1/models", api_key)["data"]]
@@ -212,7 +225,7 @@ def _server(lm_or_url: Any, steer: Any, alpha: float,
             raise ValueError(f"The server has no preset {steer!r}; its models are {names}.")
         if alpha != 1.0:
             raise ValueError("alpha= applies to an in-process steer; a preset has its own.")
-        yield url, names[0], steer, api_key
+        yield url, names[0], steer, api_key, None
         return
     if isinstance(steer, str):
         raise ValueError(f"steer={steer!r} names a preset, which only a server has; for an "
@@ -224,9 +237,22 @@ def _server(lm_or_url: Any, steer: Any, alpha: float,
     presets = [] if steer is None else [Preset(STEERED, steer, alpha)]
     key = secrets.token_urlsafe(16)  # loopback only, and only this call's client knows it
     app = create_app(ServedModels(lm_or_url), api_key=key, presets=presets)
-    with serve_in_background(app) as url:
+    with serve_in_background(app) as url, _saved_tokenizer(lm_or_url.tokenizer) as folder:
         model = _get(url, "/v1/models", key)["data"][0]["id"]
-        yield url, model, STEERED if presets else None, key
+        yield url, model, STEERED if presets else None, key, folder
+
+
+@contextmanager
+def _saved_tokenizer(tokenizer: Any) -> Iterator[str | None]:
+    """A temporary folder holding ``tokenizer``, for lm-eval to load as its own; None for a
+    tokenizer that is not a fast one (reloaded, a slow tokenizer could come back fast, and
+    split some text differently from the server)."""
+    if not getattr(tokenizer, "is_fast", False) or not hasattr(tokenizer, "save_pretrained"):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="steerlab-lm-eval-tokenizer-") as folder:
+        tokenizer.save_pretrained(folder)
+        yield folder
 
 
 def _task_manager(manager: Any, names: list[str], include_path: str | Path | None) -> Any:

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steerlab.engine.scheduler import Scheduler
 from steerlab.server import tokens
+from steerlab.server.arrivals import Announce
 from steerlab.server.errors import ApiError, invalid
 from steerlab.server.models import ServedModels
 from steerlab.server.plan import Limits
@@ -40,7 +41,8 @@ def create_app(
         api_key: when set, every request needs ``Authorization: Bearer <api_key>``.
         limits: per-request caps (``n``, rows, ``max_tokens``, body size) and the vector
             store's bounds.
-        window_ms: how long the engine thread waits for more requests to batch together.
+        window_ms: how long the engine thread waits for more requests to batch together;
+            it stops waiting once no request is on its way (``arrivals.py``).
         max_batch_rows: the most rows decoded in one batch.
         presets: vectors at an alpha, each served as a model of its own name.
 
@@ -54,7 +56,7 @@ def create_app(
     """
     limits = limits or Limits()
     batcher = Scheduler(lambda beta: models.model_for(beta).engine, window_s=window_ms / 1000,
-                        max_rows=max_batch_rows)  # fmt: skip
+                        max_rows=max_batch_rows, announced=True)  # fmt: skip
     store = VectorStore(models.lm, max_vectors=limits.max_vectors,
                         max_bytes=limits.max_vector_bytes)  # fmt: skip
     served = name or models.lm.name or "model"
@@ -72,6 +74,7 @@ def create_app(
     app.include_router(router)
     app.include_router(tokens.router)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.add_middleware(Announce, batcher=batcher)  # outermost: counted as its headers arrive
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]

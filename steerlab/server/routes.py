@@ -18,6 +18,7 @@ from steerlab.core.request import Completion
 from steerlab.core.steer import Steer
 from steerlab.engine.scheduler import Delta, Done, Event, Failed, Job, Scheduler
 from steerlab.server import responses, streams
+from steerlab.server.arrivals import announced
 from steerlab.server.bodies import body_of
 from steerlab.server.errors import ApiError, api_error
 from steerlab.server.models import ServedModels
@@ -102,7 +103,7 @@ async def completions(body: CompletionBody, request: Request) -> Response:
     plan = await run_in_threadpool(plan_completion, body, state.models.lm, state.store,
                                    state.limits, _beta(state, body), preset)  # fmt: skip
     tokenizer = state.models.lm.tokenizer
-    job, events = _submit(state, plan, body.stream)
+    job, events = _submit(state, plan, body.stream, request)
     if not body.stream:
         done = await _finish(job, events, request)
         return await _json(responses.completion, plan, done, state.name, body.n, body.logprobs,
@@ -120,7 +121,7 @@ async def chat_completions(body: ChatBody, request: Request) -> Response:
                                    _beta(state, body), preset)  # fmt: skip
     tokenizer = state.models.lm.tokenizer
     top = (body.top_logprobs or 0) if body.logprobs else None
-    job, events = _submit(state, plan, body.stream)
+    job, events = _submit(state, plan, body.stream, request)
     if not body.stream:
         done = await _finish(job, events, request)
         return await _json(responses.chat, plan, done, state.name, body.n, top, tokenizer)
@@ -134,7 +135,7 @@ async def batch(body: BatchBody, request: Request) -> Response:
     preset = state.check_model(body.model)
     plan = await run_in_threadpool(plan_batch, body, state.models.lm, state.store, state.limits,
                                    _beta(state, body), preset)  # fmt: skip
-    job, events = _submit(state, plan, body.stream)
+    job, events = _submit(state, plan, body.stream, request)
     if not body.stream:
         done = await _finish(job, events, request)
         return await _json(responses.batch, plan, done, state.name, body.logprobs)
@@ -179,7 +180,8 @@ async def delete_vector(name: str, request: Request) -> dict[str, Any]:
     return {"id": name, "object": "vector", "deleted": True}
 
 
-def _submit(state: ServerState, plan: Plan, stream: bool) -> tuple[Job, asyncio.Queue[Event]]:
+def _submit(state: ServerState, plan: Plan, stream: bool,
+            request: Request) -> tuple[Job, asyncio.Queue[Event]]:  # fmt: skip
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -190,7 +192,7 @@ def _submit(state: ServerState, plan: Plan, stream: bool) -> tuple[Job, asyncio.
     job = Job(plan.requests, plan.beta, post, stream=stream)
     if state.batcher.failure is not None:  # a 503 now, before a stream's 200 goes out
         raise api_error(state.batcher.failure, job)
-    state.batcher.submit(job)
+    state.batcher.submit(job, expected=announced(request.scope))
     return job, events
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from steerlab.core.request import Request, TokenScore
-from steerlab.core.tagging import count_hooks
+from steerlab.core.tagging import is_tagged
 
 RowKey = tuple[tuple[str, float], ...]
 
@@ -44,16 +44,23 @@ def row_key(request: Request) -> RowKey:
 
 
 def model_state(models: Sequence[nn.Module]) -> tuple[Any, ...] | None:
-    """A value that changes when the model's outputs may; None when it is training."""
-    if any(module.training for m in models for module in m.modules()):
-        return None
-    params = tuple((p._version, p.data_ptr()) for m in models for p in m.parameters())
-    hooks = sum(len(getattr(module, name)) for m in models for module in m.modules()
-                for name in ("_forward_hooks", "_forward_pre_hooks"))  # fmt: skip
-    own = sum(count_hooks(m) for m in models)
+    """A value that changes when the model's outputs may; None when it is training.
+
+    One walk over the modules (every scoring call pays for it): each parameter's version and
+    storage, and the forward hooks that are not steerlab's own."""
+    params: list[tuple[int, int]] = []
+    foreign = 0
+    for m in models:
+        for module in m.modules():
+            if module.training:
+                return None
+            params += [(p._version, p.data_ptr()) for p in module._parameters.values()
+                       if p is not None]  # fmt: skip
+            foreign += sum(not is_tagged(fn) for name in ("_forward_hooks", "_forward_pre_hooks")
+                           for fn in getattr(module, name).values())  # fmt: skip
     globals_ = len(nn.modules.module._global_forward_hooks)
     globals_ += len(nn.modules.module._global_forward_pre_hooks)
-    return tuple(id(m) for m in models), params, hooks - own, globals_
+    return tuple(id(m) for m in models), tuple(params), foreign, globals_
 
 
 def common_length(a: Sequence[int], b: Sequence[int]) -> int:

@@ -171,13 +171,17 @@ def _scored(logits: torch.Tensor, targets: Sequence[Sequence[int]], top: int,
             requests: Sequence[Request]) -> list[Scores]:  # fmt: skip
     """Per row, the scores of ``targets[i]``: the tokens after each fed one but the last, the
     fed tokens right-aligned in ``logits`` [rows, new, vocab]. A logprob is the chosen logit
-    less the position's logsumexp: one gather, and one ``topk`` only when ``top`` > 0."""
+    less the position's logsumexp: one gather, and the alternatives only when ``top`` > 0 (for
+    ``top`` 1, the max the logsumexp takes)."""
     rows, new = logits.shape[:2]
     width = max((len(t) for t in targets), default=0)
     if width == 0:
         return [[] for _ in targets]
     window = logits[:, new - 1 - width : new - 1].float()  # [rows, width, vocab]
-    norm = window.logsumexp(-1, keepdim=True)  # [rows, width, 1]
+    # logsumexp by hand, so that lm-eval's top-1 (its greedy check) is the max it needs anyway
+    best = window.max(-1, keepdim=True) if top == 1 else None
+    peak = best.values if best is not None else window.amax(-1, keepdim=True)
+    norm = (window - peak).exp_().sum(-1, keepdim=True).log_() + peak  # [rows, width, 1]
     ids = torch.zeros(rows, width, dtype=torch.long)
     for i, t in enumerate(targets):
         if t:
@@ -187,7 +191,7 @@ def _scored(logits: torch.Tensor, targets: Sequence[Sequence[int]], top: int,
     chosen = chosen_t.tolist()
     tops: list[list[tuple[tuple[int, float], ...]]] = [[()] * width for _ in range(rows)]
     if top > 0:
-        values, which = window.topk(min(top, window.shape[-1]), dim=-1)
+        values, which = best if best is not None else window.topk(min(top, window.shape[-1]), -1)
         tops = [[tuple(zip(i, v)) for i, v in zip(ri, rv)]
                 for ri, rv in zip(which.tolist(), (values - norm).tolist())]  # fmt: skip
     return [[TokenScore(tok, chosen[i][width - len(t) + j], tops[i][width - len(t) + j])
@@ -229,8 +233,8 @@ def _keep(backend: Backend, store: PromptStore, groups: list[Group], keys: list[
 
 
 def _itemsize(backend: Backend) -> int:
-    params = [p for m in backend.modules() for p in m.parameters()]
-    return params[0].element_size() if params else 4
+    first = next((p for m in backend.modules() for p in m.parameters()), None)
+    return first.element_size() if first is not None else 4
 
 
 class ScoredRows:
