@@ -32,7 +32,7 @@ TEMPLATE = (
 )
 SYSTEM = ("You are a careful assistant who answers briefly and kindly. " * 12)[:690]
 USER = [f"Tell me about the sea and its tides, please, in a few words: {i}." for i in range(4)]
-NEW = 60
+NEW = 30
 SECTION = "## Chat sessions and shared prompts"
 
 

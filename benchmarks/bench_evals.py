@@ -63,10 +63,10 @@ def run() -> list[dict[str, object]]:
     small = sl.wrap(model, tokenizer)
     small_steer = sl.Steer("blocks.6.hook_resid_pre", torch.randn(768), alpha=1.0)
     cases = [
-        ("steerlab-tiny, 16 prompts x 5 alphas, 32 new tokens", toy, toy_steer,
-         [f"Once upon a time, story {i}:" for i in range(16)], 32),
-        ("GPT-2-small shape, 4 prompts x 5 alphas, 16 new tokens", small, small_steer,
-         [f"{PROMPT} {i}" for i in range(4)], 16),
+        ("steerlab-tiny, 8 prompts x 5 alphas, 32 new tokens", toy, toy_steer,
+         [f"Once upon a time, story {i}:" for i in range(8)], 32),
+        ("GPT-2-small shape, 2 prompts x 5 alphas, 16 new tokens", small, small_steer,
+         [f"{PROMPT} {i}" for i in range(2)], 16),
     ]  # fmt: skip
     for name, lm, steer, prompts, new in cases:
         a, b = batched(lm, steer, prompts, new), naive(lm, steer, prompts, new)

@@ -25,7 +25,7 @@ import steerlab as sl  # noqa: E402
 from steerlab.features import SAE  # noqa: E402
 
 SECTION = "## SAE features as steers"
-NEW = 64
+NEW = 32
 D_SAE = 16384
 SITE = "blocks.6.hook_resid_pre"
 

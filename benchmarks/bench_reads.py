@@ -22,7 +22,7 @@ import steerlab as sl
 
 SECTION = "## Conditions and monitors"
 SITE, READ_SITE = "blocks.6.hook_resid_pre", "blocks.3.hook_resid_post"
-NEW = 64
+NEW = 16
 
 
 def _row(rows: list[dict], name: str, ours: float, base: float, target: str) -> None:

@@ -18,7 +18,7 @@ Every arm's per-sample loglikelihoods equal the baseline's within 1e-3 (asserted
 time is recorded). Each timed run follows an untimed one of two documents; the engine's
 store of scored prompts is emptied before each timed run, so no arm starts from prompts an
 earlier one scored. The baseline and every arm run in turn, ``REPEATS`` times (the rolling
-task, a few seconds an arm, three times), and each keeps its fastest: on a shared machine a
+task, a few seconds an arm, twice), and each keeps its fastest: on a shared machine a
 single run of a few seconds moves by 10-20%. The 1-minute load average is kept per row.
 
     .venv/bin/python benchmarks/bench_scoring.py                 # rewrites its RESULTS.md section
@@ -55,7 +55,7 @@ SECTION = "## Scoring: lm-eval through steerlab serve vs lm-eval's hf model"
 ALPHA = 4.0
 MC, ROLLING = "bench_mc", "bench_rolling"
 TARGETS = {MC: 1.5, ROLLING: 1.0}
-REPEATS = {MC: 1, ROLLING: 3}  # timed runs per arm, the fastest kept
+REPEATS = {MC: 1, ROLLING: 2}  # timed runs per arm, the fastest kept
 ARMS: dict[str, dict[str, int]] = {  # local-completions settings per request style
     "1 request at a time": {"batch_size": 1, "num_concurrent": 1},
     "16 prompts a request": {"batch_size": 16, "num_concurrent": 1},

@@ -1,7 +1,7 @@
 """Benchmark: the steering server's dynamic batching against the same requests one at a time.
 
 A random GPT-2-small-shaped model (12 layers, d_model 768, 50257 tokens, char tokenizer) is
-served on loopback in this process. 32 ``/v1/completions`` requests of 64 tokens each (own
+served on loopback in this process. 16 ``/v1/completions`` requests of 64 tokens each (own
 prompt, seeded sampling, every other one steered at layer 6) are sent all at once, then one at
 a time; the ratio of the two wall times is the batching gain. The server's overhead is one
 request through HTTP against in-process ``lm.generate`` for the same request (medians of 3,
@@ -44,7 +44,7 @@ from steerlab.server import ServedModels, create_app  # noqa: E402
 from steerlab.server.background import serve_in_background  # noqa: E402
 from steerlab.server.cli import settle_heap  # noqa: E402
 
-N_REQUESTS = 32
+N_REQUESTS = 16
 NEW = 64
 WINDOWS_MS = (5.0, 50.0)  # the server's default batching window, and a longer one
 DEADLINE_S = 1200.0  # for the whole benchmark; the sequential phase stops sending after it
