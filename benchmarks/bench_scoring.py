@@ -10,7 +10,10 @@ before the clock starts:
 - lm-eval's ``local-completions`` against ``steerlab serve`` on loopback, tokenizing on the
   client with the model's own tokenizer, as ``sl.evals.lm_eval`` runs an in-process model
   (no ``/tokenize`` round trips): one request at a time, 16 prompts a request, and 8
-  concurrent one-prompt requests.
+  concurrent one-prompt requests;
+- on the rolling task, ``sl.evals.lm_eval``'s own client (``completions_model``): 16 prompts
+  a request, every document's windows together (lm-eval's API models send one document a
+  request, whatever the batch size).
 
 Unsteered, and steered: the server serves a preset (alpha x v added at the middle layer's
 residual stream); the baseline is lm-eval's ``hf`` model with a plain torch pre-hook adding the same.
@@ -61,6 +64,9 @@ ARMS: dict[str, dict[str, int]] = {  # local-completions settings per request st
     "16 prompts a request": {"batch_size": 16, "num_concurrent": 1},
     "8 concurrent requests": {"batch_size": 1, "num_concurrent": 8},
 }
+# sl.evals.lm_eval's client (harness.completions_model): 16 prompts a request, and a rolling
+# task's windows of every document together; on multiple choice it is "16 prompts a request"
+BATCHED = "sl.evals.lm_eval: 16 prompts a request, documents together"
 # why the arms that miss their target miss it; the split is profile_scoring.py's section
 NOTES = [
     "Where the arms below their target stand (the time split of one-prompt requests is "
@@ -195,17 +201,22 @@ def served(lm: sl.SteerableModel, vector: torch.Tensor) -> Iterator[tuple[str, s
         yield url, key
 
 
-def client(url: str, key: str, model: str, tokenizer: Path, settings: dict[str, int]) -> Any:
+def client(url: str, key: str, model: str, tokenizer: Path, settings: dict[str, int],
+           batched: bool = False) -> Any:  # fmt: skip
     """lm-eval's ``local-completions`` model as ``sl.evals.lm_eval`` configures it for an
-    in-process model: the model's tokenizer on the client, token ids on the wire."""
+    in-process model: the model's tokenizer on the client, token ids on the wire; with
+    ``batched``, ``sl.evals.lm_eval``'s own (every document's rolling windows together)."""
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-    return LocalCompletionsAPI(
+    from steerlab.evals.harness import completions_model
+
+    args = dict(
         base_url=f"{url}/v1/completions", model=model, tokenizer_backend="huggingface",
         tokenizer=str(tokenizer), add_bos_token=False, tokenized_requests=True, max_retries=1,
         custom_prefix_token_id=0, auth_token=key, header={"Authorization": f"Bearer {key}"},
         **settings,
     )  # fmt: skip
+    return completions_model(args) if batched else LocalCompletionsAPI(**args)
 
 
 def bench_model(name: str, path: Path, tasks: dict[str, Any], device: str,
@@ -226,8 +237,11 @@ def bench_model(name: str, path: Path, tasks: dict[str, Any], device: str,
             for steered in (False, True):
                 served_as = "steered" if steered else lm.name
                 models = {arm: client(url, key, served_as, path, s) for arm, s in ARMS.items()}
-                times: dict[str, list[float]] = {arm: [] for arm in ["hf", *ARMS]}
-                loads: dict[str, list[float]] = {arm: [] for arm in ARMS}
+                if task == ROLLING:
+                    models[BATCHED] = client(url, key, served_as, path, ARMS[
+                        "16 prompts a request"], batched=True)  # fmt: skip
+                times: dict[str, list[float]] = {arm: [] for arm in ["hf", *models]}
+                loads: dict[str, list[float]] = {arm: [] for arm in models}
                 for _ in range(REPEATS[task]):  # the baseline and the arms in turn
                     with steered_hf(hf, vector if steered else None):
                         base_s, want = evaluate(baseline, tasks, task)
@@ -239,7 +253,7 @@ def bench_model(name: str, path: Path, tasks: dict[str, Any], device: str,
                         assert len(got) == len(want) and worst < 1e-3, (name, task, arm, worst)
                         times[arm].append(ours_s)
                         loads[arm].append(os.getloadavg()[0])
-                for arm in ARMS:
+                for arm in models:
                     record(name, task, steered, arm, min(times[arm]), min(times["hf"]),
                            max(loads[arm]))  # fmt: skip
 

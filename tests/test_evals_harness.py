@@ -4,6 +4,9 @@ scoring that model with a plain torch hook adding alpha * v (``tests/reference.p
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 from reference import RefSteer, _install
 from server_helpers import KEY, served
@@ -146,3 +149,86 @@ def test_an_in_process_model_is_tokenized_on_the_client_not_through_tokenize(toy
                               log_samples=True)  # fmt: skip
     assert calls == []
     assert len(_loglikelihoods(result.unsteered, "toy_sentiment")) > 0
+
+
+@pytest.fixture(scope="module")
+def long_stories(tmp_path_factory):
+    """A rolling task of three documents, each over twice steerlab-tiny's 128-token window."""
+
+    from steerlab.toy.corpus import make_story
+
+    rng = random.Random(7)
+    folder = tmp_path_factory.mktemp("long-stories")
+    docs = [{"text": " ".join(make_story(rng).text for _ in range(4 + i))} for i in range(3)]
+    data = folder / "long_stories.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "long_stories.yaml").write_text(
+        "task: long_stories\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {json.dumps(str(data))}\ntest_split: test\n"
+        "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
+        "doc_to_target: '{{text}}'\nmetric_list:\n  - metric: word_perplexity\n"
+    )
+    return folder
+
+
+def test_documents_longer_than_the_window_are_scored_in_windows_as_lm_evals_hf_model_does(
+    toy_lm, toy_hf, long_stories
+):
+    """lm-eval's API models assume 2048 tokens; a document longer than the model's window
+    was a request the server refused (400). Now lm-eval is told ``n_ctx`` and cuts windows
+    of ``n_ctx - 1`` tokens (one kept for the token each scoring request samples): the
+    windows lm-eval's own ``hf`` model cuts with ``max_length`` ``n_ctx - 2`` (it feeds a
+    window less its last token)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lines = (long_stories / "long_stories.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["text"] for line in lines]
+    assert min(len(toy_lm.tokenizer.encode(t)) for t in texts) > 2 * toy_lm.n_ctx
+    ours = sl.evals.lm_eval(toy_lm, ["long_stories"], include_path=long_stories,
+                            log_samples=True, bootstrap_iters=0)  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+    hf = HFLM(pretrained=toy_hf, tokenizer=tokenizer, batch_size=1, add_bos_token=False,
+              max_length=toy_lm.n_ctx - 2)  # fmt: skip
+    oracle = simple_evaluate(model=hf, tasks=["long_stories"], log_samples=True,
+                             task_manager=TaskManager(include_path=str(long_stories)),
+                             bootstrap_iters=0)  # fmt: skip
+    got = _loglikelihoods(ours.unsteered, "long_stories")
+    want = _loglikelihoods(oracle, "long_stories")
+    assert len(got) == len(want) == 3
+    assert got == pytest.approx(want, abs=1e-3)
+
+
+def test_rolling_windows_of_every_document_go_batch_size_a_request(toy_lm, tasks, monkeypatch):
+    """lm-eval's API models send one document a request; ``sl.evals.lm_eval`` sends every
+    document's windows together (as lm-eval's ``hf`` model batches them), with the same
+    per-document loglikelihoods as the stock ``local-completions`` model against the same
+    server."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    from lm_eval.tasks import TaskManager
+
+    calls = []
+    call = LocalCompletionsAPI.model_call
+    monkeypatch.setattr(LocalCompletionsAPI, "model_call", lambda self, messages, **kw:
+                        calls.append(len(messages)) or call(self, messages, **kw))  # fmt: skip
+    with served(toy_lm) as url:
+        ours = sl.evals.lm_eval(url, ["toy_stories"], include_path=tasks, api_key=KEY,
+                                log_samples=True, bootstrap_iters=0)  # fmt: skip
+        batched, calls[:] = list(calls), []
+        stock = simple_evaluate(
+            model="local-completions", tasks=["toy_stories"], log_samples=True,
+            model_args={"base_url": f"{url}/v1/completions", "model": toy_lm.name,
+                        "tokenizer_backend": "remote", "tokenized_requests": True,
+                        "batch_size": 16, "max_length": toy_lm.n_ctx,
+                        "custom_prefix_token_id": 0, "auth_token": KEY,
+                        "header": {"Authorization": f"Bearer {KEY}"}},
+            task_manager=TaskManager(include_path=str(tasks)), bootstrap_iters=0,
+        )  # fmt: skip
+    docs = len(_loglikelihoods(stock, "toy_stories"))
+    assert docs == 12 and calls == [1] * docs  # stock: a document a request
+    assert batched == [12]  # ours: every document's (single) window in one request
+    assert _loglikelihoods(ours.unsteered, "toy_stories") == pytest.approx(
+        _loglikelihoods(stock, "toy_stories"), abs=1e-5
+    )

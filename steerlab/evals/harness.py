@@ -11,7 +11,15 @@ server's URL, ``steer`` names one of the server's presets (``--preset NAME=FILE@
 lm-eval sends 16 prompts a request, one request at a time: of its request styles (one
 prompt a request, 16 a request, 8 concurrent requests) the fastest in
 ``benchmarks/bench_scoring.py``, faster than lm-eval's own in-process ``hf`` model, since
-the server feeds each multiple-choice context once for all of its choices.
+the server feeds each multiple-choice context once for all of its choices. Its API models
+send a perplexity task (``loglikelihood_rolling``) one document a request whatever the
+batch size; ``lm_eval`` uses ``local-completions`` with one change (``completions_model``):
+every document's windows go together, 16 a request, as lm-eval's ``hf`` model batches them.
+
+lm-eval's API models assume a 2048-token window; ``lm_eval`` tells them the model's own
+(``n_ctx``, of which lm-eval keeps one token for the token each scoring request samples), so
+a long document is cut into windows that fit, and a long context is cut from the left, as
+lm-eval does for its ``hf`` model, instead of a request the server refuses.
 
 For an in-process model lm-eval tokenizes locally, with the model's own (fast) tokenizer
 saved to a temporary folder: lm-eval's remote tokenizer costs two ``/tokenize`` round trips
@@ -25,6 +33,7 @@ tokenizer that is not a fast one, tokenizing goes through the server's ``/tokeni
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import secrets
 import tempfile
@@ -163,11 +172,14 @@ def lm_eval(
     manager = _task_manager(TaskManager, names, include_path)
     _check_task_names(manager, names)
 
-    with _server(lm_or_url, steer, alpha, api_key) as (url, model, preset, key, folder):
+    with _server(lm_or_url, steer, alpha, api_key) as (url, card, preset, key, folder):
+        model = card["id"]
         args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
                                 "num_concurrent": 1, "batch_size": BATCH, "max_retries": 1,
                                 "tokenized_requests": True,
                                 "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
+        if card.get("n_ctx"):  # lm-eval keeps one token of it for the token a request samples
+            args["max_length"] = int(card["n_ctx"])
         if folder is not None and "tokenizer_backend" not in (model_args or {}):
             # no /tokenize round trips: the server's own tokenizer, on the client
             args.update(tokenizer_backend="huggingface", tokenizer=folder, add_bos_token=False)
@@ -177,7 +189,7 @@ def lm_eval(
 
         def run(name: str) -> dict[str, Any]:
             out = simple_evaluate(
-                model="local-completions", model_args={**args, "model": name}, tasks=names,
+                model=completions_model({**args, "model": name}), tasks=names,
                 limit=limit, num_fewshot=num_fewshot, task_manager=manager,
                 log_samples=log_samples, bootstrap_iters=bootstrap_iters, random_seed=seed,
                 numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
@@ -190,6 +202,48 @@ def lm_eval(
             unsteered = run(model)
             steered = run(preset) if preset else None
     return HarnessResult(unsteered, steered, model, preset)
+
+
+def completions_model(args: Mapping[str, Any]) -> Any:
+    """lm-eval's ``local-completions`` model made from ``args`` (its ``model_args``), with
+    one change: its rolling loglikelihoods (perplexity tasks) send the windows of every
+    document together, ``batch_size`` a request, as lm-eval's ``hf`` model batches them,
+    where lm-eval's API models send one document a request. Every window is scored as the
+    same prompt either way; a document's loglikelihood is the sum of its windows', in order.
+    """
+    return _batched_rolling().create_from_arg_obj(dict(args))
+
+
+@functools.cache
+def _batched_rolling() -> Any:
+    from lm_eval import utils
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    class BatchedRollingCompletions(LocalCompletionsAPI):  # type: ignore[misc]
+        """``local-completions``, sending all documents' rolling windows together."""
+
+        def loglikelihood_rolling(self, requests: list[Any],
+                                  disable_tqdm: bool = False) -> list[float]:  # fmt: skip
+            texts = [request.args[0] for request in requests]
+            windows: list[tuple[Any, ...]] = []
+            counts = []
+            for text in texts:  # the windows of TemplateAPI.loglikelihood_rolling
+                split = utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length - 1, context_len=1,
+                )  # fmt: skip
+                doc = [(None, *utils.make_disjoint_window(w)) for w in split]
+                windows += doc
+                counts.append(len(doc))
+            scores = iter(self._loglikelihood_tokens(windows, disable_tqdm=True))
+            out = []
+            for text, n in zip(texts, counts):
+                total = sum(next(scores)[0] for _ in range(n))
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+                out.append(total)
+            return out
+
+    return BatchedRollingCompletions
 
 
 def _check_task_names(manager: Any, names: Sequence[str]) -> None:
@@ -209,12 +263,15 @@ def _check_task_names(manager: Any, names: Sequence[str]) -> None:
 
 @contextmanager
 def _server(lm_or_url: Any, steer: Any, alpha: float,
-            api_key: str | None) -> Iterator[tuple[str, str, str | None, str | None, str | None]]:  # fmt: skip
-    """``(url, base model name, preset name or None, api key or None, tokenizer folder or
-    None)`` for the call: the folder holds an in-process model's fast tokenizer."""
+            api_key: str | None) -> Iterator[tuple[str, dict[str, Any], str | None, str | None,
+                                                   str | None]]:  # fmt: skip
+    """``(url, base model's card, preset name or None, api key or None, tokenizer folder or
+    None)`` for the call: the card is ``/v1/models``'s entry (``id``, ``n_ctx`` ...); the
+    folder holds an in-process model's fast tokenizer."""
     if isinstance(lm_or_url, str):
         url = lm_or_url.rstrip("/").removesuffix("/v1")
-        names = [card["id"] for card in _get(url, "/v1/models", api_key)["data"]]
+        cards = _get(url, "/v1/models", api_key)["data"]
+        names = [card["id"] for card in cards]
         if steer is not None and not isinstance(steer, str):
             raise ValueError(
                 "A server's steered model is one of its presets: start it with "
@@ -225,7 +282,7 @@ def _server(lm_or_url: Any, steer: Any, alpha: float,
             raise ValueError(f"The server has no preset {steer!r}; its models are {names}.")
         if alpha != 1.0:
             raise ValueError("alpha= applies to an in-process steer; a preset has its own.")
-        yield url, names[0], steer, api_key, None
+        yield url, cards[0], steer, api_key, None
         return
     if isinstance(steer, str):
         raise ValueError(f"steer={steer!r} names a preset, which only a server has; for an "
@@ -238,8 +295,8 @@ def _server(lm_or_url: Any, steer: Any, alpha: float,
     key = secrets.token_urlsafe(16)  # loopback only, and only this call's client knows it
     app = create_app(ServedModels(lm_or_url), api_key=key, presets=presets)
     with serve_in_background(app) as url, _saved_tokenizer(lm_or_url.tokenizer) as folder:
-        model = _get(url, "/v1/models", key)["data"][0]["id"]
-        yield url, model, STEERED if presets else None, key, folder
+        card = _get(url, "/v1/models", key)["data"][0]
+        yield url, card, STEERED if presets else None, key, folder
 
 
 @contextmanager
