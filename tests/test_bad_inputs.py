@@ -37,6 +37,13 @@ BAD_PROMPTS = [
     (42, "prompts must be a string, a list of messages, or a list of those; got int 42"),
     (["fine", 3], "prompt 1 must be a string or a list of messages; got int 3"),
     (["fine", None], "prompt 1 must be a string or a list of messages; got NoneType"),
+    # token ids are not prompts here, and the error says what to do with them
+    ([5, 6, 7], r"prompt 0 .* got int 5\. Token ids are not a prompt here: decode them"),
+    ([[5, 6], [7, 8]], r"prompt 0 .* got list \[5, 6\]\. Token ids are not a prompt here"),
+    (["fine", (3, 4)], r"prompt 1 .* got tuple \(3, 4\)\. Token ids are not a prompt here"),
+    (torch.tensor([5, 6]), r"got Tensor tensor\(\[5, 6\]\)\. Token ids are not a prompt"),
+    ([torch.tensor([5, 6])], r"prompt 0 .* got Tensor .*Token ids are not a prompt here"),
+    ([1.5], r"prompt 0 .* got float 1\.5\.$"),  # no hint for what is not ids
 ]
 
 
@@ -203,3 +210,38 @@ def test_duplicate_metadata_blocks_are_refused(tmp_path):
     _write(bad, doubled.encode(), data)
     with pytest.raises(VectorFileError, match="twice.safetensors names '__metadata__' twice"):
         sl.SteeringVector.load(bad)
+
+
+def test_numpy_and_tensor_token_ids_are_token_ids_and_floats_or_bools_are_not(tiny):
+    """Token ids from numpy or torch (``np.int64``, a tensor's elements) are the ints they
+    hold, where a prompt is token ids: a ``Request`` and ``score_prompts``. A float or a
+    bool is refused, as before."""
+    import numpy as np
+
+    from steerlab.core.request import Request
+    from steerlab.engine.scoring import score_prompts
+
+    ids = tiny.tokenizer.encode("Once upon a time")
+    want = [s.logprob for s in score_prompts(tiny.engine, [ids])[0][1:]]
+    for given in (np.array(ids), torch.tensor(ids), [np.int32(t) for t in ids]):
+        got = score_prompts(tiny.engine, [given])[0][1:]
+        assert [s.logprob for s in got] == want
+        assert [s.token for s in got] == ids[1:] and all(type(s.token) is int for s in got)
+    assert Request([np.int64(3), 4]).prompt == (3, 4)
+    for bad in ([1.0, 2], [True, 3], [np.float32(1)], [torch.tensor([1, 2])]):
+        with pytest.raises(ValueError, match="Request.prompt must be a sequence of int token ids"):
+            Request(bad)
+
+
+def test_a_server_plan_takes_numpy_token_ids_and_names_a_bad_one(tiny):
+    import numpy as np
+
+    from steerlab.core.rows import lay_out_ids
+
+    ids = tiny.tokenizer.encode("Once upon a time")
+    rows = lay_out_ids(tiny, [np.array(ids)], None, new_tokens=1)
+    assert rows.encoded == [ids] and all(type(t) is int for t in rows.encoded[0])
+    with pytest.raises(PromptError, match=r"prompt 0 holds 2\.5: token ids are ints in \[0, "):
+        lay_out_ids(tiny, [[1, 2.5]], None, new_tokens=1)
+    with pytest.raises(PromptError, match="prompt 0 holds True"):
+        lay_out_ids(tiny, [[True, 3]], None, new_tokens=1)

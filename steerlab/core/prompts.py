@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ def normalise(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if not isinstance(prompts, (str, list, tuple)):
         raise PromptError(
             f"prompts must be a string, a list of messages, or a list of those; got "
-            f"{type(prompts).__name__} {prompts!r:.60}."
+            f"{type(prompts).__name__} {prompts!r:.60}.{_ids_hint(prompts)}"
         )
     single = isinstance(prompts, str) or (
         isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], dict)
@@ -39,14 +40,33 @@ def normalise(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     for i, p in enumerate(listed):
         if isinstance(p, str):
             check_text(p, f"prompt {i}")
-        elif isinstance(p, list):
+        elif isinstance(p, list) and not _token_ids(p):
             listed[i] = check_messages(p, f"prompt {i}")
         else:
             raise PromptError(
                 f"prompt {i} must be a string or a list of messages; got "
-                f"{type(p).__name__} {p!r:.60}."
+                f"{type(p).__name__} {p!r:.60}.{_ids_hint(p)}"
             )
     return listed
+
+
+def _token_ids(x: Any) -> bool:
+    """Whether ``x`` looks like token ids: an int, an int tensor or array, or a non-empty
+    list of those."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, numbers.Integral):  # numpy's integers too
+        return True
+    if hasattr(x, "dtype") and hasattr(x, "tolist"):  # a tensor or an array
+        return "int" in str(x.dtype)
+    return isinstance(x, (list, tuple)) and bool(x) and all(_token_ids(v) for v in x)
+
+
+def _ids_hint(given: Any) -> str:
+    if not _token_ids(given):
+        return ""
+    return (" Token ids are not a prompt here: decode them (lm.tokenizer.decode(ids)), or "
+            "score them with steerlab.engine.scoring.score_prompts(lm.engine, [ids]).")  # fmt: skip
 
 
 def check_text(text: str, what: str) -> None:

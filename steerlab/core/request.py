@@ -416,8 +416,11 @@ class Request:
         return bool(self.monitors) or any(s.when is not None for s in self.steers)
 
     def __post_init__(self) -> None:
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.prompt):
-            raise ValueError("Request.prompt must be a sequence of int token ids.")
+        if not all(type(t) is int for t in self.prompt) or not isinstance(self.prompt, tuple):
+            plain = tuple(as_int(t) for t in self.prompt)  # numpy's integers too, not bools
+            if any(t is None for t in plain):
+                raise ValueError("Request.prompt must be a sequence of int token ids.")
+            object.__setattr__(self, "prompt", plain)
         if self.generated and len(self.generated) != len(self.prompt):
             raise ValueError(
                 f"Request.generated has {len(self.generated)} flags for "

@@ -13,6 +13,7 @@ from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
 from steerlab.core.reads import Monitor, as_monitors
 from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.scalars import as_int
 from steerlab.core.steer import Steer, check_steer, warn_other_model
 from steerlab.core.window import check_text_window, check_window
 
@@ -171,17 +172,18 @@ def lay_out_ids(lm: ModelLike, prompts: Sequence[Sequence[int]], steer: SteerArg
     [[0, 5, 9]]
     """
     vocab = len(lm.tokenizer)
-    listed = [list(p) for p in prompts]
-    if not listed:
+    given = [list(p) for p in prompts]
+    if not given:
         raise PromptError("The prompt list is empty: give at least one prompt.")
-    for i, ids in enumerate(listed):
+    listed: list[list[int]] = []
+    for i, ids in enumerate(given):
         if not ids:
             raise PromptError(f"prompt {i} has no token ids.")
-        bad = [
-            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
-        ]
+        plain = [as_int(t) for t in ids]  # numpy's integers and 0-d int tensors too
+        bad = [t for t, n in zip(ids, plain) if n is None or not 0 <= n < vocab]
         if bad:
             raise PromptError(f"prompt {i} holds {bad[0]!r}: token ids are ints in [0, {vocab}).")
+        listed.append([n for n in plain if n is not None])  # all of them
     steers = checked_steers(lm, steer)
     prompt_index, alphas = expand_rows(len(listed), steers)
     check_window(lm.n_ctx, max(len(ids) for ids in listed), new_tokens)
