@@ -170,3 +170,56 @@ def test_cuda_graphs_equal_eager() -> None:
     assert fast.engine.compiled.mode == "reduce-overhead"
     _assert_same(fast, eager, _steers(fast.d_model))
     _assert_same(fast, eager, _steers(fast.d_model), temperature=0.9, seed=5)
+
+
+def test_a_wide_vocabulary_head_is_the_same_product_in_another_order() -> None:
+    """On a CPU with a vocabulary of 8192 or more and several rows, the compiled step's LM
+    head multiplies with the weight on the left (``unembed``, faster there): the same logits
+    within float rounding; one row, more than 64 rows, or a narrow head keep the module's own
+    product."""
+    from steerlab.engine.compiled.families import unembed
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 9000, bias=False)
+    for rows in (1, 2, 8):
+        x = torch.randn(rows, 1, 64)
+        got = unembed(head, x)
+        assert got.shape == (rows, 1, 9000)
+        torch.testing.assert_close(got, head(x), rtol=1e-5, atol=1e-5)
+        assert got.is_contiguous() == (rows == 1)  # several rows: a view of W @ x^T
+    many = torch.randn(65, 1, 64)  # past WIDE_ROWS: the module itself
+    assert torch.equal(unembed(head, many), head(many))
+    narrow = torch.nn.Linear(64, 678, bias=True)
+    x = torch.randn(4, 1, 64)
+    assert torch.equal(unembed(narrow, x), narrow(x))
+
+
+@pytest.mark.slow
+def test_a_wide_vocabulary_model_compiled_equals_eager_and_hf_generate() -> None:
+    """A GPT-2 with 9000 logits, so the compiled step's head takes ``unembed``'s wide path
+    (six rows): the same tokens as the eager engine and HF ``generate``, logprobs within 1e-4."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from steerlab.testing import char_tokenizer
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=9000, n_positions=128,
+                        bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    fast, eager = sl.wrap(model, char_tokenizer()).compile(), sl.wrap(model, char_tokenizer())
+    steer = sl.Steer("blocks.1.hook_resid_pre", torch.randn(64), alpha=[0.0, 4.0],
+                     positions="generated")  # fmt: skip
+    assert fast.explain(PROMPTS, steer).startswith("compiled")
+    got = fast.generate(PROMPTS, steer, max_new_tokens=16, stop_at_eos=False)
+    want = eager.generate(PROMPTS, steer, max_new_tokens=16, stop_at_eos=False)
+    assert got.tokens == want.tokens
+    diff = max(abs(a - b) for g, w in zip(got.logprobs, want.logprobs) for a, b in zip(g, w))
+    assert diff < 1e-4
+    same = [PROMPTS[0]] * 2  # unsteered rows against HF's own loop, two rows in one batch
+    ids = torch.tensor([fast.tokenizer(PROMPTS[0])["input_ids"]] * 2)
+    with torch.inference_mode():
+        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                            min_new_tokens=16, do_sample=False, pad_token_id=2)  # fmt: skip
+    ours = fast.generate(same, max_new_tokens=16, stop_at_eos=False)
+    assert fast.explain(same).startswith("compiled")
+    assert ours.tokens == hf[:, ids.shape[1] :].tolist()

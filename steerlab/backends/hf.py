@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from steerlab.backends.base import ActivationFn, config_eos, position_ids, resid_mid_hooks
 from steerlab.backends.cache import DynamicCacheOps
+from steerlab.backends.head import plain_head, unembed, wide
 from steerlab.core.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
 from steerlab.core.tagging import tag
 
@@ -246,6 +247,14 @@ class HFBackend:
     ) -> torch.Tensor:
         if positions is None:
             positions = position_ids(attention_mask, input_ids.shape[1])
+        rows = input_ids.shape[0] * (1 if last_only else input_ids.shape[1])
+        head = plain_head(self.model)
+        if head is not None and wide(head, rows):  # the head multiplied as a CPU does it fastest
+            hidden = self.model.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                past_key_values=cache, use_cache=cache is not None,
+            ).last_hidden_state  # fmt: skip
+            return unembed(head, hidden[:, -1:] if last_only else hidden)
         output = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

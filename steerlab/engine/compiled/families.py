@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from steerlab.backends.head import unembed
+
 
 def plain(module: Any) -> Any:
     """The original module under any TransformerBridge wrappers."""
@@ -101,7 +103,7 @@ class GPT2:
         return self.scales[layer]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.ln_f(h))
+        return unembed(self.lm_head, self.ln_f(h))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -163,7 +165,7 @@ class Llama:
         return self.scales[layer]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(h))
+        return unembed(self.lm_head, self.norm(h))
 
 
 FAMILIES: dict[str, type] = {"gpt2": GPT2, "llama": Llama, "mistral": Llama, "qwen2": Llama}
