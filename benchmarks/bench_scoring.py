@@ -82,9 +82,10 @@ NOTES = [
     "- **Rolling.** lm-eval's API models send each document in a request of its own, one "
     "document after another (`TemplateAPI.loglikelihood_rolling` calls "
     "`_loglikelihood_tokens` per document) whatever `batch_size` and `num_concurrent` say, so "
-    "the three rolling arms are the same requests, and documents share no context. The "
-    "server's forward of a story is lm-eval `hf`'s own forward of it at batch 1 (equal to its "
-    "padded batch of 12 within noise here): parity less the round trips is the ceiling.",
+    "the three stock rolling arms are the same requests, and documents share no context. "
+    "`sl.evals.lm_eval`'s own client sends every document's windows together, 16 a request, "
+    "as lm-eval's `hf` model batches them: its forward of the padded batch is then `hf`'s own "
+    "(the same matrix products, by profile), so parity is the ceiling of that arm too.",
     "- **steerlab-tiny.** A forward costs a few milliseconds, less than a loopback HTTP round "
     "trip and the server's hand-offs (about 3 ms for an empty FastAPI route called with "
     "`requests`, when this note was written); lm-eval `hf` scores the whole task in-process "
