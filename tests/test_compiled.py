@@ -177,6 +177,7 @@ def test_a_wide_vocabulary_head_is_the_same_product_in_another_order() -> None:
     head multiplies with the weight on the left (``unembed``, faster there): the same logits
     within float rounding; one row, more than 64 rows, or a narrow head keep the module's own
     product."""
+    from steerlab.backends.head import wide
     from steerlab.engine.compiled.families import unembed
 
     torch.manual_seed(0)
@@ -186,7 +187,7 @@ def test_a_wide_vocabulary_head_is_the_same_product_in_another_order() -> None:
         got = unembed(head, x)
         assert got.shape == (rows, 1, 9000)
         torch.testing.assert_close(got, head(x), rtol=1e-5, atol=1e-5)
-        assert got.is_contiguous() == (rows == 1)  # several rows: a view of W @ x^T
+        assert got.is_contiguous() and wide(head, rows) == (rows > 1)
     many = torch.randn(65, 1, 64)  # past WIDE_ROWS: the module itself
     assert torch.equal(unembed(head, many), head(many))
     narrow = torch.nn.Linear(64, 678, bias=True)

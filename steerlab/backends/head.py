@@ -4,9 +4,11 @@ On a CPU, MKL multiplies a few rows by a wide vocabulary's head ``W`` [vocab, d]
 as fast with the weight on the left (``W @ x^T``) as ``F.linear`` does (``x @ W^T``):
 GPT-2's 50257 x 768 head, 2 threads, 4 rows: 10 ms against 30; 8 rows: 17 against 30; 64
 rows: 42 against 67; one row: the same. The logits are the same products added in another
-order (differences ~1e-6 in float32). They come out as a view of ``[vocab, rows]``, whose
-max with indices over the vocabulary is slow (1008 rows: 166 ms against 26 contiguous,
-more than the product saves there), so only up to ``WIDE_ROWS`` rows take this path.
+order (differences ~1e-6 in float32). The product comes out as ``[vocab, rows]`` and is
+copied to ``[rows, vocab]``, as every caller expects (a max with indices over a
+transposed view took 166 ms against 26 for 1008 rows); past ``WIDE_ROWS`` rows the copy
+and the product together cost what ``F.linear`` does, so only 2 to ``WIDE_ROWS`` rows take
+this path.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def unembed(head: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if not wide(head, rows):
         return head(x)
     w = head.weight
-    out = (w @ x.reshape(rows, x.shape[-1]).T).T  # [rows, vocab], a view of [vocab, rows]
+    out = (w @ x.reshape(rows, x.shape[-1]).T).T.contiguous()  # [vocab, rows] copied across
     if head.bias is not None:
         out = out + head.bias
     return out.reshape(*x.shape[:-1], w.shape[0])
