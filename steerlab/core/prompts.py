@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 
 from steerlab.core.errors import PromptError
+from steerlab.core.scalars import as_int
 
 Message = dict[str, str]
 Prompt = str | list[Message]
@@ -51,11 +51,9 @@ def normalise(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
 
 
 def _token_ids(x: Any) -> bool:
-    """Whether ``x`` looks like token ids: an int, an int tensor or array, or a non-empty
-    list of those."""
-    if isinstance(x, bool):
-        return False
-    if isinstance(x, numbers.Integral):  # numpy's integers too
+    """Whether ``x`` looks like token ids: an int (``as_int``'s), an int tensor or array, or
+    a non-empty list of those."""
+    if as_int(x) is not None:
         return True
     if hasattr(x, "dtype") and hasattr(x, "tolist"):  # a tensor or an array
         return "int" in str(x.dtype)

@@ -179,11 +179,11 @@ def lay_out_ids(lm: ModelLike, prompts: Sequence[Sequence[int]], steer: SteerArg
     for i, ids in enumerate(given):
         if not ids:
             raise PromptError(f"prompt {i} has no token ids.")
-        plain = [as_int(t) for t in ids]  # numpy's integers and 0-d int tensors too
-        bad = [t for t, n in zip(ids, plain) if n is None or not 0 <= n < vocab]
-        if bad:
-            raise PromptError(f"prompt {i} holds {bad[0]!r}: token ids are ints in [0, {vocab}).")
-        listed.append([n for n in plain if n is not None])  # all of them
+        plain = [n for n in map(as_int, ids) if n is not None and 0 <= n < vocab]
+        if len(plain) < len(ids):  # numpy's integers and 0-d int tensors are ints too
+            bad = next(t for t in ids if (n := as_int(t)) is None or not 0 <= n < vocab)
+            raise PromptError(f"prompt {i} holds {bad!r}: token ids are ints in [0, {vocab}).")
+        listed.append(plain)
     steers = checked_steers(lm, steer)
     prompt_index, alphas = expand_rows(len(listed), steers)
     check_window(lm.n_ctx, max(len(ids) for ids in listed), new_tokens)
