@@ -240,7 +240,7 @@ def _fake_judge(replies: dict[str, str], seen: list[dict]):
         seen.append({"body": body, "auth": request.headers.get("authorization")})
         question = body["messages"][0]["content"]
         which = ("concept" if "about a given concept" in question
-                 else "instruction" if "answers the request" in question else "fluency")  # fmt: skip
+                 else "instruction" if "topic of the request" in question else "fluency")  # fmt: skip
         text = question.split("<<<\n")[-1]
         reply = replies[which](text) if callable(replies[which]) else replies[which]
         return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
@@ -261,10 +261,8 @@ def test_judge_rates_axbench_style_with_the_harmonic_mean(toy_lm, vec):
     }
     with serve_in_background(_fake_judge(replies, seen)) as url:
         judge = Judge(f"{url}/v1", "judge-model", api_key="k", max_workers=3)
-        one = judge.rate("Tell me a story", "Mia smiled.", "happiness")
-        assert one == {"concept": 2.0, "instruction": 1.0, "fluency": 2.0,
-                       "judge": pytest.approx(statistics.harmonic_mean([2, 1, 2]))}  # fmt: skip
-        assert judge.rate("p", "Mia cried.", "happiness")["judge"] == 0.0  # a zero sinks it
+        assert judge.rate("happiness", "Tell me a story", "Mia smiled.") == (2.0, 1.0, 2.0)
+        assert judge.rate("happiness", "p", "Mia cried.") == (0.0, 1.0, 2.0)
         res = steerability(toy_lm, vec, PROMPTS, [0, 6], concept=judge.concept("happiness"),
                            max_new_tokens=10, samples=2, n_boot=50, progress=False)  # fmt: skip
     body = seen[0]["body"]
@@ -286,8 +284,8 @@ def test_judge_errors_name_what_went_wrong():
     seen: list[dict] = []
     replies = {"concept": "I think it is fine.", "instruction": "Rating: 1", "fluency": "Rating: 1"}
     with serve_in_background(_fake_judge(replies, seen)) as url:
-        with pytest.raises(JudgeError, match="no 'Rating"):
-            Judge(f"{url}/v1", "m").rate("p", "text", "the sea")
+        concept, instruction, fluency = Judge(f"{url}/v1", "m").rate("the sea", "p", "text")
+        assert math.isnan(concept) and (instruction, fluency) == (1.0, 1.0)  # unreadable: nan
         with pytest.raises(JudgeError, match="answered 404"):
             Judge(f"{url}/v2", "m").ask("hi")
     with pytest.raises(JudgeError, match="did not answer"):
@@ -308,11 +306,9 @@ def test_judge_speaks_to_a_steerlab_server(toy_lm):
         judge = Judge(f"{url}/v1", "steerlab-tiny", api_key=KEY, max_tokens=8)
         reply = judge.ask("Rate this.")
         assert isinstance(reply, str)
-        with pytest.raises(JudgeError, match="no 'Rating"):
-            reply = judge.ask("Once upon a time")
-            parse_rating(reply)
+        assert parse_rating(judge.ask("Once upon a time")) is None  # a story, not a rating
         with pytest.raises(JudgeError, match="answered 400.*context window"):
-            judge.rate("p", "Mia smiled.", "happiness")
+            judge.rate("happiness", "p", "Mia smiled.")
 
 
 def test_judge_retries_rate_limits_and_passing_errors_but_not_refusals():

@@ -155,6 +155,29 @@ def encode(tokenizer: Any, prompt: Prompt, *, chat: bool) -> list[int]:
     return _single_bos(tokenizer, tokenizer(prompt)["input_ids"])
 
 
+def rendered(tokenizer: Any, prompt: Prompt, *, chat: bool) -> str:
+    """The text a prompt is fed as: with ``chat``, its chat template rendered for a reply
+    (when the tokenizer has one); otherwise the string itself. Training rows encode it with
+    ``chat=False``: the same ids as the chat prompt where the template writes the BOS itself
+    or the tokenizer adds none (one BOS either way, never two)."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        messages = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else check_messages(prompt)
+        )
+        return str(tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=True))  # fmt: skip
+    if not isinstance(prompt, str):
+        raise PromptError("A list of messages needs chat=True.")
+    return prompt
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer carries a chat template (``chat=True`` then uses it)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def _single_bos(tokenizer: Any, ids: list[int]) -> list[int]:
     bos = tokenizer.bos_token_id
     while bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:

@@ -1,4 +1,8 @@
-"""Is this vector any good? Steerability, an LLM judge, and lm-evaluation-harness.
+"""Is this vector any good? The benchmark, steerability, an LLM judge, and lm-evaluation-harness.
+
+- ``benchmark(lm, concepts, methods, site=, judge=)``: which steer works, by AxBench's
+  protocol: judged concept, instruction and fluency, the factor chosen on held-out data,
+  against prompting and a random direction; concept detection beside it.
 
 - ``steerability(lm, vec, prompts, alphas, concept=...)``: concept against fluency, KL and
   length per alpha, with bootstrap intervals, from one batched generation.
@@ -7,22 +11,33 @@
   unsteered, through a ``steerlab serve`` server (the ``evals`` extra).
 """
 
+from steerlab.core.concepts import ConceptData, Preference
 from steerlab.core.table import Table
+from steerlab.evals.benchmark import BenchmarkResult, benchmark
+from steerlab.evals.detection import roc_auc
 from steerlab.evals.harness import HarnessResult, lm_eval
 from steerlab.evals.intervals import Estimate, mean_interval, perplexity_interval
 from steerlab.evals.judge import Criterion, Judge, JudgeError
+from steerlab.evals.methods import Method, Prompting
 from steerlab.evals.steerability import SteerabilityResult, steerability
 
 __all__ = [
+    "BenchmarkResult",
+    "ConceptData",
     "Criterion",
     "Estimate",
     "HarnessResult",
     "Judge",
     "JudgeError",
+    "Method",
+    "Preference",
+    "Prompting",
     "SteerabilityResult",
     "Table",
+    "benchmark",
     "lm_eval",
     "mean_interval",
     "perplexity_interval",
+    "roc_auc",
     "steerability",
 ]

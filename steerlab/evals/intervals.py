@@ -96,3 +96,24 @@ def perplexity_interval(
     with np.errstate(invalid="ignore", divide="ignore"):
         stats = np.exp(nll[idx].sum(axis=1) / count[idx].sum(axis=1))
     return Estimate(value, *_percentiles(stats, level))
+
+
+def mean_of_means_interval(groups: Sequence[Sequence[float]], *, level: float = 0.95,
+                           n_boot: int = 1000, seed: int = 0) -> Estimate:  # fmt: skip
+    """The mean over groups of each group's mean, with an interval from resampling within
+    every group (a leaderboard's mean over concepts of each concept's test samples).
+
+    >>> e = mean_of_means_interval([[1.0, 1.0], [0.0, 2.0]], n_boot=200)
+    >>> e.value, e.low <= e.value <= e.high
+    (1.0, True)
+    """
+    check_bootstrap(level, n_boot)
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    if not arrays or any(a.size == 0 for a in arrays):
+        return Estimate(math.nan, math.nan, math.nan)
+    value = float(np.mean([a.mean() for a in arrays]))
+    if all(a.size == 1 for a in arrays):
+        return Estimate(value, math.nan, math.nan)
+    stats = np.mean([a[_draws(a.size, n_boot, seed + i)].mean(axis=1)
+                     for i, a in enumerate(arrays)], axis=0)  # fmt: skip
+    return Estimate(value, *_percentiles(stats, level))

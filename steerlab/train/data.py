@@ -13,46 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.prompts import encode
-
-
-@dataclass(frozen=True)
-class Preference:
-    """A prompt with a preferred (``chosen``) and a dispreferred (``rejected``) continuation.
-
-    >>> Preference("The day was", chosen=" happy and bright.", rejected=" sad and cold.").chosen
-    ' happy and bright.'
-    """
-
-    prompt: str
-    chosen: str
-    rejected: str
-
-    def __post_init__(self) -> None:
-        for name in ("prompt", "chosen", "rejected"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise SteerError(f"Preference {name} must be a non-empty string.")
-        if self.chosen == self.rejected:
-            raise SteerError(f"Preference for {self.prompt!r:.40}: chosen equals rejected "
-                             f"({self.chosen!r:.40}); the pair teaches nothing.")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Example:
-    """A prompt and the continuation (``target``) to learn.
-
-    >>> Example("Once upon a time", " there was a boat on the sea.").target
-    ' there was a boat on the sea.'
-    """
-
-    prompt: str
-    target: str
-
-    def __post_init__(self) -> None:
-        for name in ("prompt", "target"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise SteerError(f"Example {name} must be a non-empty string.")
 
 
 @dataclass(frozen=True)

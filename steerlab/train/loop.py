@@ -8,6 +8,7 @@ call guard removes every hook on the way out (an exception and a KeyboardInterru
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,8 @@ from typing import Any
 
 import torch
 
+from steerlab._version import __version__
+from steerlab.core.concepts import Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.request import Request
 from steerlab.core.sites import Site, resolve
@@ -24,7 +27,8 @@ from steerlab.core.steer import Positions, position_mask, prompt_span
 from steerlab.engine.batch import Batch
 from steerlab.engine.guard import Call, calling
 from steerlab.engine.local import LocalEngine
-from steerlab.train.data import Row
+from steerlab.train.data import Row, data_sha256
+from steerlab.vectors.vector import Provenance, SteeringVector
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # [batch, seq, d] -> the steered activation
 
@@ -167,3 +171,19 @@ def timed(history: History) -> Callable[[], None]:
         history.seconds = time.perf_counter() - started
 
     return stop
+
+
+def trained_vector(lm: Any, method: str, tensors: dict[str, torch.Tensor],
+                   pairs: Sequence[Preference], history: History,
+                   **settings: Any) -> SteeringVector:  # fmt: skip
+    """The vector a trainer returns, with its provenance: the method, the data's sha256, the
+    settings and the run's steps and last loss."""
+    training = {**settings, "steps": history.steps, "last_loss": history.last_loss}
+    provenance = Provenance(
+        model=lm.name, model_config_sha256=getattr(lm, "config_sha256", ""),
+        revision=lm.revision or "", backend=lm.engine.kind, method=method,
+        data_sha256=data_sha256(pairs), n_positive=len(pairs), n_negative=len(pairs),
+        steerlab_version=__version__, training=json.dumps(training),
+    )  # fmt: skip
+    return SteeringVector({site: t.detach().clone() for site, t in tensors.items()}, 1.0,
+                          provenance)  # fmt: skip

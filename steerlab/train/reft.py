@@ -8,17 +8,18 @@ the target continuation's cross-entropy, the prompt's tokens masked; only R, W, 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 
+from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.reft import LoReFT
 from steerlab.core.steer import Positions, _as_positions
-from steerlab.train.data import Example, Row, check_items, check_settings, data_sha256, rows_of
+from steerlab.train.data import Row, check_items, check_settings, data_sha256, rows_of
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -31,6 +32,9 @@ from steerlab.train.loop import (
     progress_bar,
     timed,
 )
+from steerlab.train.reps import check_factors, reps_loss
+
+LOREFT_FACTORS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)  # AxBench's RePS-LoReFT grid
 
 
 class Intervention(nn.Module):
@@ -40,6 +44,7 @@ class Intervention(nn.Module):
         super().__init__()
         self.rotate = orthogonal(nn.Linear(d_model, rank, bias=False))
         self.source = nn.Linear(d_model, rank)
+        self.alpha: torch.Tensor | None = None  # [rows]: RePS's per-sequence factor; None: 1
 
     def R(self) -> torch.Tensor:
         """``[rank, d]``: the parametrization's orthonormal rows."""
@@ -49,7 +54,10 @@ class Intervention(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         R, x = self.R(), h.float()
-        return h + (self.source(x) - x @ R.T) @ R
+        edit = (self.source(x) - x @ R.T) @ R  # [rows, seq, d]
+        if self.alpha is not None:
+            edit = self.alpha.to(edit.device)[:, None, None] * edit
+        return h + edit.to(h.dtype)
 
     def parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
@@ -59,7 +67,7 @@ class Intervention(nn.Module):
 
 def reft(
     lm: Any,
-    examples: Sequence[Example],
+    examples: Sequence[Example] | Sequence[Preference],
     *,
     site: str,
     rank: int = 4,
@@ -69,9 +77,18 @@ def reft(
     batch_size: int = 8,
     seed: int = 0,
     held_out: Sequence[Example] = (),
+    objective: str = "lm",
+    factors: Iterable[float] = LOREFT_FACTORS,
+    suppress: bool = True,
     progress: bool = True,
 ) -> tuple[LoReFT, History]:
     """Train a ``LoReFT`` at ``site`` to continue each prompt with its target.
+
+    With ``objective="lm"`` (the default) it learns ``Example`` targets by cross-entropy.
+    With ``objective="reps"`` it learns ``Preference`` pairs by RePS's loss
+    (``sl.train.reps_loss``), as AxBench's RePS-LoReFT: ``h + Rᵀ(α(W h + b − R h))`` with α
+    drawn per sequence from ``factors`` on steering pairs, and ``−α`` on suppression pairs
+    (``suppress``: w = rejected, l = chosen). The returned LoReFT's alpha 1 is α = 1.
 
     Returns the ``sl.LoReFT`` (a steer: alpha 1 is as trained) and the ``History``.
 
@@ -85,14 +102,25 @@ def reft(
     >>> reft.rank, history.steps
     (4, 2)
     """
-    examples = check_items(examples, Example, "examples")
+    if objective not in ("lm", "reps"):
+        raise SteerError(f"objective must be 'lm' (cross-entropy on Example targets) or 'reps' "
+                         f"(RePS on Preference pairs); got {objective!r:.40}.")  # fmt: skip
+    kind = Example if objective == "lm" else Preference
+    examples = check_items(examples, kind, "examples" if objective == "lm" else "pairs")
     held = check_items(held_out, Example, "held_out") if len(held_out) else []
+    if held and objective == "reps":
+        raise SteerError("held_out is for objective='lm'; RePS training has no held-out loss.")
+    grid = torch.tensor(check_factors(factors))
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
     engine = local_engine(lm)
     at = check_site(engine, site)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= engine.d_model:
         raise SteerError(f"rank must be an int in [1, d_model={engine.d_model}]; got {rank!r}.")
     positions = _as_positions(positions)
+    if objective == "reps":
+        return _reft_reps(lm, engine, at.name, examples, rank, positions, grid, suppress,
+                          epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
+                          progress=progress)  # fmt: skip
     rows = [rows_of(lm.tokenizer, e.prompt, e.target) for e in examples]
     held_rows = [rows_of(lm.tokenizer, e.prompt, e.target) for e in held]
     with torch.random.fork_rng(devices=[]):  # the seed alone decides the initial R, W, b
@@ -125,12 +153,73 @@ def reft(
                 if held_rows:
                     history.held_out.append((history.steps, _loss(engine, call, held_rows)))
     stop()
-    settings = {"rank": rank, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
-                "method": "reft", "data_sha256": data_sha256(examples), "model": lm.name,
-                "steps": history.steps, "last_loss": history.last_loss}  # fmt: skip
+    return _loreft(lm, module, at.name, positions, examples, history, method="reft",
+                   rank=rank, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed), history  # fmt: skip
+
+
+def _loreft(lm: Any, module: Intervention, site: str, positions: Positions, data: Any,
+            history: History, **settings: Any) -> LoReFT:  # fmt: skip
+    record = {**settings, "data_sha256": data_sha256(data), "model": lm.name,
+              "steps": history.steps, "last_loss": history.last_loss}  # fmt: skip
     R, W, b = module.parts()
-    return LoReFT(at.name, R, W, b, positions=positions,
-                  provenance=json.dumps(settings)), history  # fmt: skip
+    return LoReFT(site, R, W, b, positions=positions, provenance=json.dumps(record))
+
+
+def _reft_reps(lm: Any, engine: Any, site: str, pairs: list[Preference], rank: int,
+               positions: Positions, grid: torch.Tensor, suppress: bool, *, epochs: int,
+               lr: float, batch_size: int, seed: int,
+               progress: bool) -> tuple[LoReFT, History]:  # fmt: skip
+    """RePS-LoReFT: the RePS loss, the LoReFT's edit scaled by α per row (−α to suppress)."""
+    chosen = [rows_of(lm.tokenizer, p.prompt, p.chosen) for p in pairs]
+    rejected = [rows_of(lm.tokenizer, p.prompt, p.rejected) for p in pairs]
+    len_c = torch.tensor([float(len(r.continuation)) for r in chosen])
+    len_r = torch.tensor([float(len(r.continuation)) for r in rejected])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = Intervention(engine.d_model, rank)
+    generator = torch.Generator().manual_seed(seed)
+    state = {"on": False}
+    history = History("reft")
+    stop = timed(history)
+    with frozen_call(engine, "train reft (reps)") as call:
+        attach_edit(engine, check_site(engine, site), call, positions,
+                    lambda: module if state["on"] else None)  # fmt: skip
+        with torch.no_grad():
+            ref_c = continuation_logprobs(engine, call, chosen, grad=False)[0]
+            ref_r = continuation_logprobs(engine, call, rejected, grad=False)[0]
+        optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
+        steps = epochs * -(-len(pairs) // batch_size)
+        with progress_bar(steps, "reft (reps)", progress) as bar:
+            for epoch in range(epochs):
+                for index in batches(len(pairs), batch_size, generator):
+                    n = len(index)
+                    c, r = [chosen[i] for i in index], [rejected[i] for i in index]
+                    draws = grid[torch.randint(len(grid), (2 * n,), generator=generator)]
+                    rows = c + r + (r + c if suppress else [])
+                    module.alpha = torch.cat([draws, -draws]) if suppress else draws
+                    state["on"] = True
+                    logp, fed = continuation_logprobs(engine, call, rows, grad=True)
+                    state["on"], module.alpha = False, None
+                    parts = [(logp[:n], logp[n : 2 * n], ref_c[index], ref_r[index],
+                              len_c[index], len_r[index])]  # fmt: skip
+                    if suppress:
+                        parts.append((logp[2 * n : 3 * n], logp[3 * n :], ref_r[index],
+                                      ref_c[index], len_r[index], len_c[index]))  # fmt: skip
+                    loss = reps_loss(*(torch.cat(column) for column in zip(*parts)))
+                    check_finite(loss, history.steps + 1, epoch + 1)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    history.loss.append(float(loss.detach()))
+                    history.epoch.append(epoch + 1)
+                    history.tokens += fed
+                    bar.set_postfix(loss=f"{history.last_loss:.4f}")
+                    bar.update()
+    stop()
+    return _loreft(lm, module, site, positions, pairs, history, method="reft",
+                   objective="reps", rank=rank, epochs=epochs, lr=lr,
+                   factors=grid.tolist(), suppress=suppress, batch_size=batch_size,
+                   seed=seed), history  # fmt: skip
 
 
 def _loss(engine: Any, call: Any, rows: list[Row]) -> float:

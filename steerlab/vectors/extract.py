@@ -63,7 +63,7 @@ def _read(
     return (acts * weights).sum(1) / weights.sum(1)
 
 
-def _without_bos(tokens: torch.Tensor, mask: torch.Tensor, bos: int | None) -> torch.Tensor:
+def without_bos(tokens: torch.Tensor, mask: torch.Tensor, bos: int | None) -> torch.Tensor:
     """The mask with each row's leading BOS dropped (kept when it is the only token).
 
     BOS is the same token at the same position in every prompt, so it carries no contrast,
@@ -153,7 +153,7 @@ def extract(
     for start in bar(starts, desc="extract", disable=not progress):
         acts = lm.run_with_cache(prompts[start : start + batch_size], names, chat=chat)
         mask = acts.attention_mask
-        content = _without_bos(acts.tokens, mask, lm.tokenizer.bos_token_id)
+        content = without_bos(acts.tokens, mask, lm.tokenizer.bos_token_id)
         for s in names:
             site_acts = acts[s].float()  # [batch, pos, d_model]
             read[s].append(_read(site_acts, content, token))

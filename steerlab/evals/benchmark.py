@@ -1,0 +1,338 @@
+"""``benchmark``: which steer works, by AxBench's protocol (Wu et al., 2025).
+
+For every method and concept: make the steer from the concept's data, generate each
+instruction at every factor in one engine call (per-row alphas), have the judge rate each
+text on concept, instruction relevance and fluency (0-2), and score a sample by the
+harmonic mean of the three (0 if any is 0). The first ``floor(n × selection)``
+instructions choose the factor with the highest mean; the score reported is the mean over
+the other instructions at that factor, so the test split never influences the choice. The
+leaderboard is the mean over concepts. Methods that give a direction are also scored on
+concept detection (ROC AUC of positives against negatives, each text scored by the max
+over its tokens of ``h·v̂`` at the site).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from steerlab.core.concepts import ConceptData
+from steerlab.core.errors import SteerError
+from steerlab.core.ops import Add
+from steerlab.core.prompts import encode, has_chat_template
+from steerlab.core.rows import as_steers
+from steerlab.core.scalars import as_int
+from steerlab.core.sites import resolve
+from steerlab.core.steer import Steer, at_alphas
+from steerlab.core.table import Table
+from steerlab.core.window import check_window
+from steerlab.evals.detection import roc_auc, token_latents
+from steerlab.evals.intervals import check_bootstrap, mean_of_means_interval
+from steerlab.evals.judge import harmonic_mean
+from steerlab.evals.methods import Method, Prompting, resolve_methods
+from steerlab.train.loop import progress_bar
+
+RATINGS = ("concept_rating", "instruction_rating", "fluency_rating")
+_FORMATS = {"factor": "g", "selection": ".3f", "score": ".3f", "concept_rating": ".3f",
+            "instruction_rating": ".3f", "fluency_rating": ".3f", "low": ".3f", "high": ".3f",
+            "auroc": ".3f"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """Everything a ``benchmark`` run measured.
+
+    Attributes:
+        table: one row per method × concept: the factor chosen on the selection split,
+            its selection score, the test score with its ``concept_rating`` /
+            ``instruction_rating`` / ``fluency_rating`` means, and n (test samples).
+        leaderboard: one row per method: the mean test score over concepts, with a
+            bootstrap interval (samples resampled within each concept).
+        samples: every generation: method, concept, factor, split, instruction, model
+            input, text, the three ratings (``concept_rating``, ``instruction_rating``,
+            ``fluency_rating``), their harmonic mean (``score``), parse_failed.
+        steers: ``{(method, concept): steer}`` as each method made it (None: prompting).
+        detection: method × concept ROC AUC, for methods whose steer is one direction.
+        parse_failures: ratings the judge gave in no readable form (each scored 0).
+        prompts: ``{concept: the prompt}`` the prompting arm used.
+        seconds: wall time by phase (make, generate, judge, detect).
+    """
+
+    table: Table
+    leaderboard: Table
+    samples: list[dict[str, Any]]
+    steers: dict[tuple[str, str], Any]
+    detection: Table
+    parse_failures: int
+    prompts: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"{self.leaderboard!r}\n\n{self.table!r}"
+
+    def _repr_html_(self) -> str:
+        return self.leaderboard._repr_html_() + self.table._repr_html_()
+
+
+def benchmark(
+    lm: Any,
+    concepts: ConceptData | Sequence[ConceptData],
+    methods: Any = ("mean_diff", "pca", "reps", "prompt", "random"),
+    *,
+    site: str,
+    judge: Any,
+    selection: float = 0.5,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    seed: int = 0,
+    chat: bool | None = None,
+    level: float = 0.95,
+    n_boot: int = 1000,
+    progress: bool = True,
+) -> BenchmarkResult:
+    """Rank steering methods on concepts by AxBench's protocol.
+
+    Args:
+        lm: the model (any engine; training methods need an in-process one).
+        concepts: ``ConceptData`` for each concept (``steerlab.toy.concept_data`` offline).
+        methods: names (``"mean_diff"``, ``"pca"``, ``"bipo"``, ``"reps"``, ``"reft"``,
+            ``"reps_reft"``, ``"prompt"``, ``"random"``), ``sl.evals.Method`` or
+            ``sl.evals.Prompting`` objects. Default factor grids are AxBench's (see
+            ``steerlab.evals.methods``): 2 ... 50 for RePS, 0.2 ... 5 for the rest, a
+            unit direction scaled first by the concept's largest latent.
+        site: where every steer acts.
+        judge: anything with ``rate(concept, instruction, text) -> (concept, instruction,
+            fluency)``, 0-2 each (``nan`` for a rating it could not read):
+            ``sl.evals.Judge(url, model)`` or ``steerlab.toy.ToyJudge()``. Its
+            ``max_workers`` (default 8) ratings run at once.
+        selection: the share of each concept's instructions that chooses the factor.
+        max_new_tokens: tokens each generation writes (AxBench: 128).
+        temperature: sampling temperature (AxBench: 1.0); seeded, so a run repeats.
+        seed: the sampling seed; every method samples with the same one.
+        chat: apply the chat template; None: when the model has one.
+        level, n_boot: the leaderboard's bootstrap interval.
+        progress: one progress bar over the whole run.
+
+    Raises:
+        SteerError: bad input, before any compute: a concept without the data its method
+            needs, fewer than 2 instructions, bad factors, an unknown method, an
+            unreachable judge, generations that would not fit the model's window.
+    """
+    plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, chat,
+                  level, n_boot)  # fmt: skip
+    concepts, methods, chat = plan["concepts"], plan["methods"], plan["chat"]
+    seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
+    steers: dict[tuple[str, str], Any] = {}
+    prompts: dict[str, str] = {}
+    samples: list[dict[str, Any]] = []
+    stages = len(concepts) * len(methods)
+    with progress_bar(stages + 1, "benchmark", progress) as bar:
+        for data in concepts:
+            n_select = math.floor(len(data.instructions) * selection)
+            for method in methods:
+                bar.set_postfix_str(f"{method.name} / {data.name}")
+                started = time.perf_counter()
+                steer, inputs = _make(lm, method, data, site, judge, prompts)
+                steers[(method.name, data.name)] = steer
+                seconds["make"] += time.perf_counter() - started
+                started = time.perf_counter()
+                factors = list(method.factors)
+                rows = at_alphas(as_steers(steer), factors) if steer is not None else None
+                out = lm.generate(inputs, rows, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, seed=seed, chat=chat)  # fmt: skip
+                seconds["generate"] += time.perf_counter() - started
+                k = len(factors) if steer is not None else 1
+                for r, text in enumerate(out.text):  # prompt-major: row = instruction * k + factor
+                    i = r // k
+                    samples.append({"method": method.name, "concept": data.name,
+                                    "factor": factors[r % k], "instruction_index": i,
+                                    "split": "selection" if i < n_select else "test",
+                                    "instruction": data.instructions[i],
+                                    "model_input": inputs[i], "text": text})  # fmt: skip
+                bar.update()
+        started = time.perf_counter()
+        parse_failures = _rate(judge, samples)
+        seconds["judge"] = time.perf_counter() - started
+        bar.update()
+    started = time.perf_counter()
+    detection = _detection(lm, concepts, methods, steers, site)
+    seconds["detect"] = time.perf_counter() - started
+    table = _table(samples, concepts, methods)
+    board = _leaderboard(samples, table, methods, level, n_boot, seed)
+    return BenchmarkResult(table, board, samples, steers, detection, parse_failures, prompts,
+                           seconds)  # fmt: skip
+
+
+def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selection: Any,
+           max_new_tokens: Any, chat: Any, level: float, n_boot: int) -> dict[str, Any]:  # fmt: skip
+    """Every refusal, before any compute."""
+    if isinstance(concepts, ConceptData):
+        concepts = [concepts]
+    if isinstance(concepts, (str, bytes)) or not isinstance(concepts, Sequence) or not concepts:
+        raise SteerError("concepts must be a non-empty list of sl.evals.ConceptData; got "
+                         f"{concepts!r:.80}.")  # fmt: skip
+    for i, data in enumerate(concepts):
+        if not isinstance(data, ConceptData):
+            raise SteerError(f"concepts[{i}] is {type(data).__name__}, not "
+                             "sl.evals.ConceptData.")  # fmt: skip
+    names = [d.name for d in concepts]
+    if len(set(names)) != len(names):
+        raise SteerError(f"Concept names repeat: {names}; each concept needs its own name.")
+    methods = resolve_methods(methods)
+    if isinstance(selection, bool) or not isinstance(selection, (int, float)) \
+            or not 0 < selection < 1:  # fmt: skip
+        raise SteerError(f"selection must be a share in (0, 1); got {selection!r}.")
+    for data in concepts:
+        n = len(data.instructions)
+        if n < 2:
+            raise SteerError(f"Concept {data.name!r} has {n} instruction(s); the protocol needs "
+                             "at least 2: some to choose the factor, the rest to test it.")  # fmt: skip
+        n_select = math.floor(n * selection)
+        if not 1 <= n_select < n:
+            raise SteerError(f"selection={selection} leaves concept {data.name!r} "
+                             f"{n_select} of {n} instructions to choose the factor and "
+                             f"{n - n_select} to test it; each split needs at least one.")  # fmt: skip
+        for method in methods:
+            empty = [f for f in method.needs if not getattr(data, f)]
+            if empty:
+                raise SteerError(f"Method {method.name!r} needs ConceptData.{empty[0]}, and "
+                                 f"concept {data.name!r} has none.")  # fmt: skip
+    if not isinstance(site, str):
+        raise SteerError(f"site must be a site name such as 'blocks.2.hook_resid_pre'; got "
+                         f"{site!r:.60}.")  # fmt: skip
+    resolve(site, lm.sites())
+    if as_int(max_new_tokens) is None or max_new_tokens < 1:
+        raise SteerError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
+    check_bootstrap(level, n_boot)
+    if not callable(getattr(judge, "rate", None)):
+        raise SteerError(f"judge must have rate(concept, instruction, text); got "
+                         f"{type(judge).__name__}.")  # fmt: skip
+    prompting = [m for m in methods if isinstance(m, Prompting) and m.prompt is None]
+    if prompting and not callable(getattr(judge, "write_prompt", None)):
+        raise SteerError("Prompting(prompt=None) has the judge write each concept's prompt, and "
+                         f"this judge ({type(judge).__name__}) has no write_prompt(concept); "
+                         "give sl.evals.Prompting(prompt='...').")  # fmt: skip
+    ping = getattr(judge, "ping", None)
+    if callable(ping):
+        ping()
+    chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
+    longest = max(len(encode(lm.tokenizer, i, chat=chat))
+                  for d in concepts for i in d.instructions)  # fmt: skip
+    check_window(lm.n_ctx, longest, int(max_new_tokens))
+    return {"concepts": list(concepts), "methods": methods, "chat": chat}
+
+
+def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str, judge: Any,
+          prompts: dict[str, str]) -> tuple[Any, list[str]]:  # fmt: skip
+    """The method's steer (None for prompting) and the model inputs it generates from."""
+    if isinstance(method, Prompting):
+        if data.name not in prompts or method.prompt is not None:
+            prompts[data.name] = method.prompt or judge.write_prompt(data.name)
+        return None, method.inputs(prompts[data.name], data.instructions)
+    steer = method.make(lm, data, site)
+    try:
+        steers = as_steers(steer)
+    except SteerError as error:
+        raise SteerError(f"Method {method.name!r} made {type(steer).__name__}, not a steer: "
+                         f"{error}") from None  # fmt: skip
+    if not steers:
+        raise SteerError(f"Method {method.name!r} made no steer for concept {data.name!r}.")
+    return steer, list(data.instructions)
+
+
+def _rate(judge: Any, samples: list[dict[str, Any]]) -> int:
+    """Every sample's ratings, requests concurrently; returns the unreadable ones' count."""
+    workers = as_int(getattr(judge, "max_workers", 8)) or 8
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        jobs = [pool.submit(judge.rate, s["concept"], s["instruction"], s["text"])
+                for s in samples]  # fmt: skip
+        ratings = [job.result() for job in jobs]
+    failures = 0
+    for sample, values in zip(samples, ratings):
+        kept, failed = [], False
+        for value in tuple(values):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and 0 <= value <= 2  # fmt: skip
+            kept.append(float(value) if ok else 0.0)
+            failed |= not ok
+            failures += not ok
+        sample.update(zip(RATINGS, kept))
+        sample["score"] = harmonic_mean(kept)
+        sample["parse_failed"] = failed
+    return failures
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _table(samples: list[dict[str, Any]], concepts: list[ConceptData],
+           methods: list[Method | Prompting]) -> Table:  # fmt: skip
+    records = []
+    for method in methods:
+        for data in concepts:
+            mine = [s for s in samples if s["method"] == method.name and s["concept"] == data.name]
+            factors = list(dict.fromkeys(s["factor"] for s in mine))
+            chosen_by = {f: _mean([s["score"] for s in mine
+                                   if s["factor"] == f and s["split"] == "selection"])
+                         for f in factors}  # fmt: skip
+            best = max(factors, key=lambda f: chosen_by[f])  # ties: the first in the grid
+            test = [s for s in mine if s["factor"] == best and s["split"] == "test"]
+            record = {"method": method.name, "concept": data.name, "factor": best,
+                      "selection": chosen_by[best], "score": _mean([s["score"] for s in test])}  # fmt: skip
+            record.update({c: _mean([s[c] for s in test]) for c in RATINGS})
+            record["n"] = len(test)
+            records.append(record)
+    columns = ["method", "concept", "factor", "selection", "score", *RATINGS, "n"]
+    return Table("benchmark: factor chosen on the selection split, scored on the test split "
+                 "(harmonic mean of three 0-2 ratings)", columns, records, _FORMATS)  # fmt: skip
+
+
+def _leaderboard(samples: list[dict[str, Any]], table: Table,
+                 methods: list[Method | Prompting], level: float, n_boot: int,
+                 seed: int) -> Table:  # fmt: skip
+    records = []
+    for method in methods:
+        groups = []
+        for row in (r for r in table if r["method"] == method.name):
+            groups.append([s["score"] for s in samples
+                           if s["method"] == method.name and s["concept"] == row["concept"]
+                           and s["factor"] == row["factor"] and s["split"] == "test"])  # fmt: skip
+        estimate = mean_of_means_interval(groups, level=level, n_boot=n_boot, seed=seed)
+        records.append({"method": method.name, "score": estimate.value, "low": estimate.low,
+                        "high": estimate.high, "concepts": len(groups)})  # fmt: skip
+    records.sort(key=lambda r: -r["score"] if not math.isnan(r["score"]) else math.inf)
+    return Table(f"leaderboard: mean test score over concepts, {level:.0%} bootstrap interval",
+                 ["method", "score", "low", "high", "concepts"], records, _FORMATS)  # fmt: skip
+
+
+def _direction(steer: Any, site: str) -> Any:
+    """The steer's one direction at ``site``, or None (LoReFT, several sites, prompting)."""
+    if steer is None:
+        return None
+    steers = as_steers(steer)
+    if len(steers) != 1 or not isinstance(steers[0], Steer) or steers[0].site != site:
+        return None
+    return steers[0].vector if isinstance(steers[0].op, Add) else None
+
+
+def _detection(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],
+               steers: dict[tuple[str, str], Any], site: str) -> Table:  # fmt: skip
+    records = []
+    for data in concepts:
+        if not data.positives or not data.negatives:
+            continue
+        for method in methods:
+            direction = _direction(steers.get((method.name, data.name)), site)
+            if direction is None:
+                continue
+            pos = token_latents(lm, list(data.positives), site, direction)
+            neg = token_latents(lm, list(data.negatives), site, direction)
+            records.append({"method": method.name, "concept": data.name,
+                            "auroc": roc_auc(pos, neg), "n": len(pos) + len(neg)})  # fmt: skip
+    return Table("concept detection: ROC AUC of positives against negatives (max over tokens "
+                 "of h·v̂)", ["method", "concept", "auroc", "n"], records, _FORMATS)  # fmt: skip

@@ -1,0 +1,176 @@
+"""The steering methods a benchmark compares: each a name, a way to make its steer from a
+concept's data, and the factors its strength is chosen from.
+
+The default factor grids are AxBench's (Wu et al., 2025):
+
+- ``VECTOR_FACTORS`` (2, 4 ... 20, 25, 30, 40, 50) for a RePS vector, which trains at
+  those strengths and is used as trained (m = 1);
+- ``FACTORS`` (0.2, 0.4 ... 2.0, 2.5, 3, 4, 5) for LoReFT, BiPO and the baselines;
+- ``LOREFT_FACTORS`` (0.2 ... 2.0) for a RePS-trained LoReFT, which trains at those.
+
+A unit-norm direction (mean difference, PCA, the random control) is scaled by AxBench's
+rule before its factor: m, the largest detection latent ``h·v̂`` over the concept's
+positive texts (50 when that is not above 0), so factor 1 moves the residual as far as the
+concept's strongest token already sits along the direction.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from steerlab.core.concepts import ConceptData
+from steerlab.core.errors import SteerError
+from steerlab.evals.detection import token_latents
+from steerlab.train import bipo, reft, reps
+from steerlab.train.reft import LOREFT_FACTORS
+from steerlab.train.reps import check_factors
+from steerlab.vectors import SteeringVector, extract, mean_diff, pca_diff
+
+FACTORS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 4.0, 5.0)
+VECTOR_FACTORS = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 25.0, 30.0, 40.0, 50.0)
+NO_LATENT = 50.0  # AxBench's m when the concept's largest latent is not above 0
+
+Make = Callable[[Any, ConceptData, str], Any]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A steering method: ``make(lm, data, site)`` returns its steer for one concept.
+
+    Args:
+        name: the method's row in the leaderboard.
+        make: builds the steer (a ``SteeringVector``, ``Steer``, ``LoReFT`` or a list).
+        factors: the strengths the selection split chooses from; each multiplies the steer.
+        needs: the ``ConceptData`` fields ``make`` reads (refused up front when empty).
+
+    >>> Method("twice-mean", make=lambda lm, data, site: None, factors=[1, 2]).factors
+    (1.0, 2.0)
+    """
+
+    name: str
+    make: Make
+    factors: Sequence[float] = FACTORS
+    needs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise SteerError(f"Method name must be a non-empty string; got {self.name!r:.60}.")
+        if not callable(self.make):
+            raise SteerError(f"Method {self.name!r}: make must be a function "
+                             "(lm, data, site) -> steer.")  # fmt: skip
+        object.__setattr__(self, "factors",
+                           tuple(check_factors(self.factors, f"Method {self.name!r} factors")))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Prompting:
+    """The prompting baseline: the unsteered model, told the concept in its prompt.
+
+    Args:
+        prompt: the prompt; None: the judge's model writes one per concept, as AxBench
+            does (the judge needs ``write_prompt(concept)``).
+        template: how the prompt and an instruction become the model's input.
+    """
+
+    prompt: str | None = None
+    template: str = "{prompt}\n\nQuestion: {instruction}"
+    name: str = "prompt"
+    factors: Sequence[float] = field(default=(1.0,))
+    needs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
+            raise SteerError(f"Prompting prompt must be a non-empty string or None; got "
+                             f"{self.prompt!r:.60}.")  # fmt: skip
+        if not isinstance(self.template, str) or "{instruction}" not in self.template:
+            raise SteerError("Prompting template must contain {instruction} (and may contain "
+                             f"{{prompt}}); got {self.template!r:.80}.")  # fmt: skip
+
+    def inputs(self, prompt: str, instructions: Sequence[str]) -> list[str]:
+        return [self.template.format(prompt=prompt, instruction=i) for i in instructions]
+
+
+def _scaled_direction(method: Any) -> Make:
+    """A unit direction from positives and negatives, times AxBench's m."""
+
+    def make(lm: Any, data: ConceptData, site: str) -> SteeringVector:
+        vec = extract(lm, list(data.positives), list(data.negatives), [site], method,
+                      token="mean", progress=False).normalized()  # fmt: skip
+        return vec * concept_scale(lm, data, site, vec[site])
+
+    return make
+
+
+def concept_scale(lm: Any, data: ConceptData, site: str, direction: torch.Tensor) -> float:
+    """AxBench's m: the largest ``h·v̂`` over the positives' tokens; 50 if not above 0."""
+    top = float(token_latents(lm, list(data.positives), site, direction).max())
+    return top if top > 0 else NO_LATENT
+
+
+def _random(lm: Any, data: ConceptData, site: str) -> SteeringVector:
+    """A random unit direction (seeded by the concept's name) with mean difference's m."""
+    reference = _scaled_direction(mean_diff)(lm, data, site)
+    seed = int.from_bytes(data.name.encode()[:8].ljust(8, b"\0"), "little") % 2**31
+    direction = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(seed))
+    return SteeringVector({site: direction / direction.norm()}, 1.0) * reference.scale
+
+
+def _trained(train: Callable[..., Any], **settings: Any) -> Make:
+    def make(lm: Any, data: ConceptData, site: str) -> Any:
+        return train(lm, list(data.pairs), site=site, progress=False, **settings)[0]
+
+    return make
+
+
+def _reft_on_examples(lm: Any, data: ConceptData, site: str) -> Any:
+    return reft(lm, data.examples, site=site, progress=False)[0]
+
+
+BUILT_IN: dict[str, Method | Prompting] = {
+    "mean_diff": Method(
+        "mean_diff", _scaled_direction(mean_diff), FACTORS, ("positives", "negatives")
+    ),  # fmt: skip
+    "pca": Method("pca", _scaled_direction(pca_diff), FACTORS, ("positives", "negatives")),
+    "bipo": Method("bipo", _trained(bipo), FACTORS, ("pairs",)),
+    "reps": Method("reps", _trained(reps), VECTOR_FACTORS, ("pairs",)),
+    "reft": Method("reft", _reft_on_examples, FACTORS, ("pairs",)),
+    "reps_reft": Method(
+        "reps_reft", _trained(reft, objective="reps"), LOREFT_FACTORS, ("pairs",)
+    ),  # fmt: skip
+    "prompt": Prompting(),
+    "random": Method("random", _random, FACTORS, ("positives", "negatives")),
+}
+
+
+def resolve_methods(methods: Any) -> list[Method | Prompting]:
+    """Names and ``Method``/``Prompting`` objects as methods; an unknown name is refused
+    with the closest known one."""
+    if isinstance(methods, (str, Method, Prompting)):
+        methods = [methods]
+    if not isinstance(methods, Sequence) or not methods:
+        raise SteerError(f"methods must be a non-empty list of names or sl.evals.Method; got "
+                         f"{methods!r:.80}.")  # fmt: skip
+    out: list[Method | Prompting] = []
+    for item in methods:
+        if isinstance(item, (Method, Prompting)):
+            out.append(item)
+        elif isinstance(item, str) and item in BUILT_IN:
+            out.append(BUILT_IN[item])
+        elif isinstance(item, str):
+            close = difflib.get_close_matches(item, list(BUILT_IN), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise SteerError(f"Unknown method {item!r}.{hint} Known: {', '.join(BUILT_IN)}; "
+                             "or pass sl.evals.Method(name, make=..., factors=...).")  # fmt: skip
+        else:
+            raise SteerError(f"A method is a name or an sl.evals.Method; got "
+                             f"{type(item).__name__} {item!r:.60}.")  # fmt: skip
+    names = [m.name for m in out]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise SteerError(f"Method names repeat: {repeated}; give each method its own name.")
+    return out

@@ -1,0 +1,210 @@
+"""RePS (Wu et al., "Improved Representation Steering for Language Models", 2025): a
+steering vector trained with a reference-scaled preference loss, the steer AxBench ranks
+first after prompting.
+
+Each step takes a batch of pairs twice:
+
+- **steering** (w = chosen, l = rejected): the vector acts as ``h + (α + b)·v`` at every
+  position, with α drawn per sequence from ``factors`` (separately for w and l);
+- **suppression** (``suppress=True``; w = rejected, l = chosen): the vector nulls the
+  concept out, ``h − (ReLU(h·v + b)/‖v‖²)·v``.
+
+and minimises ``reps_loss`` over both halves. Only ``v`` and the scalar ``b`` train (AdamW,
+no weight decay, a linear decay of the learning rate, gradients clipped at 1); the model
+stays frozen. ``b`` is not used at inference, as in AxBench: steer with ``vec * factor``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from steerlab.core.concepts import Preference
+from steerlab.core.directions import direction_of
+from steerlab.core.errors import SteerError
+from steerlab.train.data import Row, check_items, check_settings, rows_of
+from steerlab.train.loop import (
+    History,
+    attach_edit,
+    batches,
+    check_finite,
+    check_site,
+    continuation_logprobs,
+    frozen_call,
+    local_engine,
+    progress_bar,
+    timed,
+    trained_vector,
+)
+from steerlab.vectors.vector import SteeringVector
+
+TRAINING_FACTORS = tuple(range(2, 21, 2))  # AxBench's RePS training grid for a vector
+
+
+def reps_loss(policy_w: torch.Tensor, policy_l: torch.Tensor, reference_w: torch.Tensor,
+              reference_l: torch.Tensor, length_w: torch.Tensor,
+              length_l: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """The mean RePS loss of a batch of pairs ``[n]``: summed response log-probabilities
+    under the steered model (policy) and the unsteered one (reference), and the responses'
+    token counts.
+
+    ``L = −log σ((β/|w|)·log p(w|x) − (1/|l|)·log p(l|x))``, with
+    ``β = max(log p₀(l|x) − log p₀(w|x), 1)`` from the reference, not differentiated.
+
+    >>> z = torch.zeros(1)
+    >>> reps_loss(z, z, z, z, torch.ones(1), torch.ones(1))
+    tensor(0.6931)
+    """
+    beta = (reference_l - reference_w).detach().clamp(min=1.0)
+    margin = beta * policy_w / length_w - policy_l / length_l
+    return -F.logsigmoid(margin).mean()
+
+
+def check_factors(factors: Any, what: str = "factors") -> list[float]:
+    """A non-empty list of finite numbers (a range, list, tuple or array), refused by name."""
+    if isinstance(factors, (str, bytes)) or not isinstance(factors, Iterable):
+        raise SteerError(f"{what} must be a list of numbers; got {factors!r:.60}.")
+    values = factors.tolist() if hasattr(factors, "tolist") else list(factors)
+    if not values:
+        raise SteerError(f"{what} is empty: give at least one factor.")
+    for value in values:
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value)):  # fmt: skip
+            raise SteerError(f"{what} must be finite numbers; got {value!r} in {values!r:.80}.")
+    return [float(v) for v in values]
+
+
+def reps(
+    lm: Any,
+    pairs: Sequence[Preference],
+    *,
+    site: str,
+    epochs: int = 18,
+    lr: float = 0.04,
+    factors: Iterable[float] = TRAINING_FACTORS,
+    batch_size: int = 6,
+    suppress: bool = True,
+    init: torch.Tensor | SteeringVector | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[SteeringVector, History]:
+    """Train a RePS steering vector at ``site`` on preference pairs; the model stays frozen.
+
+    Args:
+        lm: an in-process model (hf, hooked or bridge).
+        pairs: ``chosen`` shows the concept, ``rejected`` is the model's own reply
+            (``sl.train.preference_pairs`` builds them).
+        site: where the vector acts.
+        epochs, lr, batch_size: AxBench's Gemma-2-2B settings by default (18, 0.04, 6).
+        factors: the α each steered sequence draws from (AxBench: 2, 4, ... 20).
+        suppress: also train on suppression pairs (w = rejected, l = chosen, concept nulled).
+        init: the starting vector (a ``[d_model]`` tensor, or a vector's direction at
+            ``site`` with its scale); None: seeded Gaussian of norm about 1.
+        seed: decides the initial vector, the batch order and the α draws.
+        progress: a progress bar over the steps.
+
+    Returns:
+        The vector (provenance: method "reps", the data's sha256, the settings, the trained
+        bias ``b`` and the last loss) and the ``History``; ``history.loss[0]`` is the first
+        batch's loss before the first update.
+
+    Raises:
+        SteerError: bad input (before any compute); vLLM, which cannot train.
+        TrainingError: a loss that is not finite, naming the step.
+
+    >>> pairs = [sl.Preference("The day was", " happy and bright.", " sad and cold.")]
+    >>> vec, history = sl.train.reps(lm, pairs, site="blocks.2.hook_resid_pre", epochs=2,
+    ...                              progress=False)
+    >>> vec.provenance.method, history.steps
+    ('reps', 2)
+    """
+    pairs = check_items(pairs, Preference, "pairs")
+    check_settings(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
+    grid = torch.tensor(check_factors(factors))
+    engine = local_engine(lm)
+    at = check_site(engine, site)
+    v = torch.nn.Parameter(_initial(init, at.name, engine.d_model, seed))
+    b = torch.nn.Parameter(torch.zeros(()))
+    tok = lm.tokenizer
+    chosen = [rows_of(tok, p.prompt, p.chosen) for p in pairs]
+    rejected = [rows_of(tok, p.prompt, p.rejected) for p in pairs]
+    len_c = torch.tensor([float(len(r.continuation)) for r in chosen])
+    len_r = torch.tensor([float(len(r.continuation)) for r in rejected])
+    generator = torch.Generator().manual_seed(seed)
+    state: dict[str, Any] = {"alpha": None, "null": None}  # per row; None: unsteered (p₀)
+
+    def edit(act: torch.Tensor) -> torch.Tensor:  # [rows, seq, d]
+        alpha, null = state["alpha"].to(act.device), state["null"].to(act.device)
+        added = act + ((alpha + b)[:, None, None] * v).to(act.dtype)
+        latent = torch.relu(act.float() @ v + b)  # [rows, seq]
+        nulled = act - ((latent / v.dot(v))[..., None] * v).to(act.dtype)
+        return torch.where(null[:, None, None], nulled, added)
+
+    history = History("reps")
+    stop = timed(history)
+    with frozen_call(engine, "train reps") as call:
+        attach_edit(engine, at, call, "all", lambda: edit if state["alpha"] is not None else None)
+        ref_c, ref_r = _logprobs(engine, call, chosen), _logprobs(engine, call, rejected)
+        optimizer = torch.optim.AdamW([v, b], lr=lr, weight_decay=0.0)
+        steps = epochs * -(-len(pairs) // batch_size)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
+        with progress_bar(steps, "reps", progress) as bar:
+            for epoch in range(epochs):
+                for index in batches(len(pairs), batch_size, generator):
+                    n = len(index)
+                    c, r = [chosen[i] for i in index], [rejected[i] for i in index]
+                    draws = grid[torch.randint(len(grid), (2 * n,), generator=generator)]
+                    # rows: chosen, rejected steered; then rejected, chosen nulled
+                    rows = c + r + (r + c if suppress else [])
+                    state["alpha"] = torch.cat([draws, torch.zeros(2 * n if suppress else 0)])
+                    state["null"] = torch.arange(len(rows)) >= 2 * n
+                    logp, fed = continuation_logprobs(engine, call, rows, grad=True)
+                    w = torch.cat([logp[:n], logp[3 * n :]]) if suppress else logp[:n]
+                    lo = logp[n : 3 * n] if suppress else logp[n : 2 * n]
+                    ref_w = torch.cat([ref_c[index], ref_r[index]]) if suppress else ref_c[index]
+                    ref_l = torch.cat([ref_r[index], ref_c[index]]) if suppress else ref_r[index]
+                    lw = torch.cat([len_c[index], len_r[index]]) if suppress else len_c[index]
+                    ll = torch.cat([len_r[index], len_c[index]]) if suppress else len_r[index]
+                    loss = reps_loss(w, lo, ref_w, ref_l, lw, ll)
+                    check_finite(loss, history.steps + 1, epoch + 1)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_([v, b], 1.0)
+                    optimizer.step()
+                    schedule.step()
+                    state["alpha"] = None
+                    history.loss.append(float(loss.detach()))
+                    history.epoch.append(epoch + 1)
+                    history.tokens += fed
+                    bar.set_postfix(loss=f"{history.last_loss:.4f}")
+                    bar.update()
+    stop()
+    return trained_vector(lm, "reps", {at.name: v}, pairs, history, epochs=epochs, lr=lr,
+                          factors=grid.tolist(), batch_size=batch_size, suppress=suppress,
+                          seed=seed, bias=float(b.detach())), history  # fmt: skip
+
+
+def _initial(init: Any, site: str, d_model: int, seed: int) -> torch.Tensor:
+    if init is None:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(d_model, generator=generator) / math.sqrt(d_model)
+    if isinstance(init, torch.Tensor) and init.shape != (d_model,):
+        raise SteerError(f"init must be a [d_model={d_model}] vector; got {tuple(init.shape)}.")
+    try:
+        direction, scale = direction_of(init, site)
+    except (SteerError, KeyError) as error:
+        raise SteerError(f"init must be a [d_model] tensor or a SteeringVector with a "
+                         f"direction at {site!r}; {error}") from None  # fmt: skip
+    start = (direction.float() * scale).detach().clone()
+    if start.shape != (d_model,) or not bool(torch.isfinite(start).all()) or not start.any():
+        raise SteerError(f"init must be a finite, non-zero [d_model={d_model}] vector.")
+    return start
+
+
+def _logprobs(engine: Any, call: Any, rows: list[Row]) -> torch.Tensor:
+    with torch.no_grad():
+        return continuation_logprobs(engine, call, rows, grad=False)[0]
