@@ -26,12 +26,17 @@ browser:
 # notebooks/ (made by lab-copy), so that running a notebook never changes the tracked ones,
 # whose stored outputs nbval compares against. lab-copy adds notebooks that are missing from
 # the copy and never overwrites one you have run or edited; delete $(LAB_DIR) to start afresh.
+# The steers tutorials 11 and 12 load (tutorials/trained/) are copied beside them the same way.
 LAB_DIR    ?= lab
 LAB_HIDDEN := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~"]
 lab-copy:
 	@for nb in tutorials/*.ipynb notebooks/*.ipynb; do \
 		mkdir -p "$(LAB_DIR)/$$(dirname $$nb)"; \
 		[ -e "$(LAB_DIR)/$$nb" ] || cp "$$nb" "$(LAB_DIR)/$$nb"; \
+	done
+	@mkdir -p "$(LAB_DIR)/tutorials/trained"
+	@for f in tutorials/trained/*; do \
+		[ -e "$(LAB_DIR)/$$f" ] || cp "$$f" "$(LAB_DIR)/$$f"; \
 	done
 
 # JupyterLab 4 asks "Would you like to get notified about official Jupyter news?" in a pop-up

@@ -109,6 +109,12 @@ def profile_section() -> list[str]:
     return profile_compiled.main()
 
 
+def benchmark_section() -> list[str]:
+    import bench_benchmark
+
+    return bench_benchmark.main()
+
+
 def sweep_section() -> list[str]:
     import bench_sweep
 
@@ -124,6 +130,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str]], bool]] = [
     ("SAE features", features_section, True),
     ("server", server_section, True),
     ("evaluation: steerability", bench_evals.main, False),
+    ("evaluation: the benchmark protocol", benchmark_section, True),
     ("chat sessions", bench_chat.main, False),
     ("conditions and monitors", reads_section, True),
     ("learned steering", train_section, True),

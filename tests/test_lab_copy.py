@@ -22,6 +22,8 @@ def test_lab_copy_copies_every_notebook_once_and_keeps_the_users_edits(tmp_path)
     subprocess.run(["make", "-s", "lab-copy", f"LAB_DIR={lab}"], cwd=REPO, check=True)
     copies = sorted(p.relative_to(lab) for p in lab.rglob("*.ipynb"))
     assert copies == tracked
+    trained = sorted(p.name for p in (REPO / "tutorials" / "trained").iterdir())
+    assert sorted(p.name for p in (lab / "tutorials" / "trained").iterdir()) == trained
     assert all((lab / p).read_bytes() == before[p] for p in tracked)
 
     run = lab / tracked[0]

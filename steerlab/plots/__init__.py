@@ -9,6 +9,7 @@ from steerlab.plots.activations import activation_heatmap, top_dims
 from steerlab.plots.chat import session_stats
 from steerlab.plots.compare import steering_comparison, token_comparison
 from steerlab.plots.features import feature_trace, features
+from steerlab.plots.leaderboard import leaderboard
 from steerlab.plots.monitor import monitor
 from steerlab.plots.norms import mean_norms, residual_norms
 from steerlab.plots.projection import project, projection_heatmap
@@ -22,6 +23,7 @@ __all__ = [
     "activation_heatmap",
     "feature_trace",
     "features",
+    "leaderboard",
     "mean_norms",
     "monitor",
     "project",

@@ -218,7 +218,8 @@ def _reft_reps(lm: Any, engine: Any, site: str, pairs: list[Preference], rank: i
     stop()
     return _loreft(lm, module, site, positions, pairs, history, method="reft",
                    objective="reps", rank=rank, epochs=epochs, lr=lr,
-                   factors=grid.tolist(), suppress=suppress, batch_size=batch_size,
+                   factors=" ".join(f"{f:g}" for f in grid.tolist()), suppress=suppress,
+                   batch_size=batch_size,
                    seed=seed), history  # fmt: skip
 
 

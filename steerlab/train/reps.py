@@ -184,7 +184,8 @@ def reps(
                     bar.update()
     stop()
     return trained_vector(lm, "reps", {at.name: v}, pairs, history, epochs=epochs, lr=lr,
-                          factors=grid.tolist(), batch_size=batch_size, suppress=suppress,
+                          factors=" ".join(f"{f:g}" for f in grid.tolist()),
+                          batch_size=batch_size, suppress=suppress,
                           seed=seed, bias=float(b.detach())), history  # fmt: skip
 
 
