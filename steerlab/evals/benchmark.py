@@ -124,14 +124,15 @@ def benchmark(
     """
     plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, chat,
                   level, n_boot)  # fmt: skip
-    concepts, methods, chat = plan["concepts"], plan["methods"], plan["chat"]
+    data_list: list[ConceptData] = plan["concepts"]
+    methods, chat = plan["methods"], plan["chat"]
     seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
     steers: dict[tuple[str, str], Any] = {}
     prompts: dict[str, str] = {}
     samples: list[dict[str, Any]] = []
-    stages = len(concepts) * len(methods)
+    stages = len(data_list) * len(methods)
     with progress_bar(stages + 1, "benchmark", progress) as bar:
-        for data in concepts:
+        for data in data_list:
             n_select = math.floor(len(data.instructions) * selection)
             for method in methods:
                 bar.set_postfix_str(f"{method.name} / {data.name}")
@@ -159,9 +160,9 @@ def benchmark(
         seconds["judge"] = time.perf_counter() - started
         bar.update()
     started = time.perf_counter()
-    detection = _detection(lm, concepts, methods, steers, site)
+    detection = _detection(lm, data_list, methods, steers, site)
     seconds["detect"] = time.perf_counter() - started
-    table = _table(samples, concepts, methods)
+    table = _table(samples, data_list, methods)
     board = _leaderboard(samples, table, methods, level, n_boot, seed)
     return BenchmarkResult(table, board, samples, steers, detection, parse_failures, prompts,
                            seconds)  # fmt: skip
@@ -295,7 +296,7 @@ def _table(samples: list[dict[str, Any]], concepts: list[ConceptData],
 def _leaderboard(samples: list[dict[str, Any]], table: Table,
                  methods: list[Method | Prompting], level: float, n_boot: int,
                  seed: int) -> Table:  # fmt: skip
-    records = []
+    records: list[dict[str, Any]] = []
     for method in methods:
         groups = []
         for row in (r for r in table if r["method"] == method.name):
@@ -305,7 +306,7 @@ def _leaderboard(samples: list[dict[str, Any]], table: Table,
         estimate = mean_of_means_interval(groups, level=level, n_boot=n_boot, seed=seed)
         records.append({"method": method.name, "score": estimate.value, "low": estimate.low,
                         "high": estimate.high, "concepts": len(groups)})  # fmt: skip
-    records.sort(key=lambda r: -r["score"] if not math.isnan(r["score"]) else math.inf)
+    records.sort(key=lambda r: -float(r["score"]) if not math.isnan(r["score"]) else math.inf)
     return Table(f"leaderboard: mean test score over concepts, {level:.0%} bootstrap interval",
                  ["method", "score", "low", "high", "concepts"], records, _FORMATS)  # fmt: skip
 
@@ -322,6 +323,10 @@ def _direction(steer: Any, site: str) -> Any:
 
 def _detection(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],
                steers: dict[tuple[str, str], Any], site: str) -> Table:  # fmt: skip
+    columns = ["method", "concept", "auroc", "n"]
+    if not lm.engine.capabilities.capture:  # vLLM: no activations to read
+        return Table(f"concept detection: not measured, the {lm.engine.kind} engine does not "
+                     "record activations (run it on an in-process model)", columns, [])  # fmt: skip
     records = []
     for data in concepts:
         if not data.positives or not data.negatives:
@@ -335,4 +340,4 @@ def _detection(lm: Any, concepts: list[ConceptData], methods: list[Method | Prom
             records.append({"method": method.name, "concept": data.name,
                             "auroc": roc_auc(pos, neg), "n": len(pos) + len(neg)})  # fmt: skip
     return Table("concept detection: ROC AUC of positives against negatives (max over tokens "
-                 "of h·v̂)", ["method", "concept", "auroc", "n"], records, _FORMATS)  # fmt: skip
+                 "of h·v̂)", columns, records, _FORMATS)  # fmt: skip

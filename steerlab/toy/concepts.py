@@ -2,11 +2,13 @@
 ``concept_data("setting")``, built offline from the story generator and the toy model.
 
 - **sentiment** ("happiness"): positives are happy stories, negatives sad ones; the pairs
-  answer sad asks ("Tell me a sad story.") with a happy story (chosen) against the toy's
-  own greedy reply (rejected); the instructions ask for a setting ("Tell me a story about
-  the sea."), which the steered story should keep.
+  answer sad asks ("Tell me a sad story about the forest.") with a happy story in the
+  setting of the toy's own greedy reply (chosen) against that reply (rejected); the
+  instructions ask for a setting alone ("Tell me a story about the sea."), which the
+  steered story should keep.
 - **setting** ("the sea"): positives are sea stories, negatives forest ones; the pairs
-  answer forest asks with a sea story; the instructions ask for a sentiment.
+  answer forest asks with a sea story of the greedy reply's sentiment; the instructions ask
+  for a sentiment.
 
 The pairs' prompts never appear among the instructions, so every instruction is held out
 from training.
@@ -14,11 +16,13 @@ from training.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 from steerlab.core.concepts import ConceptData
 from steerlab.toy.corpus import make_story
+from steerlab.toy.metrics import concept_score
 from steerlab.vectors.pairs import preference_pairs
 
 _SETTING_ASKS = [f"Tell me a story about the {p}." for p in
@@ -27,9 +31,14 @@ _SETTING_ASKS = [f"Tell me a story about the {p}." for p in
 _SENTIMENT_ASKS = [f"Tell me a {w} story." for w in
                    ("happy", "sad", "cheerful", "gloomy", "lovely", "terrible", "bright",
                     "lonely", "wonderful", "scared")]  # fmt: skip
-_SAD_ASKS = [f"Tell me a {w} story." for w in ("sad", "gloomy", "terrible", "cold", "lonely")]
-_FOREST_ASKS = [f"Tell me a story about the {p}." for p in ("forest", "woods", "grove",
-                                                            "thicket")]  # fmt: skip
+# The pairs' asks name both attributes, so the other one is balanced across the pairs and
+# never correlates with the concept (the toy follows "a sad story about the sea").
+_SAD_ASKS = [f"Tell me a {w} story about the {p}." for w in ("sad", "gloomy", "lonely")
+             for p in ("sea", "beach", "shore", "forest", "woods", "grove")]  # fmt: skip
+_FOREST_ASKS = [f"Tell me a {w} story about the {p}." for w in ("happy", "sad", "cheerful", "gloomy")
+                for p in ("forest", "woods", "grove", "thicket")]  # fmt: skip
+_REPLY_TOKENS = 48
+_OTHER = {"sentiment": ("setting", "sea"), "setting": ("sentiment", "positive")}
 _SPECS = {  # name, pole keyword, pair asks, instructions
     "sentiment": ("happiness", "positive", _SAD_ASKS, _SETTING_ASKS),
     "setting": ("the sea", "sea", _FOREST_ASKS, _SENTIMENT_ASKS),
@@ -64,10 +73,22 @@ def concept_data(name: str, *, lm: Any = None, n: int = 36, seed: int = 0) -> Co
 
         lm = load("steerlab-tiny", backend="hf")
     prompts = [asks[i % len(asks)] for i in range(n)]
-    replies = [_opening(story(True)) for _ in range(n)]
-    pairs = preference_pairs(lm, prompts, replies, chat=True, max_new_tokens=48)
+    # The chosen reply differs from the toy's own only in the concept: it keeps the other
+    # attribute of the greedy reply (a happy story where the toy told a sad one at the sea
+    # stays at the sea), so the pairs teach the concept and nothing else.
+    own = lm.generate(prompts, max_new_tokens=_REPLY_TOKENS, temperature=0.0, chat=True).text
+    other, other_pole = _OTHER[name]
+    replies = [_opening(make_story(rng, **{pole: True, other_pole: _pole(text, other, rng)}).text)
+               for text in own]  # fmt: skip
+    pairs = preference_pairs(lm, prompts, replies, chat=True, max_new_tokens=_REPLY_TOKENS)
     return ConceptData(title, positives=positives, negatives=negatives, pairs=pairs,
                        instructions=instructions)  # fmt: skip
+
+
+def _pole(text: str, concept: str, rng: random.Random) -> bool:
+    """Whether ``text`` sits at the concept's first pole (a coin flip when it says nothing)."""
+    share = concept_score(text, concept)
+    return rng.random() < 0.5 if math.isnan(share) else share >= 0.5
 
 
 def _opening(text: str, sentences: int = 3) -> str:

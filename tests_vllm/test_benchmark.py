@@ -1,0 +1,28 @@
+"""``sl.evals.benchmark`` on vLLM: a method and concept's rows (instructions x factors, per-row
+alphas) are one vLLM call, and give the hf backend's texts, greedy."""
+
+from __future__ import annotations
+
+import steerlab as sl
+import steerlab.toy as toy
+
+SITE = "blocks.2.hook_resid_pre"
+
+
+def test_the_benchmark_generates_on_vllm_as_on_hf(lm):
+    hf = sl.load("steerlab-tiny", backend="hf")
+    data = toy.concept_data("sentiment", lm=hf, n=8)
+    vec = sl.extract(hf, list(data.positives), list(data.negatives), [SITE], token="mean",
+                     progress=False).normalized() * 8.0  # fmt: skip
+    method = sl.evals.Method("fixed", make=lambda lm, d, site: vec, factors=[0.0, 0.5, 1.0])
+    judge = toy.ToyJudge(hf)
+    runs = [sl.evals.benchmark(model, data, [method, sl.evals.Prompting("Tell me a happy story.")],
+                               site=SITE, judge=judge, max_new_tokens=16, temperature=0.0,
+                               progress=False)
+            for model in (hf, lm)]  # fmt: skip
+    texts = [[(s["method"], s["factor"], s["instruction"], s["text"]) for s in r.samples]
+             for r in runs]  # fmt: skip
+    assert texts[0] == texts[1]
+    assert len(texts[0]) == 10 * 3 + 10
+    assert [r["score"] for r in runs[0].table] == [r["score"] for r in runs[1].table]
+    assert len(runs[1].detection) == 0 and "not measured" in runs[1].detection.title
