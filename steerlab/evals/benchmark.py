@@ -58,7 +58,7 @@ class BenchmarkResult:
         steers: ``{(method, concept): steer}`` as each method made it (None: prompting).
         detection: method × concept ROC AUC, for methods whose steer is one direction.
         parse_failures: ratings the judge gave in no readable form (each scored 0).
-        prompts: ``{concept: the prompt}`` the prompting arm used.
+        prompts: ``{(method, concept): the prompt}`` each prompting arm used.
         seconds: wall time by phase (make, generate, judge, detect).
     """
 
@@ -68,7 +68,7 @@ class BenchmarkResult:
     steers: dict[tuple[str, str], Any]
     detection: Table
     parse_failures: int
-    prompts: dict[str, str] = field(default_factory=dict)
+    prompts: dict[tuple[str, str], str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def __repr__(self) -> str:
@@ -128,22 +128,22 @@ def benchmark(
     methods, chat = plan["methods"], plan["chat"]
     seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
     steers: dict[tuple[str, str], Any] = {}
-    prompts: dict[str, str] = {}
+    prompts: dict[tuple[str, str], str] = plan["prompts"]
     samples: list[dict[str, Any]] = []
-    stages = len(data_list) * len(methods)
-    with progress_bar(stages + 1, "benchmark", progress) as bar:
+    rows = sum(len(d.instructions) * len(m.factors) for d in data_list for m in methods)
+    with progress_bar(rows * 2, "benchmark", progress) as bar:  # each sample made, then rated
         for data in data_list:
             n_select = math.floor(len(data.instructions) * selection)
             for method in methods:
                 bar.set_postfix_str(f"{method.name} / {data.name}")
                 started = time.perf_counter()
-                steer, inputs = _make(lm, method, data, site, judge, prompts)
+                steer, inputs = _make(lm, method, data, site, prompts)
                 steers[(method.name, data.name)] = steer
                 seconds["make"] += time.perf_counter() - started
                 started = time.perf_counter()
                 factors = list(method.factors)
-                rows = at_alphas(as_steers(steer), factors) if steer is not None else None
-                out = lm.generate(inputs, rows, max_new_tokens=max_new_tokens,
+                steering = at_alphas(as_steers(steer), factors) if steer is not None else None
+                out = lm.generate(inputs, steering, max_new_tokens=max_new_tokens,
                                   temperature=temperature, seed=seed, chat=chat)  # fmt: skip
                 seconds["generate"] += time.perf_counter() - started
                 k = len(factors) if steer is not None else 1
@@ -154,11 +154,11 @@ def benchmark(
                                     "split": "selection" if i < n_select else "test",
                                     "instruction": data.instructions[i],
                                     "model_input": inputs[i], "text": text})  # fmt: skip
-                bar.update()
+                bar.update(len(out.text))
+        bar.set_postfix_str("judge")
         started = time.perf_counter()
-        parse_failures = _rate(judge, samples)
+        parse_failures = _rate(judge, samples, bar.update)
         seconds["judge"] = time.perf_counter() - started
-        bar.update()
     started = time.perf_counter()
     detection = _detection(lm, data_list, methods, steers, site)
     seconds["detect"] = time.perf_counter() - started
@@ -221,19 +221,31 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
     if callable(ping):
         ping()
     chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
-    longest = max(len(encode(lm.tokenizer, i, chat=chat))
-                  for d in concepts for i in d.instructions)  # fmt: skip
+    # the prompting arms' prompts, written now (by the judge where none is given), so that
+    # every input the run will feed is checked against the window before any compute
+    prompts = {(m.name, d.name): m.prompt or judge.write_prompt(d.name)
+               for m in methods if isinstance(m, Prompting) for d in concepts}  # fmt: skip
+    inputs = [i for d in concepts for i in d.instructions]
+    inputs += [i for (m, c), prompt in prompts.items()
+               for i in _prompting(methods, m).inputs(prompt, _named(concepts, c).instructions)]  # fmt: skip
+    longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
     check_window(lm.n_ctx, longest, int(max_new_tokens))
-    return {"concepts": list(concepts), "methods": methods, "chat": chat}
+    return {"concepts": list(concepts), "methods": methods, "chat": chat, "prompts": prompts}
 
 
-def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str, judge: Any,
-          prompts: dict[str, str]) -> tuple[Any, list[str]]:  # fmt: skip
+def _prompting(methods: list[Method | Prompting], name: str) -> Prompting:
+    return next(m for m in methods if isinstance(m, Prompting) and m.name == name)
+
+
+def _named(concepts: Sequence[ConceptData], name: str) -> ConceptData:
+    return next(d for d in concepts if d.name == name)
+
+
+def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
+          prompts: dict[tuple[str, str], str]) -> tuple[Any, list[str]]:  # fmt: skip
     """The method's steer (None for prompting) and the model inputs it generates from."""
     if isinstance(method, Prompting):
-        if data.name not in prompts or method.prompt is not None:
-            prompts[data.name] = method.prompt or judge.write_prompt(data.name)
-        return None, method.inputs(prompts[data.name], data.instructions)
+        return None, method.inputs(prompts[(method.name, data.name)], data.instructions)
     steer = method.make(lm, data, site)
     try:
         steers = as_steers(steer)
@@ -245,17 +257,23 @@ def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str, jud
     return steer, list(data.instructions)
 
 
-def _rate(judge: Any, samples: list[dict[str, Any]]) -> int:
+def _rate(judge: Any, samples: list[dict[str, Any]], done: Any) -> int:
     """Every sample's ratings, requests concurrently; returns the unreadable ones' count."""
     workers = as_int(getattr(judge, "max_workers", 8)) or 8
-    with ThreadPoolExecutor(max(1, workers)) as pool:
+    pool = ThreadPoolExecutor(max(1, workers))
+    try:
         jobs = [pool.submit(judge.rate, s["concept"], s["instruction"], s["text"])
                 for s in samples]  # fmt: skip
-        ratings = [job.result() for job in jobs]
+        ratings = []
+        for job in jobs:
+            ratings.append(job.result())
+            done()
+    finally:  # a judge that fails stops the run: the ratings not yet asked are not asked
+        pool.shutdown(cancel_futures=True)
     failures = 0
     for sample, values in zip(samples, ratings):
         kept, failed = [], False
-        for value in tuple(values):
+        for value in _three(values):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and math.isfinite(value) and 0 <= value <= 2  # fmt: skip
             kept.append(float(value) if ok else 0.0)
@@ -265,6 +283,15 @@ def _rate(judge: Any, samples: list[dict[str, Any]]) -> int:
         sample["score"] = harmonic_mean(kept)
         sample["parse_failed"] = failed
     return failures
+
+
+def _three(values: Any) -> tuple[Any, Any, Any]:
+    try:
+        concept, instruction, fluency = values
+    except (TypeError, ValueError):
+        raise SteerError(f"judge.rate must return (concept, instruction, fluency); it returned "
+                         f"{values!r:.80}.") from None  # fmt: skip
+    return concept, instruction, fluency
 
 
 def _mean(values: list[float]) -> float:
