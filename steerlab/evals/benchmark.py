@@ -30,7 +30,7 @@ from steerlab.core.sites import resolve
 from steerlab.core.steer import Steer, at_alphas
 from steerlab.core.table import Table
 from steerlab.core.window import check_window
-from steerlab.evals.detection import roc_auc, token_latents
+from steerlab.evals.detection import max_latents, roc_auc, token_activations
 from steerlab.evals.intervals import check_bootstrap, mean_of_means_interval
 from steerlab.evals.judge import harmonic_mean
 from steerlab.evals.methods import Method, Prompting, resolve_methods
@@ -358,12 +358,15 @@ def _detection(lm: Any, concepts: list[ConceptData], methods: list[Method | Prom
     for data in concepts:
         if not data.positives or not data.negatives:
             continue
+        read: tuple[list[Any], list[Any]] | None = None
         for method in methods:
             direction = _direction(steers.get((method.name, data.name)), site)
             if direction is None:
                 continue
-            pos = token_latents(lm, list(data.positives), site, direction)
-            neg = token_latents(lm, list(data.negatives), site, direction)
+            if read is None:  # the texts' activations, once per concept
+                read = (token_activations(lm, list(data.positives), site),
+                        token_activations(lm, list(data.negatives), site))  # fmt: skip
+            pos, neg = max_latents(read[0], direction), max_latents(read[1], direction)
             records.append({"method": method.name, "concept": data.name,
                             "auroc": roc_auc(pos, neg), "n": len(pos) + len(neg)})  # fmt: skip
     return Table("concept detection: ROC AUC of positives against negatives (max over tokens "

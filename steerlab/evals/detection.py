@@ -11,18 +11,29 @@ import torch
 from steerlab.vectors.extract import without_bos
 
 
-def token_latents(lm: Any, texts: Sequence[str], site: str, direction: torch.Tensor,
-                  batch_size: int = 32) -> torch.Tensor:  # fmt: skip
-    """``[texts]``: each text's max over its real tokens (its BOS left out) of ``h·v̂``."""
-    unit = direction.float() / direction.float().norm()
+def token_activations(lm: Any, texts: Sequence[str], site: str,
+                      batch_size: int = 32) -> list[torch.Tensor]:  # fmt: skip
+    """Each text's activations at ``site`` on its real tokens, its BOS left out:
+    ``[tokens, d_model]`` per text, read once and scored against any number of directions."""
     out = []
     for start in range(0, len(texts), batch_size):
         acts = lm.run_with_cache(list(texts[start : start + batch_size]), sites=[site])
-        h = acts[site].float()  # [batch, pos, d]
         real = without_bos(acts.tokens, acts.attention_mask, lm.tokenizer.bos_token_id)
-        latent = (h @ unit.to(h.device)).masked_fill(~real.to(h.device), float("-inf"))
-        out.append(latent.max(1).values.cpu())
-    return torch.cat(out)
+        h = acts[site].float().cpu()  # [batch, pos, d]
+        out += [h[row][real[row].cpu()] for row in range(len(h))]
+    return out
+
+
+def max_latents(activations: Sequence[torch.Tensor], direction: torch.Tensor) -> torch.Tensor:
+    """``[texts]``: each text's max over its tokens of ``h·v̂``."""
+    unit = direction.detach().float().cpu() / direction.detach().float().norm()
+    return torch.stack([(h @ unit).max() for h in activations])
+
+
+def token_latents(lm: Any, texts: Sequence[str], site: str, direction: torch.Tensor,
+                  batch_size: int = 32) -> torch.Tensor:  # fmt: skip
+    """``[texts]``: each text's max over its real tokens (its BOS left out) of ``h·v̂``."""
+    return max_latents(token_activations(lm, texts, site, batch_size), direction)
 
 
 def roc_auc(positive: Sequence[float] | torch.Tensor, negative: Sequence[float] | torch.Tensor

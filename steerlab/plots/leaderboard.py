@@ -45,6 +45,7 @@ def leaderboard(result: Any, *, title: str | None = None) -> go.Figure:
         shown = [m for m in methods if m in rows and _finite(rows[m]["score"])]
         fig.add_trace(go.Scatter(
             y=shown, x=[rows[m]["score"] for m in shown], mode="markers", name=concept,
+            cliponaxis=False,
             marker={"color": PALETTE[(i + 1) % len(PALETTE)], "size": 10,
                     "symbol": ["circle", "diamond", "square", "triangle-up"][i % 4],
                     "line": {"width": 1, "color": "white"}},

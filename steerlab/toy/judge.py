@@ -19,7 +19,8 @@ import math
 from typing import Any
 
 from steerlab.toy.corpus import CONCEPTS
-from steerlab.toy.metrics import concept_score, perplexity
+from steerlab.toy.metrics import concept_score
+from steerlab.vectors.scoring import completion_nll
 
 # What the judge is told (the ConceptData name) -> the toy concept and its pole-A prompt.
 NAMES = {"happiness": "sentiment", "sentiment": "sentiment", "the sea": "setting",
@@ -31,8 +32,8 @@ class ToyJudge:
     """Rule-based 0-2 ratings for the toy's two concepts (see the module docstring).
 
     Args:
-        lm: the model whose unsteered perplexity measures fluency; None loads
-            ``steerlab-tiny`` on the hf backend.
+        lm: the toy model (any backend) whose unsteered perplexity measures fluency; None
+            loads ``steerlab-tiny`` on the hf backend.
         good: the perplexity that rates fluency 2 (and below).
         bad: the perplexity that rates fluency 0 (and above).
 
@@ -52,6 +53,7 @@ class ToyJudge:
 
             lm = load("steerlab-tiny", backend="hf")
         self.lm, self.good, self.bad = lm, float(good), float(bad)
+        self._fluency: dict[str, float] = {}  # a benchmark's low factors repeat texts
 
     def __repr__(self) -> str:
         return f"ToyJudge(fluency 2 at perplexity <= {self.good:g}, 0 at >= {self.bad:g})"
@@ -73,9 +75,17 @@ class ToyJudge:
         """2 at perplexity ``good`` or below, 0 at ``bad`` or above, log-linear between."""
         if not text.strip():
             return 0.0
-        ppl = perplexity(self.lm.model, [""], [text], self.lm.tokenizer)
-        if math.isnan(ppl):
+        if text not in self._fluency:
+            self._fluency[text] = self._rate_fluency(text)
+        return self._fluency[text]
+
+    def _rate_fluency(self, text: str) -> float:
+        tokens = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not tokens:
             return 0.0
+        start = self.lm.tokenizer("")["input_ids"]  # the BOS a story starts after
+        ((nll, n),) = completion_nll(self.lm, [start], [tokens])
+        ppl = math.exp(nll / n)
         share = math.log(self.bad / ppl) / math.log(self.bad / self.good)
         return 2.0 * min(max(share, 0.0), 1.0)
 

@@ -163,8 +163,11 @@ def reps(
                     state["alpha"] = torch.cat([draws, torch.zeros(2 * n if suppress else 0)])
                     state["null"] = torch.arange(len(rows)) >= 2 * n
                     logp, fed = continuation_logprobs(engine, call, rows, grad=True)
-                    w = torch.cat([logp[:n], logp[3 * n :]]) if suppress else logp[:n]
-                    lo = logp[n : 3 * n] if suppress else logp[n : 2 * n]
+                    # steering: w = chosen, l = rejected; suppression: w = rejected, l = chosen
+                    w = torch.cat([logp[:n], logp[2 * n : 3 * n]]) if suppress else logp[:n]
+                    lo = (
+                        torch.cat([logp[n : 2 * n], logp[3 * n :]]) if suppress else logp[n : 2 * n]
+                    )
                     ref_w = torch.cat([ref_c[index], ref_r[index]]) if suppress else ref_c[index]
                     ref_l = torch.cat([ref_r[index], ref_c[index]]) if suppress else ref_r[index]
                     lw = torch.cat([len_c[index], len_r[index]]) if suppress else len_c[index]
