@@ -19,12 +19,12 @@ from steerlab.train.loop import (
     History,
     attach_edit,
     batches,
-    check_finite,
     check_site,
     continuation_logprobs,
     frozen_call,
     local_engine,
     progress_bar,
+    take_step,
     timed,
     trained_vector,
 )
@@ -104,15 +104,7 @@ def bipo(
                     logp, fed = continuation_logprobs(engine, call, rows, grad=True)
                     n = len(index)
                     loss = bipo_loss(logp[:n], logp[n:], ref_c[index], ref_r[index], d, beta)
-                    check_finite(loss, history.steps + 1, epoch + 1)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    history.loss.append(float(loss.detach()))
-                    history.epoch.append(epoch + 1)
-                    history.tokens += fed
-                    bar.set_postfix(loss=f"{history.last_loss:.4f}")
-                    bar.update()
+                    take_step(loss, optimizer, history, epoch, fed, bar)
                 if held:
                     value = _held_out_loss(engine, call, held_rows, held_ref, state, v, beta)
                     history.held_out.append((history.steps, value))

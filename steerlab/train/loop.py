@@ -145,6 +145,26 @@ def continuation_logprobs(engine: LocalEngine, call: Call, rows: Sequence[Row],
     return (picked * scored).sum(-1), int(batch.mask.sum())
 
 
+def take_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, history: History,
+              epoch: int, fed: int, bar: Any, *, clip: Sequence[torch.Tensor] = (),
+              schedule: Any = None) -> None:  # fmt: skip
+    """One optimizer step on ``loss`` (refused when not finite), recorded in ``history`` and
+    on the progress bar; ``clip`` names parameters whose gradient norm is clipped at 1."""
+    check_finite(loss, history.steps + 1, epoch + 1)
+    optimizer.zero_grad()
+    loss.backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(list(clip), 1.0)
+    optimizer.step()
+    if schedule is not None:
+        schedule.step()
+    history.loss.append(float(loss.detach()))
+    history.epoch.append(epoch + 1)
+    history.tokens += fed
+    bar.set_postfix(loss=f"{history.last_loss:.4f}")
+    bar.update()
+
+
 def progress_bar(total: int, desc: str, show: bool) -> Any:
     """A tqdm bar (the notebook's where one runs), or a stand-in that does nothing."""
     from tqdm.auto import tqdm

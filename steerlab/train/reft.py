@@ -24,15 +24,15 @@ from steerlab.train.loop import (
     History,
     attach_edit,
     batches,
-    check_finite,
     check_site,
     continuation_logprobs,
     frozen_call,
     local_engine,
     progress_bar,
+    take_step,
     timed,
 )
-from steerlab.train.reps import check_factors, reps_loss
+from steerlab.train.reps import PairData, check_factors
 
 LOREFT_FACTORS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)  # AxBench's RePS-LoReFT grid
 
@@ -141,15 +141,7 @@ def reft(
                     batch = [rows[i] for i in index]
                     logp, fed = continuation_logprobs(engine, call, batch, grad=True)
                     loss = -(logp.sum() / sum(len(r.continuation) for r in batch))
-                    check_finite(loss, history.steps + 1, epoch + 1)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    history.loss.append(float(loss.detach()))
-                    history.epoch.append(epoch + 1)
-                    history.tokens += fed
-                    bar.set_postfix(loss=f"{history.last_loss:.4f}")
-                    bar.update()
+                    take_step(loss, optimizer, history, epoch, fed, bar)
                 if held_rows:
                     history.held_out.append((history.steps, _loss(engine, call, held_rows)))
     stop()
@@ -170,10 +162,7 @@ def _reft_reps(lm: Any, engine: Any, site: str, pairs: list[Preference], rank: i
                lr: float, batch_size: int, seed: int,
                progress: bool) -> tuple[LoReFT, History]:  # fmt: skip
     """RePS-LoReFT: the RePS loss, the LoReFT's edit scaled by α per row (−α to suppress)."""
-    chosen = [rows_of(lm.tokenizer, p.prompt, p.chosen) for p in pairs]
-    rejected = [rows_of(lm.tokenizer, p.prompt, p.rejected) for p in pairs]
-    len_c = torch.tensor([float(len(r.continuation)) for r in chosen])
-    len_r = torch.tensor([float(len(r.continuation)) for r in rejected])
+    data = PairData(lm.tokenizer, pairs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = Intervention(engine.d_model, rank)
@@ -184,37 +173,19 @@ def _reft_reps(lm: Any, engine: Any, site: str, pairs: list[Preference], rank: i
     with frozen_call(engine, "train reft (reps)") as call:
         attach_edit(engine, check_site(engine, site), call, positions,
                     lambda: module if state["on"] else None)  # fmt: skip
-        with torch.no_grad():
-            ref_c = continuation_logprobs(engine, call, chosen, grad=False)[0]
-            ref_r = continuation_logprobs(engine, call, rejected, grad=False)[0]
+        data.reference(engine, call)
         optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
         steps = epochs * -(-len(pairs) // batch_size)
         with progress_bar(steps, "reft (reps)", progress) as bar:
             for epoch in range(epochs):
                 for index in batches(len(pairs), batch_size, generator):
-                    n = len(index)
-                    c, r = [chosen[i] for i in index], [rejected[i] for i in index]
-                    draws = grid[torch.randint(len(grid), (2 * n,), generator=generator)]
-                    rows = c + r + (r + c if suppress else [])
+                    rows, draws = data.rows(index, grid, generator, suppress)
                     module.alpha = torch.cat([draws, -draws]) if suppress else draws
                     state["on"] = True
                     logp, fed = continuation_logprobs(engine, call, rows, grad=True)
                     state["on"], module.alpha = False, None
-                    parts = [(logp[:n], logp[n : 2 * n], ref_c[index], ref_r[index],
-                              len_c[index], len_r[index])]  # fmt: skip
-                    if suppress:
-                        parts.append((logp[2 * n : 3 * n], logp[3 * n :], ref_r[index],
-                                      ref_c[index], len_r[index], len_c[index]))  # fmt: skip
-                    loss = reps_loss(*(torch.cat(column) for column in zip(*parts)))
-                    check_finite(loss, history.steps + 1, epoch + 1)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    history.loss.append(float(loss.detach()))
-                    history.epoch.append(epoch + 1)
-                    history.tokens += fed
-                    bar.set_postfix(loss=f"{history.last_loss:.4f}")
-                    bar.update()
+                    take_step(data.loss(logp, index, suppress), optimizer, history, epoch, fed,
+                              bar)  # fmt: skip
     stop()
     return _loreft(lm, module, site, positions, pairs, history, method="reft",
                    objective="reps", rank=rank, epochs=epochs, lr=lr,

@@ -31,12 +31,12 @@ from steerlab.train.loop import (
     History,
     attach_edit,
     batches,
-    check_finite,
     check_site,
     continuation_logprobs,
     frozen_call,
     local_engine,
     progress_bar,
+    take_step,
     timed,
     trained_vector,
 )
@@ -129,11 +129,7 @@ def reps(
     at = check_site(engine, site)
     v = torch.nn.Parameter(_initial(init, at.name, engine.d_model, seed))
     b = torch.nn.Parameter(torch.zeros(()))
-    tok = lm.tokenizer
-    chosen = [rows_of(tok, p.prompt, p.chosen) for p in pairs]
-    rejected = [rows_of(tok, p.prompt, p.rejected) for p in pairs]
-    len_c = torch.tensor([float(len(r.continuation)) for r in chosen])
-    len_r = torch.tensor([float(len(r.continuation)) for r in rejected])
+    data = PairData(lm.tokenizer, pairs)
     generator = torch.Generator().manual_seed(seed)
     state: dict[str, Any] = {"alpha": None, "null": None}  # per row; None: unsteered (p₀)
 
@@ -148,43 +144,22 @@ def reps(
     stop = timed(history)
     with frozen_call(engine, "train reps") as call:
         attach_edit(engine, at, call, "all", lambda: edit if state["alpha"] is not None else None)
-        ref_c, ref_r = _logprobs(engine, call, chosen), _logprobs(engine, call, rejected)
+        data.reference(engine, call)
         optimizer = torch.optim.AdamW([v, b], lr=lr, weight_decay=0.0)
         steps = epochs * -(-len(pairs) // batch_size)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
         with progress_bar(steps, "reps", progress) as bar:
             for epoch in range(epochs):
                 for index in batches(len(pairs), batch_size, generator):
-                    n = len(index)
-                    c, r = [chosen[i] for i in index], [rejected[i] for i in index]
-                    draws = grid[torch.randint(len(grid), (2 * n,), generator=generator)]
-                    # rows: chosen, rejected steered; then rejected, chosen nulled
-                    rows = c + r + (r + c if suppress else [])
-                    state["alpha"] = torch.cat([draws, torch.zeros(2 * n if suppress else 0)])
-                    state["null"] = torch.arange(len(rows)) >= 2 * n
+                    rows, draws = data.rows(index, grid, generator, suppress)
+                    steered = len(draws)  # the first rows steer; the rest null the concept
+                    state["alpha"] = torch.cat([draws, torch.zeros(len(rows) - steered)])
+                    state["null"] = torch.arange(len(rows)) >= steered
                     logp, fed = continuation_logprobs(engine, call, rows, grad=True)
-                    # steering: w = chosen, l = rejected; suppression: w = rejected, l = chosen
-                    w = torch.cat([logp[:n], logp[2 * n : 3 * n]]) if suppress else logp[:n]
-                    lo = (
-                        torch.cat([logp[n : 2 * n], logp[3 * n :]]) if suppress else logp[n : 2 * n]
-                    )
-                    ref_w = torch.cat([ref_c[index], ref_r[index]]) if suppress else ref_c[index]
-                    ref_l = torch.cat([ref_r[index], ref_c[index]]) if suppress else ref_r[index]
-                    lw = torch.cat([len_c[index], len_r[index]]) if suppress else len_c[index]
-                    ll = torch.cat([len_r[index], len_c[index]]) if suppress else len_r[index]
-                    loss = reps_loss(w, lo, ref_w, ref_l, lw, ll)
-                    check_finite(loss, history.steps + 1, epoch + 1)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_([v, b], 1.0)
-                    optimizer.step()
-                    schedule.step()
                     state["alpha"] = None
-                    history.loss.append(float(loss.detach()))
-                    history.epoch.append(epoch + 1)
-                    history.tokens += fed
-                    bar.set_postfix(loss=f"{history.last_loss:.4f}")
-                    bar.update()
+                    loss = data.loss(logp, index, suppress)
+                    take_step(loss, optimizer, history, epoch, fed, bar, clip=[v, b],
+                              schedule=schedule)  # fmt: skip
     stop()
     return trained_vector(lm, "reps", {at.name: v}, pairs, history, epochs=epochs, lr=lr,
                           factors=" ".join(f"{f:g}" for f in grid.tolist()),
@@ -209,6 +184,38 @@ def _initial(init: Any, site: str, d_model: int, seed: int) -> torch.Tensor:
     return start
 
 
-def _logprobs(engine: Any, call: Any, rows: list[Row]) -> torch.Tensor:
-    with torch.no_grad():
-        return continuation_logprobs(engine, call, rows, grad=False)[0]
+class PairData:
+    """Preference pairs as training rows, and RePS's loss over a batch of them.
+
+    A batch's rows are the chosen and rejected replies steered, then (``suppress``) the
+    rejected and chosen ones with the concept taken out; the loss pairs them as
+    (w = chosen, l = rejected), then (w = rejected, l = chosen).
+    """
+
+    def __init__(self, tokenizer: Any, pairs: Sequence[Preference]) -> None:
+        self.chosen = [rows_of(tokenizer, p.prompt, p.chosen) for p in pairs]
+        self.rejected = [rows_of(tokenizer, p.prompt, p.rejected) for p in pairs]
+        self.len_c = torch.tensor([float(len(r.continuation)) for r in self.chosen])
+        self.len_r = torch.tensor([float(len(r.continuation)) for r in self.rejected])
+
+    def reference(self, engine: Any, call: Any) -> None:
+        """log p₀ of every reply under the unsteered model (no edit is active)."""
+        with torch.no_grad():
+            self.ref_c = continuation_logprobs(engine, call, self.chosen, grad=False)[0]
+            self.ref_r = continuation_logprobs(engine, call, self.rejected, grad=False)[0]
+
+    def rows(self, index: list[int], grid: torch.Tensor, generator: torch.Generator,
+             suppress: bool) -> tuple[list[Row], torch.Tensor]:  # fmt: skip
+        """The batch's rows, and the factor each steered row draws (w and l separately)."""
+        c, r = [self.chosen[i] for i in index], [self.rejected[i] for i in index]
+        draws = grid[torch.randint(len(grid), (2 * len(index),), generator=generator)]
+        return c + r + (r + c if suppress else []), draws
+
+    def loss(self, logp: torch.Tensor, index: list[int], suppress: bool) -> torch.Tensor:
+        n = len(index)
+        halves = [(logp[:n], logp[n : 2 * n], self.ref_c[index], self.ref_r[index],
+                   self.len_c[index], self.len_r[index])]  # fmt: skip
+        if suppress:
+            halves.append((logp[2 * n : 3 * n], logp[3 * n :], self.ref_r[index],
+                           self.ref_c[index], self.len_r[index], self.len_c[index]))  # fmt: skip
+        return reps_loss(*(torch.cat(column) for column in zip(*halves)))
