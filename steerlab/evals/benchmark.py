@@ -170,7 +170,34 @@ def benchmark(
 
 def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selection: Any,
            max_new_tokens: Any, chat: Any, level: float, n_boot: int) -> dict[str, Any]:  # fmt: skip
-    """Every refusal, before any compute."""
+    """Every refusal, before any compute; the run's concepts, methods, chat and prompts."""
+    concepts = _check_concepts(concepts)
+    methods = resolve_methods(methods)
+    _check_splits(concepts, methods, selection)
+    if not isinstance(site, str):
+        raise SteerError(f"site must be a site name such as 'blocks.2.hook_resid_pre'; got "
+                         f"{site!r:.60}.")  # fmt: skip
+    resolve(site, lm.sites())
+    if as_int(max_new_tokens) is None or max_new_tokens < 1:
+        raise SteerError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
+    check_bootstrap(level, n_boot)
+    _check_judge(judge, methods)
+    chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
+    # the prompting arms' prompts, written now (by the judge where none is given), so that
+    # every input the run will feed is checked against the window before any compute
+    prompts: dict[tuple[str, str], str] = {}
+    inputs = [i for d in concepts for i in d.instructions]
+    for method in (m for m in methods if isinstance(m, Prompting)):
+        for data in concepts:
+            prompt = method.prompt or judge.write_prompt(data.name)
+            prompts[(method.name, data.name)] = prompt
+            inputs += method.inputs(prompt, data.instructions)
+    longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
+    check_window(lm.n_ctx, longest, int(max_new_tokens))
+    return {"concepts": concepts, "methods": methods, "chat": chat, "prompts": prompts}
+
+
+def _check_concepts(concepts: Any) -> list[ConceptData]:
     if isinstance(concepts, ConceptData):
         concepts = [concepts]
     if isinstance(concepts, (str, bytes)) or not isinstance(concepts, Sequence) or not concepts:
@@ -183,7 +210,12 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
     names = [d.name for d in concepts]
     if len(set(names)) != len(names):
         raise SteerError(f"Concept names repeat: {names}; each concept needs its own name.")
-    methods = resolve_methods(methods)
+    return list(concepts)
+
+
+def _check_splits(concepts: list[ConceptData], methods: list[Method | Prompting],
+                  selection: Any) -> None:  # fmt: skip
+    """Each concept has both splits and the data each method reads."""
     if isinstance(selection, bool) or not isinstance(selection, (int, float)) \
             or not 0 < selection < 1:  # fmt: skip
         raise SteerError(f"selection must be a share in (0, 1); got {selection!r}.")
@@ -202,43 +234,21 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
             if empty:
                 raise SteerError(f"Method {method.name!r} needs ConceptData.{empty[0]}, and "
                                  f"concept {data.name!r} has none.")  # fmt: skip
-    if not isinstance(site, str):
-        raise SteerError(f"site must be a site name such as 'blocks.2.hook_resid_pre'; got "
-                         f"{site!r:.60}.")  # fmt: skip
-    resolve(site, lm.sites())
-    if as_int(max_new_tokens) is None or max_new_tokens < 1:
-        raise SteerError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
-    check_bootstrap(level, n_boot)
+
+
+def _check_judge(judge: Any, methods: list[Method | Prompting]) -> None:
+    """The judge rates, writes prompts where a prompting arm asks it to, and answers."""
     if not callable(getattr(judge, "rate", None)):
         raise SteerError(f"judge must have rate(concept, instruction, text); got "
                          f"{type(judge).__name__}.")  # fmt: skip
-    prompting = [m for m in methods if isinstance(m, Prompting) and m.prompt is None]
-    if prompting and not callable(getattr(judge, "write_prompt", None)):
+    if any(isinstance(m, Prompting) and m.prompt is None for m in methods) \
+            and not callable(getattr(judge, "write_prompt", None)):  # fmt: skip
         raise SteerError("Prompting(prompt=None) has the judge write each concept's prompt, and "
                          f"this judge ({type(judge).__name__}) has no write_prompt(concept); "
                          "give sl.evals.Prompting(prompt='...').")  # fmt: skip
     ping = getattr(judge, "ping", None)
     if callable(ping):
-        ping()
-    chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
-    # the prompting arms' prompts, written now (by the judge where none is given), so that
-    # every input the run will feed is checked against the window before any compute
-    prompts = {(m.name, d.name): m.prompt or judge.write_prompt(d.name)
-               for m in methods if isinstance(m, Prompting) for d in concepts}  # fmt: skip
-    inputs = [i for d in concepts for i in d.instructions]
-    inputs += [i for (m, c), prompt in prompts.items()
-               for i in _prompting(methods, m).inputs(prompt, _named(concepts, c).instructions)]  # fmt: skip
-    longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
-    check_window(lm.n_ctx, longest, int(max_new_tokens))
-    return {"concepts": list(concepts), "methods": methods, "chat": chat, "prompts": prompts}
-
-
-def _prompting(methods: list[Method | Prompting], name: str) -> Prompting:
-    return next(m for m in methods if isinstance(m, Prompting) and m.name == name)
-
-
-def _named(concepts: Sequence[ConceptData], name: str) -> ConceptData:
-    return next(d for d in concepts if d.name == name)
+        ping()  # an unreachable judge is refused now, not after the generations
 
 
 def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
