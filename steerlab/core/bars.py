@@ -26,6 +26,17 @@ def bar(items: Iterable[T], *, desc: str, disable: bool = False) -> Iterable[T]:
     return tqdm(items, desc=desc, disable=disable, leave=False, delay=DELAY_S)
 
 
+def counter(total: int, desc: str, *, disable: bool = False) -> Any:
+    """A tqdm bar counting to ``total`` (``bar.update(n)``), shown after ``DELAY_S`` seconds.
+
+    >>> with counter(3, "demo") as b:
+    ...     _ = b.update(3)
+    """
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=disable, leave=True, delay=DELAY_S)
+
+
 @contextmanager
 def delayed_library_bars() -> Iterator[None]:
     """Give transformers' own progress bars the same delay, inside this block only.

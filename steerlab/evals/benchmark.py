@@ -14,16 +14,19 @@ over its tokens of ``h·v̂`` at the site).
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from steerlab.core.bars import counter
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
 from steerlab.core.ops import Add
 from steerlab.core.prompts import encode, has_chat_template
+from steerlab.core.request import Sampling
 from steerlab.core.rows import as_steers
 from steerlab.core.scalars import as_int
 from steerlab.core.sites import resolve
@@ -34,7 +37,6 @@ from steerlab.evals.detection import max_latents, roc_auc, token_activations
 from steerlab.evals.intervals import check_bootstrap, mean_of_means_interval
 from steerlab.evals.judge import harmonic_mean
 from steerlab.evals.methods import Method, Prompting, resolve_methods
-from steerlab.train.loop import progress_bar
 
 RATINGS = ("concept_rating", "instruction_rating", "fluency_rating")
 _FORMATS = {"factor": "g", "selection": ".3f", "score": ".3f", "concept_rating": ".3f",
@@ -97,7 +99,10 @@ def benchmark(
     """Rank steering methods on concepts by AxBench's protocol.
 
     Args:
-        lm: the model (any engine; training methods need an in-process one).
+        lm: the model. Every method runs on an in-process model; on vLLM, the prompting
+            arm and methods whose steers are made elsewhere (``Method(make=...)`` returning
+            a saved vector) run, the built-in methods that read activations or train are
+            refused up front, and detection is not measured.
         concepts: ``ConceptData`` for each concept (``steerlab.toy.concept_data`` offline).
         methods: names (``"mean_diff"``, ``"pca"``, ``"bipo"``, ``"reps"``, ``"reft"``,
             ``"reps_reft"``, ``"prompt"``, ``"random"``), ``sl.evals.Method`` or
@@ -119,11 +124,15 @@ def benchmark(
 
     Raises:
         SteerError: bad input, before any compute: a concept without the data its method
-            needs, fewer than 2 instructions, bad factors, an unknown method, an
-            unreachable judge, generations that would not fit the model's window.
+            needs, fewer than 2 instructions, bad factors, an unknown method, a method
+            that needs an in-process model on vLLM.
+        JudgeError: an unreachable judge, before any compute.
+        SamplingError, SiteError, ContextError (ValueErrors): a bad temperature or seed,
+            an unknown site, generations that would not fit the model's window; also
+            before any compute.
     """
-    plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, chat,
-                  level, n_boot)  # fmt: skip
+    plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, temperature,
+                  seed, chat, level, n_boot)  # fmt: skip
     data_list: list[ConceptData] = plan["concepts"]
     methods, chat = plan["methods"], plan["chat"]
     seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
@@ -131,7 +140,9 @@ def benchmark(
     prompts: dict[tuple[str, str], str] = plan["prompts"]
     samples: list[dict[str, Any]] = []
     rows = sum(len(d.instructions) * len(m.factors) for d in data_list for m in methods)
-    with progress_bar(rows * 2, "benchmark", progress) as bar:  # each sample made, then rated
+    with counter(
+        rows * 2, "benchmark", disable=not progress
+    ) as bar:  # each sample made, then rated
         for data in data_list:
             n_select = math.floor(len(data.instructions) * selection)
             for method in methods:
@@ -169,7 +180,8 @@ def benchmark(
 
 
 def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selection: Any,
-           max_new_tokens: Any, chat: Any, level: float, n_boot: int) -> dict[str, Any]:  # fmt: skip
+           max_new_tokens: Any, temperature: Any, seed: Any, chat: Any, level: float,
+           n_boot: int) -> dict[str, Any]:  # fmt: skip
     """Every refusal, before any compute; the run's concepts, methods, chat and prompts."""
     concepts = _check_concepts(concepts)
     methods = resolve_methods(methods)
@@ -181,6 +193,13 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
     if as_int(max_new_tokens) is None or max_new_tokens < 1:
         raise SteerError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
     check_bootstrap(level, n_boot)
+    Sampling(temperature=temperature, seed=seed)  # refuses a bad temperature or seed by name
+    cannot = [m.name for m in methods if getattr(m, "in_process", False)]
+    if cannot and not lm.engine.capabilities.capture:
+        raise SteerError(f"Methods {cannot} read activations or train, which the "
+                         f"{lm.engine.kind} engine cannot do: make their steers on an "
+                         "in-process model and pass them as sl.evals.Method(name, make=lambda "
+                         "lm, data, site: steer), or leave them out.")  # fmt: skip
     _check_judge(judge, methods)
     chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
     # the prompting arms' prompts, written now (by the judge where none is given), so that
@@ -284,9 +303,10 @@ def _rate(judge: Any, samples: list[dict[str, Any]], done: Any) -> int:
     for sample, values in zip(samples, ratings):
         kept, failed = [], False
         for value in _three(values):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value) and 0 <= value <= 2  # fmt: skip
-            kept.append(float(value) if ok else 0.0)
+            real = isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
+            number = float(value) if real else math.nan
+            ok = math.isfinite(number) and 0 <= number <= 2
+            kept.append(number if ok else 0.0)
             failed |= not ok
             failures += not ok
         sample.update(zip(RATINGS, kept))
@@ -355,7 +375,9 @@ def _direction(steer: Any, site: str) -> Any:
     steers = as_steers(steer)
     if len(steers) != 1 or not isinstance(steers[0], Steer) or steers[0].site != site:
         return None
-    return steers[0].vector if isinstance(steers[0].op, Add) else None
+    if not isinstance(steers[0].op, Add) or not steers[0].alpha[0]:
+        return None
+    return steers[0].vector * math.copysign(1.0, steers[0].alpha[0])  # -v detects the other pole
 
 
 def _detection(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],

@@ -54,7 +54,6 @@ _WRITE = (
     "replies include the concept below, even when the user's question is about something "
     "else.\n\nConcept: {concept}\n\nReply with the instruction only."
 )
-_STRIP = "[].\"'* \t"  # AxBench strips brackets, full stops, quotes and stars
 
 
 _RETRY = (429, 500, 502, 503, 504)  # rate limits and a server's passing trouble
@@ -100,14 +99,17 @@ def parse_rating(reply: str) -> float | None:
 
     >>> parse_rating("It mentions the sea twice.\\nRating: [[2]]"), parse_rating("Rating: **1.5**")
     (2.0, 1.5)
+    >>> parse_rating("Rating: .5"), parse_rating("Rating: [[1]].")
+    (0.5, 1.0)
     >>> parse_rating("I would say 2."), parse_rating("Rating: 3")
     (None, None)
     """
     if not isinstance(reply, str) or "Rating:" not in reply:
         return None
     lines = reply.rsplit("Rating:", 1)[1].strip().splitlines()
+    first = lines[0].replace("[", "").replace("]", "").strip("\"'* \t").rstrip(".") if lines else ""
     try:
-        value = float(lines[0].strip(_STRIP)) if lines else math.nan
+        value = float(first)
     except ValueError:
         return None
     return value if 0.0 <= value <= 2.0 else None

@@ -17,6 +17,7 @@ concept's strongest token already sits along the direction.
 from __future__ import annotations
 
 import difflib
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +28,8 @@ from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
 from steerlab.evals.detection import token_latents
 from steerlab.train import bipo, reft, reps
+from steerlab.train.data import check_factors
 from steerlab.train.reft import LOREFT_FACTORS
-from steerlab.train.reps import check_factors
 from steerlab.vectors import SteeringVector, extract, mean_diff, pca_diff
 
 FACTORS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 4.0, 5.0)
@@ -47,6 +48,8 @@ class Method:
         make: builds the steer (a ``SteeringVector``, ``Steer``, ``LoReFT`` or a list).
         factors: the strengths the selection split chooses from; each multiplies the steer.
         needs: the ``ConceptData`` fields ``make`` reads (refused up front when empty).
+        in_process: ``make`` reads activations or trains, which needs an in-process model
+            (refused up front on vLLM).
 
     >>> Method("twice-mean", make=lambda lm, data, site: None, factors=[1, 2]).factors
     (1.0, 2.0)
@@ -56,6 +59,7 @@ class Method:
     make: Make
     factors: Sequence[float] = FACTORS
     needs: tuple[str, ...] = ()
+    in_process: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -113,9 +117,10 @@ def concept_scale(lm: Any, data: ConceptData, site: str, direction: torch.Tensor
 
 
 def _random(lm: Any, data: ConceptData, site: str) -> SteeringVector:
-    """A random unit direction (seeded by the concept's name) with mean difference's m."""
+    """A random unit direction (seeded by a hash of the concept's name) with mean
+    difference's m."""
     reference = _scaled_direction(mean_diff)(lm, data, site)
-    seed = int.from_bytes(data.name.encode()[:8].ljust(8, b"\0"), "little") % 2**31
+    seed = int.from_bytes(hashlib.sha256(data.name.encode()).digest()[:8], "little")
     direction = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(seed))
     return SteeringVector({site: direction / direction.norm()}, 1.0) * reference.scale
 
@@ -131,19 +136,18 @@ def _reft_on_examples(lm: Any, data: ConceptData, site: str) -> Any:
     return reft(lm, data.examples, site=site, progress=False)[0]
 
 
+_DIRECTION = ("positives", "negatives")
 BUILT_IN: dict[str, Method | Prompting] = {
-    "mean_diff": Method(
-        "mean_diff", _scaled_direction(mean_diff), FACTORS, ("positives", "negatives")
-    ),  # fmt: skip
-    "pca": Method("pca", _scaled_direction(pca_diff), FACTORS, ("positives", "negatives")),
-    "bipo": Method("bipo", _trained(bipo), FACTORS, ("pairs",)),
-    "reps": Method("reps", _trained(reps), VECTOR_FACTORS, ("pairs",)),
-    "reft": Method("reft", _reft_on_examples, FACTORS, ("pairs",)),
+    "mean_diff": Method("mean_diff", _scaled_direction(mean_diff), FACTORS, _DIRECTION, True),
+    "pca": Method("pca", _scaled_direction(pca_diff), FACTORS, _DIRECTION, True),
+    "bipo": Method("bipo", _trained(bipo), FACTORS, ("pairs",), True),
+    "reps": Method("reps", _trained(reps), VECTOR_FACTORS, ("pairs",), True),
+    "reft": Method("reft", _reft_on_examples, FACTORS, ("pairs",), True),
     "reps_reft": Method(
-        "reps_reft", _trained(reft, objective="reps"), LOREFT_FACTORS, ("pairs",)
+        "reps_reft", _trained(reft, objective="reps"), LOREFT_FACTORS, ("pairs",), True
     ),  # fmt: skip
     "prompt": Prompting(),
-    "random": Method("random", _random, FACTORS, ("positives", "negatives")),
+    "random": Method("random", _random, FACTORS, _DIRECTION, True),
 }
 
 

@@ -19,7 +19,14 @@ from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.reft import LoReFT
 from steerlab.core.steer import Positions, _as_positions
-from steerlab.train.data import Row, check_items, check_settings, data_sha256, rows_of
+from steerlab.train.data import (
+    Row,
+    check_factors,
+    check_items,
+    check_settings,
+    data_sha256,
+    rows_of,
+)
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -32,7 +39,7 @@ from steerlab.train.loop import (
     take_step,
     timed,
 )
-from steerlab.train.reps import PairData, check_factors
+from steerlab.train.reps import PairData
 
 LOREFT_FACTORS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)  # AxBench's RePS-LoReFT grid
 
@@ -176,16 +183,19 @@ def _reft_reps(lm: Any, engine: Any, site: str, pairs: list[Preference], rank: i
         data.reference(engine, call)
         optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
         steps = epochs * -(-len(pairs) // batch_size)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
         with progress_bar(steps, "reft (reps)", progress) as bar:
             for epoch in range(epochs):
                 for index in batches(len(pairs), batch_size, generator):
                     rows, draws = data.rows(index, grid, generator, suppress)
                     module.alpha = torch.cat([draws, -draws]) if suppress else draws
                     state["on"] = True
-                    logp, fed = continuation_logprobs(engine, call, rows, grad=True)
-                    state["on"], module.alpha = False, None
+                    try:
+                        logp, fed = continuation_logprobs(engine, call, rows, grad=True)
+                    finally:
+                        state["on"], module.alpha = False, None
                     take_step(data.loss(logp, index, suppress), optimizer, history, epoch, fed,
-                              bar)  # fmt: skip
+                              bar, clip=list(module.parameters()), schedule=schedule)  # fmt: skip
     stop()
     return _loreft(lm, module, site, positions, pairs, history, method="reft",
                    objective="reps", rank=rank, epochs=epochs, lr=lr,

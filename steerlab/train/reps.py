@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from steerlab.core.concepts import Preference
 from steerlab.core.directions import direction_of
 from steerlab.core.errors import SteerError
-from steerlab.train.data import Row, check_items, check_settings, rows_of
+from steerlab.train.data import Row, check_factors, check_items, check_settings, rows_of
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -62,20 +62,6 @@ def reps_loss(policy_w: torch.Tensor, policy_l: torch.Tensor, reference_w: torch
     beta = (reference_l - reference_w).detach().clamp(min=1.0)
     margin = beta * policy_w / length_w - policy_l / length_l
     return -F.logsigmoid(margin).mean()
-
-
-def check_factors(factors: Any, what: str = "factors") -> list[float]:
-    """A non-empty list of finite numbers (a range, list, tuple or array), refused by name."""
-    if isinstance(factors, (str, bytes)) or not isinstance(factors, Iterable):
-        raise SteerError(f"{what} must be a list of numbers; got {factors!r:.60}.")
-    values = factors.tolist() if hasattr(factors, "tolist") else list(factors)
-    if not values:
-        raise SteerError(f"{what} is empty: give at least one factor.")
-    for value in values:
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value)):  # fmt: skip
-            raise SteerError(f"{what} must be finite numbers; got {value!r} in {values!r:.80}.")
-    return [float(v) for v in values]
 
 
 def reps(
@@ -155,8 +141,10 @@ def reps(
                     steered = len(draws)  # the first rows steer; the rest null the concept
                     state["alpha"] = torch.cat([draws, torch.zeros(len(rows) - steered)])
                     state["null"] = torch.arange(len(rows)) >= steered
-                    logp, fed = continuation_logprobs(engine, call, rows, grad=True)
-                    state["alpha"] = None
+                    try:
+                        logp, fed = continuation_logprobs(engine, call, rows, grad=True)
+                    finally:
+                        state["alpha"] = None
                     loss = data.loss(logp, index, suppress)
                     take_step(loss, optimizer, history, epoch, fed, bar, clip=[v, b],
                               schedule=schedule)  # fmt: skip
