@@ -315,6 +315,8 @@ REPLIES = [
     ("Rating: 2\n1", 2.0),  # the first line after it
     ("Rating:\n1", 1.0),  # stripped before the first line is taken
     ("**Rating:** 1", 1.0),
+    ("Rating: .5", 0.5),  # the full stop is stripped from the right only
+    ("Rating: [[1]].", 1.0),
     ("Rating: 3", None),  # out of range
     ("Rating: -1", None),
     ("Rating: two", None),
@@ -552,3 +554,76 @@ def test_bad_settings_are_refused_by_name_before_any_compute(toy_lm, monkeypatch
         sl.evals.benchmark(toy_lm, [_data(positives=HAPPY, negatives=SAD)], ["mean_diff"],
                            **options)  # fmt: skip
     assert toy_lm.hook_count() == 0
+
+
+# --- review mends -----------------------------------------------------------------------
+
+
+class NumpyRater:
+    """A judge that answers with numpy numbers: they are ratings like any others."""
+
+    def rate(self, concept, instruction, text):
+        import numpy as np
+
+        return np.float32(1.0), np.float64(2.0), np.int64(2)
+
+
+def test_numpy_ratings_are_read_as_numbers_not_failures(toy_lm):
+    data = _data(positives=HAPPY, negatives=SAD)
+    res = sl.evals.benchmark(toy_lm, [data], [sl.evals.Prompting("Be happy.")], site=SITE,
+                             judge=NumpyRater(), max_new_tokens=4, progress=False)  # fmt: skip
+    assert res.parse_failures == 0
+    assert {(s["concept_rating"], s["instruction_rating"]) for s in res.samples} == {(1.0, 2.0)}
+    assert res.table[0]["score"] == pytest.approx(3 / (1 + 0.5 + 0.5))
+
+
+def test_a_negated_steer_detects_along_its_own_push(toy_lm, toy_hf):
+    """Detection scores h·v̂ along the direction the steer pushes: for -v, the max over tokens
+    of h·(-v̂), from plain transformers."""
+    metrics = pytest.importorskip("sklearn.metrics")
+    from transformers import AutoTokenizer
+
+    from steerlab.toy import asset_path
+
+    data = _data(positives=HAPPY + SEA, negatives=SAD + FOREST)
+    minus = sl.evals.Method("minus", make=lambda lm, d, site: -_extract(lm, d, site),
+                            factors=[1.0])  # fmt: skip
+    res = sl.evals.benchmark(toy_lm, [data], [minus], site=SITE, judge=StubRater(),
+                             max_new_tokens=2, progress=False)  # fmt: skip
+    direction = -res.steers[("minus", data.name)].directions[SITE]
+    tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+    pos = plain_latents(toy_hf, tokenizer, list(data.positives), direction)
+    neg = plain_latents(toy_hf, tokenizer, list(data.negatives), direction)
+    want = metrics.roc_auc_score([1] * len(pos) + [0] * len(neg), pos + neg)
+    assert res.detection[0]["auroc"] == pytest.approx(want, abs=1e-12)
+    plus = plain_latents(toy_hf, tokenizer, list(data.positives), -direction)
+    assert want != pytest.approx(
+        metrics.roc_auc_score(
+            [1] * len(pos) + [0] * len(neg),
+            plus + plain_latents(toy_hf, tokenizer, list(data.negatives), -direction),
+        )
+    )
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"temperature": -1.0}, "temperature must be"),
+    ({"seed": "x"}, "seed must be an int"),
+])  # fmt: skip
+def test_bad_sampling_is_refused_before_any_method_is_made(toy_lm, monkeypatch, kwargs, match):
+    NoGeneration.install(monkeypatch, toy_lm)
+    made = []
+    method = sl.evals.Method("m", make=lambda lm, d, site: made.append(1), factors=[1.0])
+    with pytest.raises(ValueError, match=match):
+        sl.evals.benchmark(toy_lm, [_data()], [method], site=SITE, judge=StubRater(),
+                           progress=False, **kwargs)  # fmt: skip
+    assert not made
+
+
+def test_the_random_control_differs_between_concepts_that_share_a_prefix(toy_lm):
+    from steerlab.evals.methods import _random
+
+    one = _data(positives=HAPPY, negatives=SAD)
+    two = sl.evals.ConceptData("happiness, strongly", positives=HAPPY, negatives=SAD,
+                               instructions=ASKS[:4])  # fmt: skip
+    a, b = (_random(toy_lm, d, SITE)[SITE] for d in (one, two))
+    assert abs(float(torch.nn.functional.cosine_similarity(a, b, dim=0))) < 0.5

@@ -3,6 +3,8 @@ alphas) are one vLLM call, and give the hf backend's texts, greedy."""
 
 from __future__ import annotations
 
+import pytest
+
 import steerlab as sl
 import steerlab.toy as toy
 
@@ -26,3 +28,10 @@ def test_the_benchmark_generates_on_vllm_as_on_hf(lm):
     assert len(texts[0]) == 10 * 3 + 10
     assert [r["score"] for r in runs[0].table] == [r["score"] for r in runs[1].table]
     assert len(runs[1].detection) == 0 and "not measured" in runs[1].detection.title
+
+
+def test_methods_that_read_activations_or_train_are_refused_up_front_on_vllm(lm):
+    data = toy.concept_data("sentiment", lm=sl.load("steerlab-tiny", backend="hf"), n=4)
+    with pytest.raises(sl.SteerError, match=r"\['mean_diff', 'reps'\].*in-process"):
+        sl.evals.benchmark(lm, data, ["mean_diff", "reps", "prompt"], site=SITE,
+                           judge=toy.ToyJudge(), progress=False)  # fmt: skip

@@ -107,7 +107,8 @@ def parse_rating(reply: str) -> float | None:
     if not isinstance(reply, str) or "Rating:" not in reply:
         return None
     lines = reply.rsplit("Rating:", 1)[1].strip().splitlines()
-    first = lines[0].replace("[", "").replace("]", "").strip("\"'* \t").rstrip(".") if lines else ""
+    first = lines[0].strip().replace("[", "").replace("]", "") if lines else ""
+    first = first.rstrip(".").strip('"').strip("'").strip("*").strip()  # AxBench's order
     try:
         value = float(first)
     except ValueError:

@@ -61,9 +61,9 @@ def find_condition(
 
     At each site the condition's direction is ``direction`` (a tensor, or a steering
     vector's direction there), or by default the difference of the two sets' mean prompt
-    activations (reduced by ``read`` as the condition will read them). Thresholds are
-    taken from the observed scores (at most ``thresholds`` per site, evenly spread over
-    them); both comparators are tried. Ties keep the first cell in site, comparator and
+    activations (reduced by ``read`` as the condition will read them). Thresholds lie
+    midway between neighbouring observed scores (at most ``thresholds`` per site, evenly
+    spread over them); both comparators are tried. Ties keep the first cell in site, comparator and
     threshold order.
 
     Args:
@@ -151,8 +151,12 @@ def _reduced(lm: Any, prompts: list[Prompt], sites: list[str], read: str, batch_
 
 def _grid(scores: torch.Tensor, labels: torch.Tensor, compare: str,
           count: int) -> list[tuple[float, float, float, float]]:  # fmt: skip
-    """``(threshold, precision, recall, F1)`` for thresholds taken from ``scores``."""
+    """``(threshold, precision, recall, F1)`` for thresholds taken from ``scores``: midway
+    between neighbouring observed scores, so that no prompt sits on a threshold, where the
+    rounding of another batch's forward could flip its decision from what the grid says."""
     observed = scores.unique()  # sorted
+    if len(observed) > 1:
+        observed = (observed[:-1] + observed[1:]) / 2
     if len(observed) > count:
         observed = observed[torch.linspace(0, len(observed) - 1, count).round().long()]
     fires = scores[None] > observed[:, None] if compare == "above" else (
