@@ -1,6 +1,6 @@
 """Token scores: the log-probabilities an engine reports beside the tokens it samples.
 
-One definition for every caller. The decode loop scores a request's prompt from the logits
+One definition for every caller (``score_continuations`` is lm-eval's loglikelihood). The decode loop scores a request's prompt from the logits
 of its prefill, and each sampled token from the logits it was sampled from, so a score is
 read from the same forward pass as the token (steered when the row is), before temperature,
 top-k or top-p. ``score_prompts`` and ``next_token_distributions`` are the in-process
@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from steerlab.core.request import Request, RowSteer, Sampling, TokenScore
+
+# A logit bias that makes greedy decoding pick its token: the largest a request may carry.
+FORCE = 100.0
 
 if TYPE_CHECKING:
     from steerlab.engine.protocol import Engine
@@ -82,6 +85,54 @@ def score_prompts(
     requests = [Request(tuple(p), tuple(steers), sampling, stream=str(i))
                 for i, p in enumerate(prompts)]  # fmt: skip
     return [c.prompt_scores for c in engine.run(requests, wait=wait)]
+
+
+def score_continuations(
+    engine: Engine,
+    pairs: Sequence[tuple[Sequence[int], int]],
+    *,
+    window: int,
+    steers: Sequence[RowSteer] = (),
+    wait: float = 0.0,
+) -> list[tuple[float, bool]]:
+    """Per ``(tokens, n)``: the log-probability of the last ``n`` tokens given those before
+    them, summed, and whether each was the most likely token: lm-eval's loglikelihood.
+
+    Cut as lm-eval's ``hf`` model cuts at ``max_length=window``: a sequence keeps its last
+    ``window + 1`` tokens and the first ``window`` of them are fed, so the last token is
+    scored from the logits after the last one fed. Each row feeds its tokens but the last,
+    scoring them from the prefill (shared starts fed once, ``local/scored.py``), and scores
+    the last as a one-token greedy decode forced to it by a logit bias: reported
+    log-probabilities are the model's own, before the bias. A row whose token the bias could
+    not force (another token more than 100 nats likelier) is refused, never misreported.
+
+    >>> ids = lm.tokenizer.encode("Once upon a time")
+    >>> [(logprob, greedy)] = score_continuations(lm.engine, [(ids, 2)], window=lm.n_ctx)
+    >>> round(logprob, 2), greedy
+    (-1.07, True)
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1 token; got {window}.")
+    requests = []
+    for i, (tokens, n) in enumerate(pairs):
+        cut = tuple(tokens)[-(window + 1) :]
+        if not 1 <= n < len(cut):
+            raise ValueError(f"pair {i}: {n} scored tokens of {len(tokens)} (at most "
+                             f"{len(cut) - 1}: the first token has nothing to predict it).")  # fmt: skip
+        sampling = Sampling(max_new_tokens=1, stop_at_eos=False, logprobs=1, prompt_logprobs=1,
+                            logit_bias=((cut[-1], FORCE),))  # fmt: skip
+        requests.append(Request(cut[:-1], tuple(steers), sampling, stream=str(i)))
+    out = []
+    for i, ((_, n), done) in enumerate(zip(pairs, engine.run(requests, wait=wait))):
+        last = done.scores[0] if done.scores else None
+        if last is None or last.token != requests[i].sampling.logit_bias[0][0]:
+            raise RuntimeError(f"pair {i}: its last token is more than {FORCE:g} nats less "
+                               "likely than the likeliest; it cannot be scored this way.")  # fmt: skip
+        scored = [*done.prompt_scores[len(done.prompt_scores) - (n - 1) :], last][-n:]
+        logprob = sum(s.logprob for s in scored if s is not None)
+        greedy = all(s is not None and s.top and s.top[0][0] == s.token for s in scored)
+        out.append((float(logprob), greedy))
+    return out
 
 
 def next_token_distributions(
