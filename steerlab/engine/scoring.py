@@ -20,6 +20,7 @@ from steerlab.core.request import Request, RowSteer, Sampling, TokenScore
 
 # A logit bias that makes greedy decoding pick its token: the largest a request may carry.
 FORCE = 100.0
+BATCH = 16  # rows per forward when scoring windows that fill the model's context
 
 if TYPE_CHECKING:
     from steerlab.engine.protocol import Engine
@@ -100,37 +101,58 @@ def score_continuations(
 
     Cut as lm-eval's ``hf`` model cuts at ``max_length=window``: a sequence keeps its last
     ``window + 1`` tokens and the first ``window`` of them are fed, so the last token is
-    scored from the logits after the last one fed. Each row feeds its tokens but the last,
-    scoring them from the prefill (shared starts fed once, ``local/scored.py``), and scores
-    the last as a one-token greedy decode forced to it by a logit bias: reported
-    log-probabilities are the model's own, before the bias. A row whose token the bias could
-    not force (another token more than 100 nats likelier) is refused, never misreported.
+    scored from the logits after the last one fed. Where the fed tokens and one more fit
+    the model's window, a row feeds its tokens but the last, scoring them from the prefill
+    (shared starts fed once, ``local/scored.py``), and scores the last as a one-token greedy
+    decode forced to it by a logit bias (reported log-probabilities are the model's own,
+    before the bias; a token the bias could not force, another being more than 100 nats
+    likelier, is refused, never misreported). A row that fills the window is read from one
+    forward's logits, ``BATCH`` rows at a time, as ``hf`` reads it.
 
     >>> ids = lm.tokenizer.encode("Once upon a time")
-    >>> [(logprob, greedy)] = score_continuations(lm.engine, [(ids, 2)], window=lm.n_ctx)
-    >>> round(logprob, 2), greedy
-    (-1.07, True)
+    >>> [(logprob, greedy)] = score_continuations(lm.engine, [(ids, 3)], window=lm.n_ctx)
+    >>> [scores] = score_prompts(lm.engine, [ids])  # the same tokens, scored in the prompt
+    >>> abs(logprob - sum(s.logprob for s in scores[-3:])) < 1e-5, greedy
+    (True, True)
     """
     if window < 1:
         raise ValueError(f"window must be at least 1 token; got {window}.")
-    requests = []
+    cuts = []
     for i, (tokens, n) in enumerate(pairs):
         cut = tuple(tokens)[-(window + 1) :]
         if not 1 <= n < len(cut):
             raise ValueError(f"pair {i}: {n} scored tokens of {len(tokens)} (at most "
                              f"{len(cut) - 1}: the first token has nothing to predict it).")  # fmt: skip
-        sampling = Sampling(max_new_tokens=1, stop_at_eos=False, logprobs=1, prompt_logprobs=1,
-                            logit_bias=((cut[-1], FORCE),))  # fmt: skip
-        requests.append(Request(cut[:-1], tuple(steers), sampling, stream=str(i)))
-    out = []
-    for i, ((_, n), done) in enumerate(zip(pairs, engine.run(requests, wait=wait))):
-        last = done.scores[0] if done.scores else None
-        if last is None or last.token != requests[i].sampling.logit_bias[0][0]:
+        cuts.append(cut)
+    fits = [engine.n_ctx is None or len(cut) <= engine.n_ctx for cut in cuts]
+    if not all(fits) and not engine.capabilities.forward:
+        raise ValueError(f"window={window} fills this model's context ({engine.n_ctx} tokens), "
+                         "which this engine can only score with a window below it.")  # fmt: skip
+    scored: dict[int, list[TokenScore]] = {}
+    decoded = [i for i, fit in enumerate(fits) if fit]
+    requests = [Request(cuts[i][:-1], tuple(steers), Sampling(
+        max_new_tokens=1, stop_at_eos=False, logprobs=1, prompt_logprobs=1,
+        logit_bias=((cuts[i][-1], FORCE),)), stream=str(i)) for i in decoded]  # fmt: skip
+    for i, done in zip(decoded, engine.run(requests, wait=wait) if requests else []):
+        n, last = pairs[i][1], done.scores[0] if done.scores else None
+        if last is None or last.token != cuts[i][-1]:
             raise RuntimeError(f"pair {i}: its last token is more than {FORCE:g} nats less "
                                "likely than the likeliest; it cannot be scored this way.")  # fmt: skip
-        scored = [*done.prompt_scores[len(done.prompt_scores) - (n - 1) :], last][-n:]
-        logprob = sum(s.logprob for s in scored if s is not None)
-        greedy = all(s is not None and s.top and s.top[0][0] == s.token for s in scored)
+        scored[i] = [s for s in done.prompt_scores[len(done.prompt_scores) - n + 1 :] if s]
+        scored[i] = [*scored[i], last][-n:]
+    full = [i for i, fit in enumerate(fits) if not fit]
+    for start in range(0, len(full), BATCH):
+        rows = full[start : start + BATCH]
+        fed = [Request(cuts[i][:-1], tuple(steers), stream=str(i)) for i in rows]
+        logits = engine.forward(fed, wait=wait)[0]  # [rows, window, vocab], left-padded
+        for row, i in enumerate(rows):
+            n = pairs[i][1]
+            logprobs = logits[row, -n:].float().log_softmax(-1)
+            scored[i] = token_scores(logprobs, torch.tensor(cuts[i][-n:]), 1)
+    out = []
+    for i in range(len(cuts)):
+        logprob = sum(s.logprob for s in scored[i])
+        greedy = all(s.top and s.top[0][0] == s.token for s in scored[i])
         out.append((float(logprob), greedy))
     return out
 
