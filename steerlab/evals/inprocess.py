@@ -39,8 +39,9 @@ MAX_GEN_TOKS = 256  # lm-eval's hf model's default for generate_until
 def lm_eval_model(lm: SteerableModel, steers: Sequence[Steer] = (), *, name: str = "") -> Any:
     """lm-eval's model scoring ``lm`` in this process, steered by ``steers`` (one alpha each).
 
-    >>> model = lm_eval_model(lm)  # needs lm-eval  # doctest: +SKIP
-    >>> lm_eval.simple_evaluate(model=model, tasks=["toy_stories"])  # doctest: +SKIP
+    >>> model = lm_eval_model(lm)  # then lm_eval.simple_evaluate(model=model, tasks=[...])
+    >>> model.max_length, model.prefix_token_id  # steerlab-tiny's window and its BOS
+    (128, 0)
     """
     return _model_class()(lm, steers, name or lm.name)
 
