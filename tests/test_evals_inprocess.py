@@ -130,6 +130,12 @@ def test_score_continuations_equals_the_prompts_own_scores_and_refuses_bad_count
         [(logprob, greedy)] = score_continuations(toy_lm.engine, [(ids, n)], window=toy_lm.n_ctx)
         assert logprob == pytest.approx(sum(s.logprob for s in scores[-n:]), abs=1e-5)
         assert greedy == all(s.top[0][0] == s.token for s in scores[-n:])
+    long = ids * 3  # past the window of 16: cut to its last 17 tokens
+    pairs = [(ids, 3), (ids[:5], 2), (ids, len(ids) - 1), (long, 16), (long, 4)]  # padded rows
+    by_decode = score_continuations(toy_lm.engine, pairs, window=16)
+    by_forward = score_continuations(toy_lm.engine, pairs, window=16, shared=False)
+    for (a, greedy_a), (b, greedy_b) in zip(by_decode, by_forward):
+        assert a == pytest.approx(b, abs=1e-5) and greedy_a == greedy_b
     with pytest.raises(ValueError, match="0 scored tokens"):
         score_continuations(toy_lm.engine, [(ids, 0)], window=toy_lm.n_ctx)
     with pytest.raises(ValueError, match="at most 4"):  # the window keeps the last 5 tokens

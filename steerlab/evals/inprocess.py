@@ -9,7 +9,8 @@ straight to ``lm.engine``:
 - ``loglikelihood_rolling`` (perplexity): lm-eval's rolling windows, cut as its ``hf``
   model cuts them at the same ``max_length`` (``utils.get_rolling_token_windows`` with
   ``max_seq_len=max_length``, then each window its last ``max_length + 1`` tokens), every
-  document's windows in one call; a document's loglikelihood is the sum of its windows';
+  document's windows together, 16 a forward (they share no start, so no KV cache is kept);
+  a document's loglikelihood is the sum of its windows';
 - ``generate_until``: greedy (or the task's temperature) decoding to the task's stop
   strings, the context cut from the left to leave room for the new tokens, as ``hf`` does.
 
@@ -91,10 +92,10 @@ def _model_class() -> type:
             return str(self.tokenizer.decode(tokens))
 
         def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
-                                  **kwargs: Any) -> list[tuple[float, bool]]:  # fmt: skip
+                                  shared: bool = True, **kwargs: Any) -> list[tuple[float, bool]]:  # fmt: skip
             pairs = [(list(context) + list(cont), len(cont)) for _, context, cont in requests]
             out = score_continuations(self.lm.engine, pairs, window=self.max_length,
-                                      steers=self.row_steers)  # fmt: skip
+                                      steers=self.row_steers, shared=shared)  # fmt: skip
             for (key, _, _), answer in zip(requests, out):
                 if key is not None:
                     self.cache_hook.add_partial("loglikelihood", key, answer)
@@ -113,7 +114,7 @@ def _model_class() -> type:
                 doc = [(None, *utils.make_disjoint_window(w)) for w in split]
                 windows += doc
                 counts.append(len(doc))
-            scores = iter(self._loglikelihood_tokens(windows))
+            scores = iter(self._loglikelihood_tokens(windows, shared=False))  # disjoint
             out = []
             for text, n in zip(texts, counts):
                 total = sum(next(scores)[0] for _ in range(n))
