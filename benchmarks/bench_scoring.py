@@ -103,11 +103,12 @@ NOTES_IN_PROCESS = [
     "",
     "- **Multiple choice.** Each context is fed once for its four choices (the engine's "
     "scoring path), where `hf` feeds every context with every choice: the win is structural.",
-    "- **Rolling.** A document's windows share nothing, so each is fed once, as `hf` feeds "
-    "it: the same padded forward (the same matrix products, the LM head over every "
-    "position), then a logsumexp and a gather where `hf` takes a log-softmax. Parity is the "
-    "ceiling of this arm, and on a shared 2-core machine a run lands a few percent either "
-    "side of it. Buckets of similar lengths (less padding, more forwards) measured slower.",
+    "- **Rolling.** A document's windows share nothing, so they go 16 a forward without a "
+    "KV cache and are read as `hf` reads them (one log-softmax, a gather, an argmax): the "
+    "same padded forward, the same matrix products. Parity is the ceiling of this arm, and "
+    "on a shared 2-core machine a run lands some percent either side of it. Through the "
+    "engine's scoring path instead (prefill, stored prompts, a forced one-token decode) it "
+    "measured 0.69-1.07x; buckets of similar lengths (less padding, more forwards), slower.",
     "- **steerlab-tiny.** A whole task scores in a fraction of a second in either arm, most "
     "of it lm-eval's own work (its templates and bookkeeping, the same for both), so a ratio "
     "moves by tens of percent with the machine's load: read several runs.",
