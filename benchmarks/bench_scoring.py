@@ -63,6 +63,14 @@ IN_PROCESS = "sl.evals.lm_eval in-process (no HTTP)"
 ALPHA = 4.0
 MC, ROLLING = "bench_mc", "bench_rolling"
 TARGETS = {MC: 1.5, ROLLING: 1.0}
+TINY_TARGET = 1.0  # steerlab-tiny: at least lm-eval hf's speed on both tasks
+
+
+def target(model: str, task: str) -> float:
+    """The speed-up asked of an arm: ``TARGETS`` on the GPT-2-small shape, parity on the toy."""
+    return TINY_TARGET if model == "steerlab-tiny" else TARGETS[task]
+
+
 REPEATS = {MC: 1, ROLLING: 2}  # timed runs per arm, the fastest kept
 REPEATS_IN_PROCESS = {MC: 3, ROLLING: 5}  # its own section is short: more runs to keep from
 ARMS: dict[str, dict[str, int]] = {  # local-completions settings per request style
@@ -303,7 +311,7 @@ def run(quick: bool = False, device: str = "cpu",
         kind = "multiple choice" if task == MC else "rolling"
         name = f"{model}, {kind}, {'preset' if steered else 'unsteered'}: {arm}"
         rows.append(dict(comparison=name, ours_s=ours, baseline_s=base, ratio=base / ours,
-                         target=f">= {TARGETS[task]}x", load=load))  # fmt: skip
+                         target=f">= {target(model, task)}x", load=load))  # fmt: skip
         print(f"{name:<70} ours {ours:6.2f}s  hf {base:6.2f}s  {base / ours:5.2f}x  "
               f"load {load:.2f}", flush=True)  # fmt: skip
 
