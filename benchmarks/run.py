@@ -78,6 +78,10 @@ def scoring_section() -> list[str]:
     return bench_scoring.main(QUICK, DEVICE)
 
 
+def scoring_in_process_section() -> list[str]:
+    return bench_scoring.main_in_process(QUICK, DEVICE)
+
+
 def server_section() -> list[str]:
     import bench_server  # needs the server extra (fastapi, uvicorn, httpx)
 
@@ -126,6 +130,7 @@ def sweep_section() -> list[str]:
 # still has most sections
 SECTIONS: list[tuple[str, Callable[[], list[str]], bool]] = [
     ("engine", engine_section, True),
+    ("scoring in-process (lm-eval)", scoring_in_process_section, True),
     ("scoring (lm-eval)", scoring_section, True),
     ("SAE features", features_section, True),
     ("server", server_section, True),

@@ -16,6 +16,7 @@ from steerlab import stats
 from steerlab._version import __version__ as __version__
 from steerlab.amplify import amplify
 from steerlab.backends.parity import ParityError, ParityWarning
+from steerlab.backends.tl import CoordinatesWarning
 from steerlab.chat import ChatSession
 from steerlab.core import Ablate, Add, Cap, Clamp, LoReFT, Rotate, Steer, SteerError
 from steerlab.core.activations import Activations
@@ -76,6 +77,7 @@ __all__ = [
     "ChatSession",
     "Clamp",
     "Condition",
+    "CoordinatesWarning",
     "FeatureActivations",
     "Generation",
     "LoReFT",

@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 import torch
 
-from steerlab.backends import backend_for
+from steerlab.backends import backend_for, tl
 from steerlab.backends.parity import Reference, bridge_reference, check, hf_reference, probe_ids
+from steerlab.backends.tl import BackendUnavailableError
 from steerlab.core.bars import delayed_library_bars
 from steerlab.core.identity import config_sha256
 from steerlab.model import SteerableModel
@@ -218,6 +219,7 @@ def load(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
+    tl.check_backend(backend)  # backend="hooked" on TransformerLens 4: refused before any load
     vllm_only = {
         "tensor_parallel_size": tensor_parallel_size,
         "max_model_len": max_model_len,
@@ -274,10 +276,6 @@ def _require_safetensors(path: str, trust_remote_code: bool) -> None:
         )
 
 
-class BackendUnavailableError(ImportError, ValueError):
-    """A backend whose library is not installed here: a missing import and a bad argument."""
-
-
 def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, revision,
                options: dict[str, Any]) -> SteerableModel:  # fmt: skip
     if device is not None or n_devices is not None or device_map is not None:
@@ -329,9 +327,8 @@ def _load_hf(path, device, dtype, device_map, trust_remote_code, revision):
 
 def _load_bridge(path, tokenizer, device, dtype, n_devices, device_map, trust_remote_code,
                  revision):  # fmt: skip
-    from transformer_lens.model_bridge import TransformerBridge
-
-    return TransformerBridge.boot_transformers(
+    bridge = tl.bridge_class()
+    return bridge.boot_transformers(
         path,
         device=device if device_map is None and not n_devices else None,
         dtype=dtype,
@@ -360,9 +357,7 @@ def _load_hooked(path, tokenizer, device, dtype, n_devices, device_map, trust_re
 
         model = hooked_from_hf(hf_model, tokenizer, device=device, n_devices=n_devices or 1)
     else:
-        from transformer_lens import HookedTransformer
-
-        model = HookedTransformer.from_pretrained_no_processing(
+        model = tl.hooked_class().from_pretrained_no_processing(
             path, hf_model=hf_model, device=device, dtype=dtype, n_devices=n_devices or 1,
             tokenizer=tokenizer, trust_remote_code=trust_remote_code, revision=revision,
         )  # fmt: skip

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import steerlab as sl
+from steerlab.backends import tl
 
-BACKENDS = ("hf", "hooked", "bridge")
+# HookedTransformer is TransformerLens 3.9's; on 4.x (make test-tl4) its runs are not made.
+BACKENDS = ("hf", "hooked", "bridge") if tl.hooked_refusal() is None else ("hf", "bridge")
 PROMPTS = ["Hi", "The quick brown fox", "A much longer prompt, with commas"]
 
 _loaded: dict[tuple[str, str], sl.SteerableModel] = {}

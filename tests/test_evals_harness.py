@@ -87,7 +87,10 @@ def test_lm_eval_steered_and_unsteered_equal_lm_evals_hf_model_with_a_hook(toy_l
     assert acc["steered"] == steered["results"]["toy_sentiment"]["acc,none"]
     assert acc["delta"] == acc["steered"] - acc["unsteered"]
     assert ("toy_stories", "word_perplexity") in table and "sample_len" not in repr(res)
-    assert toy_lm.hook_count() == 0  # the server served it and left nothing behind
+    assert toy_lm.hook_count() == 0  # the steered run left nothing behind
+    assert res.unsteered["config"]["model"] == toy_lm.name  # lm-eval said "SteerlabLM"
+    assert res.steered["config"]["model"] == f"{toy_lm.name} + steered"
+    assert res.unsteered["config"]["steerlab_path"] == "in-process"
 
 
 def test_lm_eval_against_a_running_server_steers_through_its_preset(toy_lm, vec, tasks):
@@ -105,6 +108,8 @@ def test_lm_eval_against_a_running_server_steers_through_its_preset(toy_lm, vec,
             _loglikelihoods(getattr(local, run), "toy_sentiment"), abs=1e-5
         )
     assert remote.preset == "happy" and local.preset == "steered"
+    assert remote.steered["config"]["model"] == "happy"
+    assert remote.unsteered["config"]["steerlab_path"].startswith("server http://127.0.0.1")
 
 
 def test_lm_eval_arguments_are_checked_before_any_server_starts(toy_lm, vec, tasks):
@@ -116,6 +121,11 @@ def test_lm_eval_arguments_are_checked_before_any_server_starts(toy_lm, vec, tas
         sl.evals.lm_eval(toy_lm, TASKS, "happy", include_path=tasks)
     with pytest.raises(ValueError, match="not a folder"):
         sl.evals.lm_eval(toy_lm, TASKS, vec, include_path=tasks / "toy_sentiment.yaml")
+    with pytest.raises(ValueError, match="model_args"):
+        sl.evals.lm_eval(toy_lm, TASKS, vec, include_path=tasks, model_args={"batch_size": 4})
+    with pytest.raises(sl.SiteError):  # checked against the model before lm-eval starts
+        sl.evals.lm_eval(toy_lm, TASKS, sl.Steer("blocks.9.hook_resid_pre", vec[SITE]),
+                         include_path=tasks)  # fmt: skip
 
 
 def test_lm_eval_draws_no_request_bars_and_shows_a_missing_stderr_as_n_a(toy_lm, tasks, capfd):
@@ -135,19 +145,17 @@ def test_lm_eval_draws_no_request_bars_and_shows_a_missing_stderr_as_n_a(toy_lm,
     assert "<td>N/A</td>" in result._repr_html_()
 
 
-def test_an_in_process_model_is_tokenized_on_the_client_not_through_tokenize(toy_lm, tasks,
-                                                                              monkeypatch):  # fmt: skip
-    """No /tokenize round trips for an in-process model (two per loglikelihood cost more
-    than scoring steerlab-tiny); the ids equal the server's own, as the oracle test checks."""
-    from lm_eval.utils import RemoteTokenizer
+def test_an_in_process_model_is_scored_without_a_server(toy_lm, tasks, monkeypatch):
+    """No server, no HTTP: lm-eval's model calls the engine (a forward of steerlab-tiny is
+    shorter than a loopback round trip)."""
+    from steerlab.server import background
 
-    calls = []
-    encode = RemoteTokenizer.encode
-    monkeypatch.setattr(RemoteTokenizer, "encode", lambda self, text: calls.append(text)
-                        or encode(self, text))  # fmt: skip
+    def refuse(*args, **kwargs):
+        raise AssertionError("an in-process model started a server")
+
+    monkeypatch.setattr(background, "serve_in_background", refuse)
     result = sl.evals.lm_eval(toy_lm, ["toy_sentiment"], limit=2, include_path=tasks,
                               log_samples=True)  # fmt: skip
-    assert calls == []
     assert len(_loglikelihoods(result.unsteered, "toy_sentiment")) > 0
 
 
@@ -174,11 +182,11 @@ def long_stories(tmp_path_factory):
 def test_documents_longer_than_the_window_are_scored_in_windows_as_lm_evals_hf_model_does(
     toy_lm, toy_hf, long_stories
 ):
-    """lm-eval's API models assume 2048 tokens; a document longer than the model's window
-    was a request the server refused (400). Now lm-eval is told ``n_ctx`` and cuts windows
-    of ``n_ctx - 1`` tokens (one kept for the token each scoring request samples): the
-    windows lm-eval's own ``hf`` model cuts with ``max_length`` ``n_ctx - 2`` (it feeds a
-    window less its last token)."""
+    """In-process, the windows are lm-eval's ``hf`` model's own at the same ``max_length``
+    (``n_ctx``, which ``hf`` reads from the config): the last token of a full window is
+    scored from the logits after the window's last token fed. Through a server, lm-eval's
+    API model keeps a token for the one a request samples, so its windows are ``hf``'s at
+    ``n_ctx - 2`` (it feeds a window less its last token)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -186,18 +194,27 @@ def test_documents_longer_than_the_window_are_scored_in_windows_as_lm_evals_hf_m
     lines = (long_stories / "long_stories.jsonl").read_text().splitlines()
     texts = [json.loads(line)["text"] for line in lines]
     assert min(len(toy_lm.tokenizer.encode(t)) for t in texts) > 2 * toy_lm.n_ctx
+    tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+
+    def oracle(max_length: int | None) -> list[float]:
+        hf = HFLM(pretrained=toy_hf, tokenizer=tokenizer, batch_size=1, add_bos_token=False,
+                  max_length=max_length)  # fmt: skip
+        out = simple_evaluate(model=hf, tasks=["long_stories"], log_samples=True,
+                              task_manager=TaskManager(include_path=str(long_stories)),
+                              bootstrap_iters=0)  # fmt: skip
+        return _loglikelihoods(out, "long_stories")
+
     ours = sl.evals.lm_eval(toy_lm, ["long_stories"], include_path=long_stories,
                             log_samples=True, bootstrap_iters=0)  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
-    hf = HFLM(pretrained=toy_hf, tokenizer=tokenizer, batch_size=1, add_bos_token=False,
-              max_length=toy_lm.n_ctx - 2)  # fmt: skip
-    oracle = simple_evaluate(model=hf, tasks=["long_stories"], log_samples=True,
-                             task_manager=TaskManager(include_path=str(long_stories)),
-                             bootstrap_iters=0)  # fmt: skip
-    got = _loglikelihoods(ours.unsteered, "long_stories")
-    want = _loglikelihoods(oracle, "long_stories")
+    got, want = _loglikelihoods(ours.unsteered, "long_stories"), oracle(None)
     assert len(got) == len(want) == 3
     assert got == pytest.approx(want, abs=1e-3)
+    assert got != pytest.approx(oracle(toy_lm.n_ctx - 2), abs=1e-1)  # the windows matter
+    with served(toy_lm) as url:
+        remote = sl.evals.lm_eval(url, ["long_stories"], include_path=long_stories,
+                                  api_key=KEY, log_samples=True, bootstrap_iters=0)  # fmt: skip
+    got = _loglikelihoods(remote.unsteered, "long_stories")
+    assert got == pytest.approx(oracle(toy_lm.n_ctx - 2), abs=1e-3)
 
 
 def test_rolling_windows_of_every_document_go_batch_size_a_request(toy_lm, tasks, monkeypatch):

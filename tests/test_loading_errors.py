@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import transformers
+from helpers import BACKENDS
 
 import steerlab as sl
 from steerlab.loading import ModelNotAvailableError, _locate
@@ -121,6 +122,6 @@ def test_a_folder_with_only_pickled_bin_weights_is_refused_on_every_backend(tiny
     shutil.copytree(tiny_dirs["gpt2"], folder)
     for weights in folder.glob("*.safetensors"):
         weights.rename(folder / "pytorch_model.bin")
-    for backend in ("hf", "hooked", "bridge"):
+    for backend in BACKENDS:
         with pytest.raises(ValueError, match="pickled .bin"):
             sl.load(folder, backend=backend)

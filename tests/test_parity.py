@@ -49,9 +49,10 @@ def test_all_sites_agree_across_backends(tiny_dirs, family):
     caches = {b: load_tiny(tiny_dirs, family, b).run_with_cache(PROMPTS) for b in BACKENDS}
     sites = caches["hf"].keys()
     real = caches["hf"].attention_mask.bool()
-    assert set(sites) == set(caches["hooked"]) == set(caches["bridge"])
+    others = [b for b in BACKENDS if b != "hf"]  # hooked only on TransformerLens 3.9
+    assert all(set(caches[other]) == set(sites) for other in others)
     for site in sites:
-        for other in ("hooked", "bridge"):
+        for other in others:
             torch.testing.assert_close(
                 caches[other][site][real], caches["hf"][site][real], atol=1e-4, rtol=1e-4,
                 msg=lambda m, site=site, other=other: f"{other} {site}: {m}",

@@ -11,7 +11,7 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     # the large-model block needs a hub and 8 GPUs; the training block's data is the
     # reader's (tutorial 11 trains on the toy under nbval)
     runnable = [b for b in blocks if "meta-llama" not in b and "sl.train." not in b]
-    assert len(runnable) == 6
+    assert len(runnable) == 7
     monkeypatch.chdir(tmp_path)  # the quickstart writes happy.safetensors and norms.pdf
     namespace: dict = {}
     for block in runnable:
@@ -19,6 +19,8 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     assert namespace["lm"].hook_count() == 0
     assert len(namespace["out"].text) == 1
     assert (tmp_path / "happy.safetensors").stat().st_size > 0
+    assert (tmp_path / "happy.gguf").read_bytes().startswith(b"GGUF")  # llama.cpp's format
+    assert namespace["back"].directions.keys() == namespace["happy"].directions.keys()
     assert (tmp_path / "norms.pdf").read_bytes().startswith(b"%PDF-")
     assert namespace["acts"].sae is namespace["sae"]  # the SAE block ran
     assert [r["alpha"] for r in namespace["res"].summary] == [-8, -4, 0, 4, 8]  # evaluations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from steerlab.backends import tl
 from steerlab.backends.base import Backend
 from steerlab.backends.hf import HFBackend
 from steerlab.backends.lens import BridgeBackend, HookedBackend
@@ -17,14 +18,13 @@ def backend_for(model: Any) -> Backend:
 
     if isinstance(model, PreTrainedModel):  # plain HF needs no TransformerLens installed
         return HFBackend(model)
-    from transformer_lens import HookedTransformer
-    from transformer_lens.model_bridge import TransformerBridge
-
-    if isinstance(model, TransformerBridge):
+    kind = tl.kind_of(model)  # never names HookedTransformer on TransformerLens 4
+    if kind == "bridge":
+        tl.warn_if_processed(model)
         return BridgeBackend(model)
-    if isinstance(model, HookedTransformer):
+    if kind == "hooked":
         return HookedBackend(model)
     raise TypeError(
-        "steerlab.wrap takes a TransformerBridge, a HookedTransformer or a HuggingFace "
-        f"PreTrainedModel; got {type(model).__name__}."
+        "steerlab.wrap takes a TransformerBridge, a HookedTransformer (TransformerLens 3.9) or "
+        f"a HuggingFace PreTrainedModel; got {type(model).__name__}."
     )

@@ -260,7 +260,10 @@ def hooked_from_hf(
     ``ConversionError`` before building anything when the config holds a field
     TransformerLens cannot reproduce.
     """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from steerlab.backends import tl
+
+    HookedTransformer = tl.hooked_class()  # refused by name on TransformerLens 4
+    from transformer_lens import HookedTransformerConfig
     from transformer_lens.pretrained import weight_conversions
 
     fields = hooked_config_fields(hf_model.config)

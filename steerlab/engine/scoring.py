@@ -1,6 +1,6 @@
 """Token scores: the log-probabilities an engine reports beside the tokens it samples.
 
-One definition for every caller. The decode loop scores a request's prompt from the logits
+One definition for every caller (``score_continuations`` is lm-eval's loglikelihood). The decode loop scores a request's prompt from the logits
 of its prefill, and each sampled token from the logits it was sampled from, so a score is
 read from the same forward pass as the token (steered when the row is), before temperature,
 top-k or top-p. ``score_prompts`` and ``next_token_distributions`` are the in-process
@@ -17,6 +17,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from steerlab.core.request import Request, RowSteer, Sampling, TokenScore
+from steerlab.core.sampling import check_finite
+
+# A logit bias that makes greedy decoding pick its token: the largest a request may carry.
+FORCE = 100.0
+BATCH = 16  # rows per forward when scoring windows that fill the model's context
 
 if TYPE_CHECKING:
     from steerlab.engine.protocol import Engine
@@ -82,6 +87,104 @@ def score_prompts(
     requests = [Request(tuple(p), tuple(steers), sampling, stream=str(i))
                 for i, p in enumerate(prompts)]  # fmt: skip
     return [c.prompt_scores for c in engine.run(requests, wait=wait)]
+
+
+def score_continuations(
+    engine: Engine,
+    pairs: Sequence[tuple[Sequence[int], int]],
+    *,
+    window: int,
+    steers: Sequence[RowSteer] = (),
+    shared: bool = True,
+    wait: float = 0.0,
+) -> list[tuple[float, bool]]:
+    """Per ``(tokens, n)``: the log-probability of the last ``n`` tokens given those before
+    them, summed, and whether each was the most likely token: lm-eval's loglikelihood.
+
+    Cut as lm-eval's ``hf`` model cuts at ``max_length=window``: a sequence keeps its last
+    ``window + 1`` tokens and the first ``window`` of them are fed, so the last token is
+    scored from the logits after the last one fed. Two ways to read the same numbers:
+
+    - ``shared`` (sequences that share their starts, as a multiple-choice context and its
+      choices): a row feeds its tokens but the last, scored from the prefill with each shared
+      start fed once (``local/scored.py``), and the last as a one-token greedy decode forced
+      to it by a logit bias (reported log-probabilities are the model's own, before the bias;
+      a token the bias could not force, another being more than 100 nats likelier, is
+      refused, never misreported);
+    - otherwise (lm-eval's rolling windows share nothing), and for a row that fills the
+      model's context: ``BATCH`` rows a forward without a KV cache, read from its logits as
+      ``hf`` reads them (one log-softmax, a gather, an argmax).
+
+    >>> ids = lm.tokenizer.encode("Once upon a time")
+    >>> [(logprob, greedy)] = score_continuations(lm.engine, [(ids, 3)], window=lm.n_ctx)
+    >>> [scores] = score_prompts(lm.engine, [ids])  # the same tokens, scored in the prompt
+    >>> abs(logprob - sum(s.logprob for s in scores[-3:])) < 1e-5, greedy
+    (True, True)
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1 token; got {window}.")
+    cuts = []
+    for i, (tokens, n) in enumerate(pairs):
+        cut = tuple(tokens)[-(window + 1) :]
+        if not 1 <= n < len(cut):
+            raise ValueError(f"pair {i}: {n} scored tokens of {len(tokens)} (at most "
+                             f"{len(cut) - 1}: the first token has nothing to predict it).")  # fmt: skip
+        cuts.append(cut)
+    ns = [n for _, n in pairs]
+    forward = engine.capabilities.forward
+    decoded = [i for i, cut in enumerate(cuts) if (shared or not forward)
+               and (engine.n_ctx is None or len(cut) <= engine.n_ctx)]  # fmt: skip
+    if len(decoded) < len(cuts) and not forward:
+        raise ValueError(f"window={window} fills this model's context ({engine.n_ctx} tokens), "
+                         "which this engine can only score with a window below it.")  # fmt: skip
+    out: dict[int, tuple[float, bool]] = {}
+    if decoded:
+        out.update(zip(decoded, _decoded(engine, [cuts[i] for i in decoded],
+                                         [ns[i] for i in decoded], steers, wait)))  # fmt: skip
+    rest = [i for i in range(len(cuts)) if i not in out]
+    for start in range(0, len(rest), BATCH):
+        rows = rest[start : start + BATCH]
+        out.update(zip(rows, _forwarded(engine, [cuts[i] for i in rows], [ns[i] for i in rows],
+                                        steers, wait)))  # fmt: skip
+    return [out[i] for i in range(len(cuts))]
+
+
+def _decoded(engine: Engine, cuts: Sequence[tuple[int, ...]], ns: Sequence[int],
+             steers: Sequence[RowSteer], wait: float) -> list[tuple[float, bool]]:  # fmt: skip
+    """Through ``engine.run``: the prefill's prompt scores, then the forced last token."""
+    requests = [Request(cut[:-1], tuple(steers), Sampling(
+        max_new_tokens=1, stop_at_eos=False, logprobs=1, prompt_logprobs=1,
+        logit_bias=((cut[-1], FORCE),)), stream=str(i)) for i, cut in enumerate(cuts)]  # fmt: skip
+    out = []
+    for i, (cut, n, done) in enumerate(zip(cuts, ns, engine.run(requests, wait=wait))):
+        last = done.scores[0] if done.scores else None
+        if last is None or last.token != cut[-1]:
+            raise RuntimeError(f"row {i}: its last token is more than {FORCE:g} nats less "
+                               "likely than the likeliest; it cannot be scored this way.")  # fmt: skip
+        scored = [s for s in done.prompt_scores[len(done.prompt_scores) - n + 1 :] if s]
+        scored = [*scored, last][-n:]
+        out.append((float(sum(s.logprob for s in scored)),
+                    all(s.top and s.top[0][0] == s.token for s in scored)))  # fmt: skip
+    return out
+
+
+def _forwarded(engine: Engine, cuts: Sequence[tuple[int, ...]], ns: Sequence[int],
+               steers: Sequence[RowSteer], wait: float) -> list[tuple[float, bool]]:  # fmt: skip
+    """One forward of the rows' tokens but the last (left-padded), read as ``hf`` reads it."""
+    fed = [Request(cut[:-1], tuple(steers), stream=str(i)) for i, cut in enumerate(cuts)]
+    logits = engine.forward(fed, wait=wait)[0]  # [rows, longest, vocab], left-padded
+    width = max(ns)
+    logprobs = logits[:, -width:].float().log_softmax(-1)  # [rows, width, vocab]
+    targets = torch.zeros(len(cuts), width, dtype=torch.long)
+    real = torch.zeros(len(cuts), width, dtype=torch.bool)
+    for row, (cut, n) in enumerate(zip(cuts, ns)):
+        targets[row, width - n :] = torch.tensor(cut[-n:])
+        real[row, width - n :] = True
+    targets, real = targets.to(logprobs.device), real.to(logprobs.device)
+    chosen = logprobs.gather(-1, targets[..., None])[..., 0].masked_fill(~real, 0.0)
+    check_finite(chosen, 0, fed)
+    greedy = ((logprobs.argmax(-1) == targets) | ~real).all(-1)
+    return list(zip(chosen.sum(-1).tolist(), greedy.tolist()))
 
 
 def next_token_distributions(

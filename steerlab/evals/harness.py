@@ -1,33 +1,23 @@
 """``lm_eval``: lm-evaluation-harness scores of a steered model, beside the unsteered ones.
 
-lm-eval talks to ``steerlab serve`` through its ``local-completions`` model: token-id
-prompts, ``echo`` and ``logprobs`` for loglikelihood and multiple-choice tasks, plain
-completions for ``generate_until``. A steered run names a *preset* as its model (a server
-model name that stands for the base model steered at a fixed alpha), because lm-eval's
-scoring path cannot send a ``steering`` field. Given an in-process model, ``lm_eval``
-serves it on loopback for the call, with the steer as the preset ``steered``. Given a
-server's URL, ``steer`` names one of the server's presets (``--preset NAME=FILE@ALPHA``).
+Two paths, chosen by what ``lm_eval`` is given:
 
-lm-eval sends 16 prompts a request, one request at a time: of its request styles (one
-prompt a request, 16 a request, 8 concurrent requests) the fastest in
-``benchmarks/bench_scoring.py``, faster than lm-eval's own in-process ``hf`` model, since
-the server feeds each multiple-choice context once for all of its choices. Its API models
-send a perplexity task (``loglikelihood_rolling``) one document a request whatever the
-batch size; ``lm_eval`` uses ``local-completions`` with one change (``completions_model``):
-every document's windows go together, 16 a request, as lm-eval's ``hf`` model batches them.
-
-lm-eval's API models assume a 2048-token window; ``lm_eval`` tells them the model's own
-(``n_ctx``, of which lm-eval keeps one token for the token each scoring request samples), so
-a long document is cut into windows that fit, and a long context is cut from the left, as
-lm-eval does for its ``hf`` model, instead of a request the server refuses.
-
-For an in-process model lm-eval tokenizes locally, with the model's own (fast) tokenizer
-saved to a temporary folder: lm-eval's remote tokenizer costs two ``/tokenize`` round trips
-per loglikelihood (the context, and context plus continuation), which took longer than the
-scoring itself on steerlab-tiny (``benchmarks/RESULTS.md``). Both give the same token ids:
-the server tokenizes with the same tokenizer, without special tokens, as lm-eval's
-``huggingface`` backend does with ``add_bos_token=False``. Against a server's URL, and for a
-tokenizer that is not a fast one, tokenizing goes through the server's ``/tokenize``.
+- **An in-process model** is handed to lm-eval as a model of steerlab's own
+  (``evals/inprocess.py``), which calls the engine's scoring directly: no server, no HTTP.
+  Multiple-choice contexts are fed once for all their choices, every document's rolling
+  windows go together, and the steer (at ``alpha``) is on every request. Its rolling windows
+  are cut as lm-eval's ``hf`` model cuts them at the model's window (``max_length=n_ctx``), so
+  its per-sample values equal ``hf``'s.
+- **A server's URL**: lm-eval's ``local-completions`` model talks to ``steerlab serve``, with
+  token-id prompts, ``echo`` and ``logprobs``. A steered run names a *preset* as its model (a
+  server model name that stands for the base model steered at a fixed alpha), because lm-eval's
+  scoring path cannot send a ``steering`` field. It sends 16 prompts a request, one request at
+  a time (the fastest of lm-eval's request styles in ``benchmarks/bench_scoring.py``), and a
+  perplexity task's windows of every document together, 16 a request (``completions_model``),
+  where lm-eval's API models send one document a request. lm-eval's API models assume a
+  2048-token window; ``lm_eval`` tells them the server's (``n_ctx``, of which lm-eval keeps one
+  token for the token each scoring request samples, so windows are one token shorter than
+  ``hf``'s at ``n_ctx``), and tokenizing goes through the server's ``/tokenize``.
 """
 
 from __future__ import annotations
@@ -35,22 +25,21 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-import secrets
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steerlab.core.rows import SteerArg
+from steerlab.core.rows import SteerArg, as_steers, checked_steers
+from steerlab.core.steer import Steer, at_alphas
 from steerlab.core.table import Table
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
 
 _NOT_METRICS = ("alias", "sample_len")  # lm-eval's per-task bookkeeping, beside the metrics
-STEERED = "steered"  # the preset name an in-process model's steer is served under
+STEERED = "steered"  # what an in-process model's steered run is called
 # prompts per request: the fastest of lm-eval's request styles (benchmarks/bench_scoring.py)
 BATCH = 16
 
@@ -120,16 +109,17 @@ def lm_eval(
     bootstrap_iters: int = 1000,
     seed: int = 0,
 ) -> HarnessResult:
-    """Run lm-eval's tasks against a steerlab server, unsteered and steered.
+    """Run lm-eval's tasks on a steerlab model, unsteered and steered.
 
-    Requests carry 16 prompts each, one request at a time, the fastest request style measured,
-    and an in-process model's prompts are tokenized on the client with its own tokenizer
-    instead of through the server (see the module's docstring);
-    ``model_args={"batch_size": ...}`` changes the first.
+    Which path runs depends on ``lm_or_url`` (see the module's docstring): an in-process
+    model is scored by its own engine inside lm-eval, with no server and no HTTP, its values
+    equal to lm-eval's ``hf`` model's; a URL is scored through that server by lm-eval's
+    ``local-completions`` model, 16 prompts a request (``model_args={"batch_size": ...}``).
+    ``result.unsteered["config"]["model"]`` names what ran, and ``"steerlab_path"`` the path.
 
     Args:
-        lm_or_url: an in-process model (served on loopback for the call), or the base URL
-            of a running ``steerlab serve`` (``http://127.0.0.1:8000``).
+        lm_or_url: an in-process model, or the base URL of a running ``steerlab serve``
+            (``http://127.0.0.1:8000``).
         tasks: lm-eval task names (its registry, or tasks in ``include_path``).
         steer: for a model: a steering vector, a ``Steer`` or a list of them, at ``alpha``.
             For a URL: the name of one of the server's presets. None: unsteered only.
@@ -137,9 +127,9 @@ def lm_eval(
         limit: documents per task (an int), or a share of them (a float below 1).
         include_path: a folder of task YAML files (local tasks; nothing downloads).
         num_fewshot: few-shot examples per prompt (the task's default when None).
-        model_args: extra ``local-completions`` arguments, overriding steerlab's.
-        api_key: a server's API key (``steerlab serve --api-key``); an in-process model is
-            served with a key of its own, known only to this call.
+        model_args: for a URL, extra ``local-completions`` arguments, overriding steerlab's;
+            an in-process model takes none.
+        api_key: a server's API key (``steerlab serve --api-key``).
         log_samples: keep lm-eval's per-sample records (``result.unsteered["samples"]``).
         bootstrap_iters: lm-eval's bootstrap resamples for the stderr of metrics without a
             closed form (its default, 100000, is slow on a laptop).
@@ -148,8 +138,8 @@ def lm_eval(
     Returns:
         a ``HarnessResult``; ``result.table()`` sets steered beside unsteered.
 
-    Needs the ``evals`` extra (``pip install 'steerlab[evals]'``) and, for an in-process
-    model, the ``server`` extra.
+    Needs the ``evals`` extra (``pip install 'steerlab[evals]'``) and, for a URL, the
+    ``server`` extra.
 
     >>> sl.evals.lm_eval(lm, ["my_task"], vec, alpha=4, include_path="tasks/")  # needs a task folder; slow  # doctest: +SKIP
     """
@@ -169,10 +159,37 @@ def lm_eval(
         raise ValueError(f"alpha must be finite; got {alpha!r}.")
     if include_path is not None and not Path(include_path).is_dir():
         raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
+    in_process = not isinstance(lm_or_url, str)
+    if in_process and model_args:
+        raise ValueError(
+            "model_args are local-completions' settings, for a server's URL; an in-process "
+            f"model is scored by its engine directly and takes none (got {dict(model_args)})."
+        )
+    steers = _in_process_steers(lm_or_url, steer, alpha) if in_process else []  # type: ignore[arg-type]
     manager = _task_manager(TaskManager, names, include_path)
     _check_task_names(manager, names)
 
-    with _server(lm_or_url, steer, alpha, api_key) as (url, card, preset, key, folder):
+    def run(model: Any) -> dict[str, Any]:
+        out = simple_evaluate(
+            model=model, tasks=names, limit=limit, num_fewshot=num_fewshot,
+            task_manager=manager, log_samples=log_samples, bootstrap_iters=bootstrap_iters,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )  # fmt: skip
+        if out is None:
+            raise RuntimeError("lm-eval returned no results.")
+        return dict(out)
+
+    if not isinstance(lm_or_url, str):  # in-process: the engine scores, no server
+        from steerlab.evals.inprocess import lm_eval_model
+
+        with _no_dataset_bars():
+            unsteered = run(lm_eval_model(lm_or_url))
+            steered = run(lm_eval_model(lm_or_url, steers, name=f"{lm_or_url.name} + "
+                                        f"{STEERED}")) if steers else None  # fmt: skip
+        return HarnessResult(unsteered, steered, lm_or_url.name, STEERED if steers else None)
+
+    with _server(lm_or_url, steer, alpha, api_key) as (url, card, preset, key):
         model = card["id"]
         args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
                                 "num_concurrent": 1, "batch_size": BATCH, "max_retries": 1,
@@ -180,28 +197,29 @@ def lm_eval(
                                 "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
         if card.get("n_ctx"):  # lm-eval keeps one token of it for the token a request samples
             args["max_length"] = int(card["n_ctx"])
-        if folder is not None and "tokenizer_backend" not in (model_args or {}):
-            # no /tokenize round trips: the server's own tokenizer, on the client
-            args.update(tokenizer_backend="huggingface", tokenizer=folder, add_bos_token=False)
         if key:  # lm-eval sends a bearer token only from the environment, or from a header
             args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})
         args.update(model_args or {})
 
-        def run(name: str) -> dict[str, Any]:
-            out = simple_evaluate(
-                model=completions_model({**args, "model": name}), tasks=names,
-                limit=limit, num_fewshot=num_fewshot, task_manager=manager,
-                log_samples=log_samples, bootstrap_iters=bootstrap_iters, random_seed=seed,
-                numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-            )  # fmt: skip
-            if out is None:
-                raise RuntimeError("lm-eval returned no results.")
-            return dict(out)
+        def served(name: str) -> dict[str, Any]:
+            out = run(completions_model({**args, "model": name}))
+            # lm-eval names the model by its class; say what ran: the server's model or preset
+            out.setdefault("config", {}).update(model=name, steerlab_path=f"server {url}")
+            return out
 
         with _no_dataset_bars(), _no_request_bars():
-            unsteered = run(model)
-            steered = run(preset) if preset else None
+            unsteered = served(model)
+            steered = served(preset) if preset else None
     return HarnessResult(unsteered, steered, model, preset)
+
+
+def _in_process_steers(lm: SteerableModel, steer: SteerArg | str, alpha: float) -> list[Steer]:
+    """The steers of an in-process run: ``steer`` at ``alpha`` (multiplying its own), checked
+    against ``lm`` before anything runs."""
+    if isinstance(steer, str):
+        raise ValueError(f"steer={steer!r} names a preset, which only a server has; for an "
+                         "in-process model give the steering vector or Steer itself.")  # fmt: skip
+    return checked_steers(lm, at_alphas(as_steers(steer), [alpha]))
 
 
 def completions_model(args: Mapping[str, Any]) -> Any:
@@ -262,54 +280,24 @@ def _check_task_names(manager: Any, names: Sequence[str]) -> None:
 
 
 @contextmanager
-def _server(lm_or_url: Any, steer: Any, alpha: float,
-            api_key: str | None) -> Iterator[tuple[str, dict[str, Any], str | None, str | None,
-                                                   str | None]]:  # fmt: skip
-    """``(url, base model's card, preset name or None, api key or None, tokenizer folder or
-    None)`` for the call: the card is ``/v1/models``'s entry (``id``, ``n_ctx`` ...); the
-    folder holds an in-process model's fast tokenizer."""
-    if isinstance(lm_or_url, str):
-        url = lm_or_url.rstrip("/").removesuffix("/v1")
-        cards = _get(url, "/v1/models", api_key)["data"]
-        names = [card["id"] for card in cards]
-        if steer is not None and not isinstance(steer, str):
-            raise ValueError(
-                "A server's steered model is one of its presets: start it with "
-                "`steerlab serve MODEL --preset NAME=VECTOR_FILE@ALPHA` and pass steer='NAME' "
-                f"(it serves {names}). lm-eval's scoring requests cannot carry a vector."
-            )
-        if steer is not None and steer not in names[1:]:
-            raise ValueError(f"The server has no preset {steer!r}; its models are {names}.")
-        if alpha != 1.0:
-            raise ValueError("alpha= applies to an in-process steer; a preset has its own.")
-        yield url, cards[0], steer, api_key, None
-        return
-    if isinstance(steer, str):
-        raise ValueError(f"steer={steer!r} names a preset, which only a server has; for an "
-                         "in-process model give the steering vector or Steer itself.")  # fmt: skip
-    from steerlab.server import ServedModels, create_app
-    from steerlab.server.background import serve_in_background
-    from steerlab.server.presets import Preset
-
-    presets = [] if steer is None else [Preset(STEERED, steer, alpha)]
-    key = secrets.token_urlsafe(16)  # loopback only, and only this call's client knows it
-    app = create_app(ServedModels(lm_or_url), api_key=key, presets=presets)
-    with serve_in_background(app) as url, _saved_tokenizer(lm_or_url.tokenizer) as folder:
-        card = _get(url, "/v1/models", key)["data"][0]
-        yield url, card, STEERED if presets else None, key, folder
-
-
-@contextmanager
-def _saved_tokenizer(tokenizer: Any) -> Iterator[str | None]:
-    """A temporary folder holding ``tokenizer``, for lm-eval to load as its own; None for a
-    tokenizer that is not a fast one (reloaded, a slow tokenizer could come back fast, and
-    split some text differently from the server)."""
-    if not getattr(tokenizer, "is_fast", False) or not hasattr(tokenizer, "save_pretrained"):
-        yield None
-        return
-    with tempfile.TemporaryDirectory(prefix="steerlab-lm-eval-tokenizer-") as folder:
-        tokenizer.save_pretrained(folder)
-        yield folder
+def _server(url: str, steer: Any, alpha: float,
+            api_key: str | None) -> Iterator[tuple[str, dict[str, Any], str | None, str | None]]:  # fmt: skip
+    """``(url, base model's card, preset name or None, api key or None)`` for a server's URL:
+    the card is ``/v1/models``'s entry (``id``, ``n_ctx`` ...)."""
+    url = url.rstrip("/").removesuffix("/v1")
+    cards = _get(url, "/v1/models", api_key)["data"]
+    names = [card["id"] for card in cards]
+    if steer is not None and not isinstance(steer, str):
+        raise ValueError(
+            "A server's steered model is one of its presets: start it with "
+            "`steerlab serve MODEL --preset NAME=VECTOR_FILE@ALPHA` and pass steer='NAME' "
+            f"(it serves {names}). lm-eval's scoring requests cannot carry a vector."
+        )
+    if steer is not None and steer not in names[1:]:
+        raise ValueError(f"The server has no preset {steer!r}; its models are {names}.")
+    if alpha != 1.0:
+        raise ValueError("alpha= applies to an in-process steer; a preset has its own.")
+    yield url, cards[0], steer, api_key
 
 
 def _task_manager(manager: Any, names: list[str], include_path: str | Path | None) -> Any:

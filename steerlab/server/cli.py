@@ -25,11 +25,14 @@ _VLLM_ONLY = ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
 
 def add_serve(commands: Any) -> None:
     """Add the ``serve`` command to ``commands``, a parser's subcommands."""
+    from steerlab.backends.tl import backend_arg
     from steerlab.server.connections import DEFAULT_IDLE_TIMEOUT
 
     serve = commands.add_parser("serve", help="serve a model over OpenAI-compatible HTTP")
     serve.add_argument("model", help="steerlab-tiny, a local HF folder, or a hub id")
-    serve.add_argument("--backend", default="hf", choices=("hf", "bridge", "hooked", "vllm"))
+    serve.add_argument(
+        "--backend", default="hf", choices=("hf", "bridge", "hooked", "vllm"), type=backend_arg
+    )  # "hooked" on TransformerLens 4: refused, exit 2
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     serve.add_argument("--port", type=_bounded(int, 1, 65535), default=8000)
     serve.add_argument("--api-key", default=None,

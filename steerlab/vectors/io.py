@@ -207,7 +207,8 @@ def save(vector: SteeringVector, path: str | Path) -> Path:
     """
     path = Path(path)
     if path.suffix != ".safetensors":
-        raise ValueError(f"Steering vectors are saved as .safetensors; got {path.name!r}.")
+        raise ValueError(f"Steering vectors are saved as .safetensors (or .gguf, llama.cpp's "
+                         f"control vectors); got {path.name!r}.")  # fmt: skip
     metadata = _metadata(vector)
     for key, value in metadata.items():
         SCHEMA[key](value)  # never write a file that load would refuse

@@ -294,14 +294,26 @@ class SteeringVector:
     # --- files --------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> Path:
-        """Write a safetensors file: one tensor per site, provenance in the header."""
+        """Write a safetensors file (one tensor per site, provenance in the header), or, for
+        a ``.gguf`` path, llama.cpp's control vector (``steerlab/vectors/gguf.py``: which
+        layer each site becomes, and what cannot travel)."""
+        if str(path).endswith(".gguf"):
+            from steerlab.vectors import gguf
+
+            return gguf.save(self, path)
         from steerlab.vectors.io import save
 
         return save(self, path)
 
     @classmethod
     def load(cls, path: str | Path, model: SteerableModel | None = None) -> SteeringVector:
-        """Read a file written by ``save``, checked against ``model`` when given."""
+        """Read a file written by ``save`` (or a llama.cpp control vector, ``.gguf``: each
+        ``direction.L`` at ``blocks.L.hook_resid_post``), checked against ``model`` when
+        given."""
+        if str(path).endswith(".gguf"):
+            from steerlab.vectors import gguf
+
+            return gguf.load(path, model=model)
         from steerlab.vectors.io import load
 
         return load(path, model=model)

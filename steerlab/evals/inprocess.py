@@ -1,0 +1,147 @@
+"""lm-eval's model for an in-process steerlab model: the engine's scoring, no HTTP.
+
+``lm_eval_model(lm, steers)`` is an ``lm_eval.api.model.TemplateLM`` whose requests go
+straight to ``lm.engine``:
+
+- ``loglikelihood`` (multiple choice and the like): lm-eval's own encoding of each context
+  and continuation (``TemplateLM``), then ``engine.scoring.score_continuations`` for all
+  requests in one call, so the engine feeds each shared context once for all its choices;
+- ``loglikelihood_rolling`` (perplexity): lm-eval's rolling windows, cut as its ``hf``
+  model cuts them at the same ``max_length`` (``utils.get_rolling_token_windows`` with
+  ``max_seq_len=max_length``, then each window its last ``max_length + 1`` tokens), every
+  document's windows together, 16 a forward (they share no start, so no KV cache is kept);
+  a document's loglikelihood is the sum of its windows';
+- ``generate_until``: greedy (or the task's temperature) decoding to the task's stop
+  strings, the context cut from the left to leave room for the new tokens, as ``hf`` does.
+
+Every request is steered by the same steers (a vector's scale and the call's alpha
+included), as a served preset is. ``max_length`` is the model's window (``n_ctx``), as
+lm-eval's ``hf`` model reads it from the config, so per-sample values equal ``hf``'s.
+Tokens are the model's own tokenizer's, without special tokens (``hf`` with
+``add_bos_token=False``); a rolling window starts from the BOS, else the EOS.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.steer import Steer
+from steerlab.engine.scoring import score_continuations
+
+if TYPE_CHECKING:
+    from steerlab.model import SteerableModel
+
+MAX_GEN_TOKS = 256  # lm-eval's hf model's default for generate_until
+
+
+def lm_eval_model(lm: SteerableModel, steers: Sequence[Steer] = (), *, name: str = "") -> Any:
+    """lm-eval's model scoring ``lm`` in this process, steered by ``steers`` (one alpha each).
+
+    >>> model = lm_eval_model(lm)  # then lm_eval.simple_evaluate(model=model, tasks=[...])
+    >>> model.max_length, model.prefix_token_id  # steerlab-tiny's window and its BOS
+    (128, 0)
+    """
+    return _model_class()(lm, steers, name or lm.name)
+
+
+@functools.cache
+def _model_class() -> type:
+    from lm_eval import utils
+    from lm_eval.api.model import TemplateLM
+
+    class SteerlabLM(TemplateLM):  # type: ignore[misc]
+        """lm-eval's model over a steerlab model's engine, in this process."""
+
+        def __init__(self, lm: SteerableModel, steers: Sequence[Steer], name: str) -> None:
+            super().__init__()
+            if lm.n_ctx is None:
+                raise ValueError("lm-eval needs the model's context window; this model has "
+                                 "no n_ctx.")  # fmt: skip
+            for steer in steers:
+                if len(steer.alpha) != 1:
+                    raise ValueError(f"A steer for lm-eval has one alpha; got {steer.alpha}.")
+            self.lm, self.name = lm, name
+            self.tokenizer = lm.tokenizer
+            self.row_steers = tuple(RowSteer.of(s, s.alpha[0]) for s in steers)
+
+        @property
+        def max_length(self) -> int:
+            return int(self.lm.n_ctx)  # type: ignore[arg-type]  # checked in __init__
+
+        @property
+        def eot_token_id(self) -> int:
+            return int(self.tokenizer.eos_token_id)
+
+        @property
+        def prefix_token_id(self) -> int:
+            bos = self.tokenizer.bos_token_id
+            return int(bos if bos is not None else self.tokenizer.eos_token_id)
+
+        def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                       **kwargs: Any) -> list[int]:  # fmt: skip
+            return list(self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens)))
+
+        def loglikelihood(self, requests: list[Any],
+                          disable_tqdm: bool = False) -> list[tuple[float, bool]]:  # fmt: skip
+            return super().loglikelihood(requests, disable_tqdm=True)  # no tokenizing bar
+
+        def tok_decode(self, tokens: Sequence[int]) -> str:
+            return str(self.tokenizer.decode(tokens))
+
+        def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
+                                  shared: bool = True, **kwargs: Any) -> list[tuple[float, bool]]:  # fmt: skip
+            pairs = [(list(context) + list(cont), len(cont)) for _, context, cont in requests]
+            out = score_continuations(self.lm.engine, pairs, window=self.max_length,
+                                      steers=self.row_steers, shared=shared)  # fmt: skip
+            for (key, _, _), answer in zip(requests, out):
+                if key is not None:
+                    self.cache_hook.add_partial("loglikelihood", key, answer)
+            return out
+
+        def loglikelihood_rolling(self, requests: list[Any],
+                                  disable_tqdm: bool = False) -> list[float]:  # fmt: skip
+            texts = [request.args[0] for request in requests]
+            windows: list[tuple[Any, list[int], list[int]]] = []
+            counts = []
+            for text in texts:  # hf's windows: max_seq_len is max_length itself
+                split = utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1,
+                )  # fmt: skip
+                doc = [(None, *utils.make_disjoint_window(w)) for w in split]
+                windows += doc
+                counts.append(len(doc))
+            scores = iter(self._loglikelihood_tokens(windows, shared=False))  # disjoint
+            out = []
+            for text, n in zip(texts, counts):
+                total = sum(next(scores)[0] for _ in range(n))
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+                out.append(total)
+            return out
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+            out = []
+            for request in requests:
+                context, kwargs = request.args
+                until = kwargs.get("until") or [self.tok_decode([self.eot_token_id])]
+                until = [until] if isinstance(until, str) else list(until)
+                new = int(kwargs.get("max_gen_toks", MAX_GEN_TOKS))
+                temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get(
+                    "do_sample") else 0.0  # fmt: skip
+                prompt = self.tok_encode(context)[-max(self.max_length - new, 1) :]
+                sampling = Sampling(max_new_tokens=new, temperature=temperature,
+                                    stop=tuple(until))  # fmt: skip
+                [done] = self.lm.engine.run([Request(tuple(prompt), self.row_steers, sampling)])
+                out.append(done.text)
+                self.cache_hook.add_partial("generate_until", (context, kwargs), done.text)
+            return out
+
+        def get_model_info(self) -> dict[str, Any]:
+            """What lm-eval records as the run's model (``results["config"]``)."""
+            return {"model": self.name, "steerlab_path": "in-process",
+                    "steered": bool(self.row_steers)}  # fmt: skip
+
+    return SteerlabLM
