@@ -234,32 +234,19 @@ def completions_model(args: Mapping[str, Any]) -> Any:
 
 @functools.cache
 def _batched_rolling() -> Any:
-    from lm_eval import utils
     from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from steerlab.evals.inprocess import rolling_loglikelihoods
 
     class BatchedRollingCompletions(LocalCompletionsAPI):  # type: ignore[misc]
         """``local-completions``, sending all documents' rolling windows together."""
 
         def loglikelihood_rolling(self, requests: list[Any],
                                   disable_tqdm: bool = False) -> list[float]:  # fmt: skip
-            texts = [request.args[0] for request in requests]
-            windows: list[tuple[Any, ...]] = []
-            counts = []
-            for text in texts:  # the windows of TemplateAPI.loglikelihood_rolling
-                split = utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length - 1, context_len=1,
-                )  # fmt: skip
-                doc = [(None, *utils.make_disjoint_window(w)) for w in split]
-                windows += doc
-                counts.append(len(doc))
-            scores = iter(self._loglikelihood_tokens(windows, disable_tqdm=True))
-            out = []
-            for text, n in zip(texts, counts):
-                total = sum(next(scores)[0] for _ in range(n))
-                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
-                out.append(total)
-            return out
+            # the windows of TemplateAPI.loglikelihood_rolling: one token kept for the sample
+            return rolling_loglikelihoods(
+                self, requests, self.max_length - 1,
+                lambda windows: self._loglikelihood_tokens(windows, disable_tqdm=True))  # fmt: skip
 
     return BatchedRollingCompletions
 

@@ -49,7 +49,6 @@ def lm_eval_model(lm: SteerableModel, steers: Sequence[Steer] = (), *, name: str
 
 @functools.cache
 def _model_class() -> type:
-    from lm_eval import utils
     from lm_eval.api.model import TemplateLM
 
     class SteerlabLM(TemplateLM):  # type: ignore[misc]
@@ -103,24 +102,10 @@ def _model_class() -> type:
 
         def loglikelihood_rolling(self, requests: list[Any],
                                   disable_tqdm: bool = False) -> list[float]:  # fmt: skip
-            texts = [request.args[0] for request in requests]
-            windows: list[tuple[Any, list[int], list[int]]] = []
-            counts = []
-            for text in texts:  # hf's windows: max_seq_len is max_length itself
-                split = utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length, context_len=1,
-                )  # fmt: skip
-                doc = [(None, *utils.make_disjoint_window(w)) for w in split]
-                windows += doc
-                counts.append(len(doc))
-            scores = iter(self._loglikelihood_tokens(windows, shared=False))  # disjoint
-            out = []
-            for text, n in zip(texts, counts):
-                total = sum(next(scores)[0] for _ in range(n))
-                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
-                out.append(total)
-            return out
+            # hf's windows: max_seq_len is max_length itself; the windows are disjoint
+            return rolling_loglikelihoods(
+                self, requests, self.max_length,
+                lambda windows: self._loglikelihood_tokens(windows, shared=False))  # fmt: skip
 
         def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
             out = []
@@ -145,3 +130,30 @@ def _model_class() -> type:
                     "steered": bool(self.row_steers)}  # fmt: skip
 
     return SteerlabLM
+
+
+def rolling_loglikelihoods(model: Any, requests: list[Any], max_seq_len: int,
+                           score: Any) -> list[float]:  # fmt: skip
+    """lm-eval's rolling loglikelihood for every document, all documents' windows scored in
+    one ``score(windows)`` call: each document cut as lm-eval cuts it (its
+    ``get_rolling_token_windows`` at ``max_seq_len``), its value the sum of its windows'."""
+    from lm_eval import utils
+
+    texts = [request.args[0] for request in requests]
+    windows: list[tuple[Any, ...]] = []
+    counts = []
+    for text in texts:
+        split = utils.get_rolling_token_windows(
+            token_list=model.tok_encode(text), prefix_token=model.prefix_token_id,
+            max_seq_len=max_seq_len, context_len=1,
+        )  # fmt: skip
+        doc = [(None, *utils.make_disjoint_window(w)) for w in split]
+        windows += doc
+        counts.append(len(doc))
+    scores = iter(score(windows))
+    out = []
+    for text, n in zip(texts, counts):
+        total = sum(next(scores)[0] for _ in range(n))
+        model.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+        out.append(total)
+    return out
