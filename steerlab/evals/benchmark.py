@@ -14,34 +14,26 @@ over its tokens of ``h·v̂`` at the site).
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from steerlab.core.bars import counter
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
-from steerlab.core.ops import Add
 from steerlab.core.prompts import encode, has_chat_template
 from steerlab.core.request import Sampling
 from steerlab.core.rows import as_steers
 from steerlab.core.scalars import as_int
 from steerlab.core.sites import resolve
-from steerlab.core.steer import Steer, at_alphas
+from steerlab.core.steer import at_alphas
 from steerlab.core.table import Table
 from steerlab.core.window import check_window
-from steerlab.evals.detection import max_latents, roc_auc, token_activations
-from steerlab.evals.intervals import check_bootstrap, mean_of_means_interval
-from steerlab.evals.judge import harmonic_mean
+from steerlab.evals.detection import detection_table
+from steerlab.evals.intervals import check_bootstrap
 from steerlab.evals.methods import Method, Prompting, resolve_methods
-
-RATINGS = ("concept_rating", "instruction_rating", "fluency_rating")
-_FORMATS = {"factor": "g", "selection": ".3f", "score": ".3f", "concept_rating": ".3f",
-            "instruction_rating": ".3f", "fluency_rating": ".3f", "low": ".3f", "high": ".3f",
-            "auroc": ".3f"}  # fmt: skip
+from steerlab.evals.protocol import factor_table, leaderboard_table, rate_samples
 
 
 @dataclass(frozen=True)
@@ -168,13 +160,13 @@ def benchmark(
                 bar.update(len(out.text))
         bar.set_postfix_str("judge")
         started = time.perf_counter()
-        parse_failures = _rate(judge, samples, bar.update)
+        parse_failures = rate_samples(judge, samples, bar.update)
         seconds["judge"] = time.perf_counter() - started
     started = time.perf_counter()
-    detection = _detection(lm, data_list, methods, steers, site)
+    detection = detection_table(lm, data_list, methods, steers, site)
     seconds["detect"] = time.perf_counter() - started
-    table = _table(samples, data_list, methods)
-    board = _leaderboard(samples, table, methods, level, n_boot, seed)
+    table = factor_table(samples, data_list, methods)
+    board = leaderboard_table(samples, table, methods, level, n_boot, seed)
     return BenchmarkResult(table, board, samples, steers, detection, parse_failures, prompts,
                            seconds)  # fmt: skip
 
@@ -284,122 +276,3 @@ def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
     if not steers:
         raise SteerError(f"Method {method.name!r} made no steer for concept {data.name!r}.")
     return steer, list(data.instructions)
-
-
-def _rate(judge: Any, samples: list[dict[str, Any]], done: Any) -> int:
-    """Every sample's ratings, requests concurrently; returns the unreadable ones' count."""
-    workers = as_int(getattr(judge, "max_workers", 8)) or 8
-    pool = ThreadPoolExecutor(max(1, workers))
-    try:
-        jobs = [pool.submit(judge.rate, s["concept"], s["instruction"], s["text"])
-                for s in samples]  # fmt: skip
-        ratings = []
-        for job in jobs:
-            ratings.append(job.result())
-            done()
-    finally:  # a judge that fails stops the run: the ratings not yet asked are not asked
-        pool.shutdown(cancel_futures=True)
-    failures = 0
-    for sample, values in zip(samples, ratings):
-        kept, failed = [], False
-        for value in _three(values):
-            real = isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
-            number = float(value) if real else math.nan
-            ok = math.isfinite(number) and 0 <= number <= 2
-            kept.append(number if ok else 0.0)
-            failed |= not ok
-            failures += not ok
-        sample.update(zip(RATINGS, kept))
-        sample["score"] = harmonic_mean(kept)
-        sample["parse_failed"] = failed
-    return failures
-
-
-def _three(values: Any) -> tuple[Any, Any, Any]:
-    try:
-        concept, instruction, fluency = values
-    except (TypeError, ValueError):
-        raise SteerError(f"judge.rate must return (concept, instruction, fluency); it returned "
-                         f"{values!r:.80}.") from None  # fmt: skip
-    return concept, instruction, fluency
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def _table(samples: list[dict[str, Any]], concepts: list[ConceptData],
-           methods: list[Method | Prompting]) -> Table:  # fmt: skip
-    records = []
-    for method in methods:
-        for data in concepts:
-            mine = [s for s in samples if s["method"] == method.name and s["concept"] == data.name]
-            factors = list(dict.fromkeys(s["factor"] for s in mine))
-            chosen_by = {f: _mean([s["score"] for s in mine
-                                   if s["factor"] == f and s["split"] == "selection"])
-                         for f in factors}  # fmt: skip
-            best = max(factors, key=lambda f: chosen_by[f])  # ties: the first in the grid
-            test = [s for s in mine if s["factor"] == best and s["split"] == "test"]
-            record = {"method": method.name, "concept": data.name, "factor": best,
-                      "selection": chosen_by[best], "score": _mean([s["score"] for s in test])}  # fmt: skip
-            record.update({c: _mean([s[c] for s in test]) for c in RATINGS})
-            record["n"] = len(test)
-            records.append(record)
-    columns = ["method", "concept", "factor", "selection", "score", *RATINGS, "n"]
-    return Table("benchmark: factor chosen on the selection split, scored on the test split "
-                 "(harmonic mean of three 0-2 ratings)", columns, records, _FORMATS)  # fmt: skip
-
-
-def _leaderboard(samples: list[dict[str, Any]], table: Table,
-                 methods: list[Method | Prompting], level: float, n_boot: int,
-                 seed: int) -> Table:  # fmt: skip
-    records: list[dict[str, Any]] = []
-    for method in methods:
-        groups = []
-        for row in (r for r in table if r["method"] == method.name):
-            groups.append([s["score"] for s in samples
-                           if s["method"] == method.name and s["concept"] == row["concept"]
-                           and s["factor"] == row["factor"] and s["split"] == "test"])  # fmt: skip
-        estimate = mean_of_means_interval(groups, level=level, n_boot=n_boot, seed=seed)
-        records.append({"method": method.name, "score": estimate.value, "low": estimate.low,
-                        "high": estimate.high, "concepts": len(groups)})  # fmt: skip
-    records.sort(key=lambda r: -float(r["score"]) if not math.isnan(r["score"]) else math.inf)
-    return Table(f"leaderboard: mean test score over concepts, {level:.0%} bootstrap interval",
-                 ["method", "score", "low", "high", "concepts"], records, _FORMATS)  # fmt: skip
-
-
-def _direction(steer: Any, site: str) -> Any:
-    """The steer's one direction at ``site``, or None (LoReFT, several sites, prompting)."""
-    if steer is None:
-        return None
-    steers = as_steers(steer)
-    if len(steers) != 1 or not isinstance(steers[0], Steer) or steers[0].site != site:
-        return None
-    if not isinstance(steers[0].op, Add) or not steers[0].alpha[0]:
-        return None
-    return steers[0].vector * math.copysign(1.0, steers[0].alpha[0])  # -v detects the other pole
-
-
-def _detection(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],
-               steers: dict[tuple[str, str], Any], site: str) -> Table:  # fmt: skip
-    columns = ["method", "concept", "auroc", "n"]
-    if not lm.engine.capabilities.capture:  # vLLM: no activations to read
-        return Table(f"concept detection: not measured, the {lm.engine.kind} engine does not "
-                     "record activations (run it on an in-process model)", columns, [])  # fmt: skip
-    records = []
-    for data in concepts:
-        if not data.positives or not data.negatives:
-            continue
-        read: tuple[list[Any], list[Any]] | None = None
-        for method in methods:
-            direction = _direction(steers.get((method.name, data.name)), site)
-            if direction is None:
-                continue
-            if read is None:  # the texts' activations, once per concept
-                read = (token_activations(lm, list(data.positives), site),
-                        token_activations(lm, list(data.negatives), site))  # fmt: skip
-            pos, neg = max_latents(read[0], direction), max_latents(read[1], direction)
-            records.append({"method": method.name, "concept": data.name,
-                            "auroc": roc_auc(pos, neg), "n": len(pos) + len(neg)})  # fmt: skip
-    return Table("concept detection: ROC AUC of positives against negatives (max over tokens "
-                 "of h·v̂)", columns, records, _FORMATS)  # fmt: skip

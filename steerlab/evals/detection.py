@@ -3,11 +3,17 @@ at the site, and report the ROC AUC of the concept's positive texts against its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from steerlab.core.concepts import ConceptData
+from steerlab.core.ops import Add
+from steerlab.core.rows import as_steers
+from steerlab.core.steer import Steer
+from steerlab.core.table import Table
 from steerlab.vectors.extract import without_bos
 
 
@@ -51,3 +57,42 @@ def roc_auc(positive: Sequence[float] | torch.Tensor, negative: Sequence[float] 
     above = (pos[:, None] > neg[None, :]).double().sum()
     ties = (pos[:, None] == neg[None, :]).double().sum()
     return float((above + 0.5 * ties) / (len(pos) * len(neg)))
+
+
+def _direction(steer: Any, site: str) -> Any:
+    """The steer's one direction at ``site``, or None (LoReFT, several sites, prompting)."""
+    if steer is None:
+        return None
+    steers = as_steers(steer)
+    if len(steers) != 1 or not isinstance(steers[0], Steer) or steers[0].site != site:
+        return None
+    if not isinstance(steers[0].op, Add) or not steers[0].alpha[0]:
+        return None
+    return steers[0].vector * math.copysign(1.0, steers[0].alpha[0])  # -v detects the other pole
+
+
+def detection_table(lm: Any, concepts: list[ConceptData], methods: Sequence[Any],
+                    steers: dict[tuple[str, str], Any], site: str) -> Table:  # fmt: skip
+    """Method x concept ROC AUC, for the methods whose steer is one direction at ``site``;
+    each concept's texts are read once, whatever the number of methods."""
+    columns = ["method", "concept", "auroc", "n"]
+    if not lm.engine.capabilities.capture:  # vLLM: no activations to read
+        return Table(f"concept detection: not measured, the {lm.engine.kind} engine does not "
+                     "record activations (run it on an in-process model)", columns, [])  # fmt: skip
+    records = []
+    for data in concepts:
+        if not data.positives or not data.negatives:
+            continue
+        read: tuple[list[Any], list[Any]] | None = None
+        for method in methods:
+            direction = _direction(steers.get((method.name, data.name)), site)
+            if direction is None:
+                continue
+            if read is None:  # the texts' activations, once per concept
+                read = (token_activations(lm, list(data.positives), site),
+                        token_activations(lm, list(data.negatives), site))  # fmt: skip
+            pos, neg = max_latents(read[0], direction), max_latents(read[1], direction)
+            records.append({"method": method.name, "concept": data.name,
+                            "auroc": roc_auc(pos, neg), "n": len(pos) + len(neg)})  # fmt: skip
+    return Table("concept detection: ROC AUC of positives against negatives (max over tokens "
+                 "of h·v̂)", columns, records, {"auroc": ".3f"})  # fmt: skip
