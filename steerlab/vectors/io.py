@@ -249,9 +249,10 @@ def read_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             f"Refusing {path.name}: {path.suffix} files may hold pickles, which can run code. "
             "steerlab reads steering vectors from .safetensors only."
         )
+    if not path.exists():
+        raise VectorFileError(f"No vector file at {path.resolve()}.")
     if not path.is_file():  # a FIFO or device would block the read below
-        what = "does not exist" if not path.exists() else "is not a regular file"
-        raise VectorFileError(f"Refusing {path.name}: it {what}.")
+        raise VectorFileError(f"Refusing {path.resolve()}: it is not a regular file.")
     with path.open("rb") as f:
         head = f.read(8)
         size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1

