@@ -50,3 +50,13 @@ def test_what_the_readme_writes_in_the_checkout_is_git_ignored(path):
     repo = Path(__file__).resolve().parents[1]
     ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=repo)
     assert ignored.returncode == 0
+
+
+@pytest.mark.parametrize("vector", [[True] * 128, [1.0] * 127 + [False], [1.0] * 127 + ["1"]])
+def test_a_condition_vector_from_the_wire_must_hold_numbers(vector):
+    from steerlab.core.reads import gate_from_data
+
+    data = {"site": "blocks.1.hook_resid_post", "vector": vector, "threshold": 0.1}
+    with pytest.raises(sl.SteerError, match="must be a list of numbers") as caught:
+        gate_from_data(data)
+    assert caught.value.field == "when.vector"

@@ -18,6 +18,7 @@ disagree on what a condition means.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -338,6 +339,10 @@ def gate_from_data(data: object, vectors: Any = None) -> Gate:
         vector = vectors(vector, data["site"])
     elif not isinstance(vector, list):
         raise SteerError("a condition's vector must be a name or a list of floats.", "when.vector")
+    elif any(isinstance(x, bool) or not isinstance(x, numbers.Real) for x in vector):
+        bad = next(x for x in vector if isinstance(x, bool) or not isinstance(x, numbers.Real))
+        raise SteerError(f"a condition's vector must be a list of numbers; it holds {bad!r} "
+                         "(a JSON true or false is not a number).", "when.vector")  # fmt: skip
     elif "dtype" in data:
         try:
             vector = torch.tensor(vector, dtype=dtype_named(data["dtype"]))
