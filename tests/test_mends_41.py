@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import steerlab as sl
 
@@ -60,3 +61,30 @@ def test_a_condition_vector_from_the_wire_must_hold_numbers(vector):
     with pytest.raises(sl.SteerError, match="must be a list of numbers") as caught:
         gate_from_data(data)
     assert caught.value.field == "when.vector"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: sl.Condition("blocks.1.hook_resid_pre", torch.empty(0)),
+    lambda: sl.Rotate(90, toward=torch.empty(0)),
+])  # fmt: skip
+def test_an_empty_direction_is_steerlabs_error_not_torchs(make):
+    with pytest.raises(sl.SteerError, match="non-zero|empty"):
+        make()
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"matching": "The sea was calm"}, "matching must be a list; got the string"),
+    ({"other": "The owl hooted"}, "other must be a list; got the string"),
+    ({"sites": "blocks.1.hook_resid_post"}, "sites must be a list; got the string"),
+    ({"sites": ["blocks.1.hook_resid_post"] * 2}, "sites repeat"),
+])  # fmt: skip
+def test_find_condition_refuses_a_bare_string_for_a_list(toy_lm, kwargs, match):
+    options = {"matching": ["The sea was calm."], "other": ["The owl hooted."],
+               "sites": ["blocks.1.hook_resid_post"], **kwargs}  # fmt: skip
+    with pytest.raises(sl.SteerError, match=match):
+        sl.find_condition(toy_lm, **options)
+
+
+def test_find_condition_refuses_a_missing_model():
+    with pytest.raises(sl.SteerError, match="needs a model"):
+        sl.find_condition(None, matching=["a"], other=["b"])

@@ -100,6 +100,15 @@ TERMS = STRENGTHS  # a table step computes only the terms its batch uses
 OPS: dict[str, type[Op]] = {}
 
 
+def is_zero(vector: torch.Tensor) -> bool:
+    """Whether a direction points nowhere: no entries, or all of them 0.
+
+    >>> is_zero(torch.empty(0)), is_zero(torch.zeros(3)), is_zero(torch.tensor([0.0, 1e-30]))
+    (True, True, False)
+    """
+    return vector.numel() == 0 or float(vector.abs().amax()) == 0.0
+
+
 def unit(direction: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``direction / |direction|``, computed in float32 (at least) after scaling by the
     largest entry, so that norms near float32's limits (1e±20 and beyond) neither overflow
@@ -494,7 +503,7 @@ class Rotate(Op):
         object.__setattr__(self, "angle", _number(self.angle, "Rotate angle"))
         if not isinstance(self.adaptive, bool):
             raise SteerError(f"Rotate adaptive must be True or False; got {self.adaptive!r}.")
-        if self.toward.ndim != 1 or float(self.toward.abs().amax()) == 0.0:
+        if self.toward.ndim != 1 or is_zero(self.toward):
             raise SteerError("Rotate toward must be a non-zero 1-D vector [d_model].")
 
     def form(self) -> Form:

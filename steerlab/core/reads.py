@@ -27,7 +27,14 @@ import torch
 
 from steerlab.core.directions import direction_of
 from steerlab.core.errors import SteerError
-from steerlab.core.ops import TensorKey, TensorValue, dtype_named, tensor_fingerprint, unit
+from steerlab.core.ops import (
+    TensorKey,
+    TensorValue,
+    dtype_named,
+    is_zero,
+    tensor_fingerprint,
+    unit,
+)
 from steerlab.core.scalars import as_real
 from steerlab.core.sites import Site, resolve
 
@@ -115,8 +122,9 @@ class Condition(TensorValue):
         if d.ndim != 1:
             raise SteerError(f"Condition direction must be 1-D [d_model]; got shape "
                              f"{tuple(d.shape)}.", "vector")  # fmt: skip
-        if float(d.abs().amax()) == 0.0:
-            raise SteerError("Condition direction has zero norm: it reads nothing.", "vector")
+        if is_zero(d):
+            raise SteerError("Condition direction is empty or has zero norm: it reads nothing.",
+                             "vector")  # fmt: skip
 
     def _label(self) -> str:
         return "Condition"
@@ -381,7 +389,7 @@ class Monitor(TensorValue):
             raise SteerError(f"Monitor {self.name!r} site must be a site name.", "monitor")
         super().__post_init__()
         d = self.direction
-        if d.ndim != 1 or float(d.abs().amax()) == 0.0:
+        if d.ndim != 1 or is_zero(d):
             raise SteerError(f"Monitor {self.name!r} needs a non-zero 1-D direction.", "monitor")
 
     def _label(self) -> str:

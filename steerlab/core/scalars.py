@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from typing import TypeGuard
 
 import torch
+
+from steerlab.core.errors import SteerError
 
 
 def as_int(value: object) -> int | None:
@@ -76,3 +79,24 @@ def without_noise(value: float) -> float:
     (0.3, 8.0, 0.333333333333333)
     """
     return float(f"{value:.15g}")
+
+
+def list_of(value: object, what: str) -> list:
+    """``value`` as a list, where a list is meant: a list, tuple or other sequence (a range
+    included). A bare string is refused by name, since ``list("abc")`` would split it into
+    characters; so is anything that is not a sequence (a set, a dict, a number).
+
+    >>> list_of(("a", "b"), "prompts")
+    ['a', 'b']
+    >>> list_of("blocks.1.hook_resid_post", "sites")
+    Traceback (most recent call last):
+    ...
+    steerlab.core.errors.SteerError: sites must be a list; got the string 'blocks.1.hook_resid_post' (write ['blocks.1.hook_resid_post'] for one).
+    """
+    if isinstance(value, (str, bytes)):
+        raise SteerError(f"{what} must be a list; got the string {value!r:.80} (write "
+                         f"[{value!r:.80}] for one).", what)  # fmt: skip
+    if not isinstance(value, Sequence):
+        raise SteerError(f"{what} must be a list; got {type(value).__name__} {value!r:.60}.",
+                         what)  # fmt: skip
+    return list(value)

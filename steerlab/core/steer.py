@@ -25,6 +25,7 @@ from steerlab.core.ops import (
     Op,
     Operation,
     SteerError,
+    is_zero,
     op_from_data,
     op_to_data,
     tensor_fingerprint,
@@ -279,7 +280,7 @@ class Steer:
         op = Add() if op is None else op
         if not callable(op) or isinstance(op, type):
             raise SteerError(f"op must be an operation such as sl.Add(); got {op!r}.")
-        if not isinstance(op, Add) and float(vector.float().abs().amax()) == 0.0:
+        if not isinstance(op, Add) and is_zero(vector):
             raise SteerError(f"{type(op).__name__} needs a non-zero direction.")
         if isinstance(op, Op):
             op.check(site, vector)

@@ -19,6 +19,7 @@ from steerlab.core.errors import SteerError
 from steerlab.core.prompts import Prompt
 from steerlab.core.reads import COMPARES, PROMPT_READS, SCORES, Condition
 from steerlab.core.reads import score as read_score
+from steerlab.core.scalars import list_of
 from steerlab.core.table import Table
 
 
@@ -84,7 +85,10 @@ def find_condition(
     >>> found.f1
     1.0
     """
-    matching, other = list(matching), list(other)
+    if not hasattr(lm, "run_with_cache") or not hasattr(lm, "n_layers"):
+        raise SteerError(f"find_condition needs a model (sl.load(...)); got "
+                         f"{type(lm).__name__}.")  # fmt: skip
+    matching, other = list_of(matching, "matching"), list_of(other, "other")
     if not matching or not other:
         raise SteerError("find_condition needs prompts of both classes: matching and other "
                          f"have {len(matching)} and {len(other)}.")  # fmt: skip
@@ -95,10 +99,13 @@ def find_condition(
         raise SteerError(f"score must be one of {list(SCORES)}; got {score!r}.")
     if isinstance(thresholds, bool) or not isinstance(thresholds, int) or thresholds < 1:
         raise SteerError(f"thresholds must be an int >= 1; got {thresholds!r}.")
-    sites = list(sites) if sites is not None else [f"blocks.{i}.hook_resid_post"
-                                                     for i in range(lm.n_layers)]  # fmt: skip
+    sites = list_of(sites, "sites") if sites is not None else [
+        f"blocks.{i}.hook_resid_post" for i in range(lm.n_layers)]  # fmt: skip
     if not sites:
         raise SteerError("find_condition needs at least one site.")
+    repeated = sorted({s for s in sites if sites.count(s) > 1})
+    if repeated:
+        raise SteerError(f"sites repeat {repeated}: give each site once.")
     reduced = _reduced(
         lm, matching + other, sites, read, batch_size, chat, progress
     )  # site -> [n, d]
