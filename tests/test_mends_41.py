@@ -88,3 +88,47 @@ def test_find_condition_refuses_a_bare_string_for_a_list(toy_lm, kwargs, match):
 def test_find_condition_refuses_a_missing_model():
     with pytest.raises(sl.SteerError, match="needs a model"):
         sl.find_condition(None, matching=["a"], other=["b"])
+
+
+@pytest.mark.parametrize("layer", [True, 2.7, "2"])
+def test_a_pyreft_config_layer_that_is_not_an_int_is_refused(tmp_path, layer):
+    import json
+
+    folder = tmp_path / "pyreft"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"representations": [{"layer": layer, "component": "block_output"}]}))  # fmt: skip
+    from steerlab.core.reft import _pyreft_site
+
+    with pytest.raises(sl.SteerError, match="Cannot tell the site"):
+        _pyreft_site(folder)
+
+
+SAD = " sad and cold."
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"seed": 2**70}, r"seed must be an int in \[0, 2\*\*63\)"),
+    ({"seed": 1.5}, "seed must be an int"),
+    ({"lr": 10**400}, "lr must be a finite number"),
+    ({"held_out": None, "epochs": 1}, None),  # None is no held-out data
+])  # fmt: skip
+def test_training_settings_are_refused_by_name_before_any_compute(toy_lm, kwargs, match):
+    if match is None:
+        _, history = sl.train.bipo(toy_lm, PAIRS, site=SITE, progress=False, **kwargs)
+        assert history.steps == 1 and history.held_out == []
+        return
+    with pytest.raises(sl.SteerError, match=match):
+        sl.train.bipo(toy_lm, PAIRS, site=SITE, progress=False, **kwargs)
+
+
+def test_a_training_example_longer_than_the_window_is_refused_before_any_compute(toy_lm):
+    long = " ".join(["the sea"] * 300)
+    examples = [sl.Example("Once upon a time", long)]
+    with pytest.raises(ValueError, match=r"examples\[0\]'s tokens.*context window of 128"):
+        sl.train.reft(toy_lm, examples, site=SITE, epochs=1, progress=False)
+    pairs = [sl.Preference("Once upon a time", long, SAD)]
+    for train in (sl.train.bipo, sl.train.reps):
+        with pytest.raises(ValueError, match=r"pairs' chosen\[0\]'s tokens"):
+            train(toy_lm, pairs, site=SITE, epochs=1, progress=False)
+    assert toy_lm.hook_count() == 0

@@ -243,7 +243,7 @@ def _pyreft_site(folder: Path) -> str:
     """The block output of the one layer a pyreft folder's ``config.json`` names."""
     try:
         config = json.loads((folder / "config.json").read_text())
-        layers = {int(r["layer"]) for r in config["representations"]}
+        layers = {_layer(r["layer"]) for r in config["representations"]}
         components = {r.get("component", "block_output") for r in config["representations"]}
     except (OSError, ValueError, KeyError, TypeError):
         layers, components = set(), set()
@@ -251,6 +251,13 @@ def _pyreft_site(folder: Path) -> str:
         raise SteerError(f"Cannot tell the site from {folder / 'config.json'}: give site=, "
                          "such as 'blocks.2.hook_resid_post'.")  # fmt: skip
     return f"blocks.{layers.pop()}.hook_resid_post"
+
+
+def _layer(value: Any) -> int:
+    """A layer number as written: an int (``true`` and ``2.7`` are not layers)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"layer {value!r} is not an int")
+    return value
 
 
 def orthonormal_error(R: torch.Tensor) -> float:

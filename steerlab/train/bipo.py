@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from steerlab.core.concepts import Preference
 from steerlab.core.errors import SteerError
-from steerlab.train.data import Row, check_items, check_settings, rows_of
+from steerlab.train.data import Row, check_items, check_rows_fit, check_settings, rows_of
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -74,7 +74,7 @@ def bipo(
     ('bipo', 2)
     """
     pairs = check_items(pairs, Preference, "pairs")
-    held = check_items(held_out, Preference, "held_out") if len(held_out) else []
+    held = check_items(held_out, Preference, "held_out") if held_out else []
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, beta=beta, seed=seed)
     if beta <= 0:
         raise SteerError(f"beta must be above 0; got {beta!r}: at 0 the loss is log 2 whatever "
@@ -85,6 +85,8 @@ def bipo(
     tok = lm.tokenizer
     chosen = [rows_of(tok, p.prompt, p.chosen) for p in pairs]
     rejected = [rows_of(tok, p.prompt, p.rejected) for p in pairs]
+    check_rows_fit(engine.n_ctx, chosen, "pairs' chosen")
+    check_rows_fit(engine.n_ctx, rejected, "pairs' rejected")
     held_rows = ([rows_of(tok, p.prompt, p.chosen) for p in held],
                  [rows_of(tok, p.prompt, p.rejected) for p in held])  # fmt: skip
     generator = torch.Generator().manual_seed(seed)

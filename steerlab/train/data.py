@@ -16,6 +16,7 @@ from typing import Any
 from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.prompts import encode
+from steerlab.core.window import check_window
 
 
 @dataclass(frozen=True)
@@ -58,20 +59,34 @@ def check_items(items: Any, kind: type, what: str) -> list[Any]:
     return list(items)
 
 
-def check_settings(*, epochs: Any, lr: Any, batch_size: Any, **finite: Any) -> None:
-    """Epochs and batch size are ints >= 1; lr and the rest are finite numbers (lr > 0)."""
+def check_settings(*, epochs: Any, lr: Any, batch_size: Any, seed: Any = 0,
+                   **finite: Any) -> None:  # fmt: skip
+    """Epochs and batch size are ints >= 1; the seed an int torch can take; lr and the rest
+    finite numbers (lr > 0), an int too large for a float refused too."""
     for name, value in (("epochs", epochs), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SteerError(f"{name} must be an int >= 1; got {value!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise SteerError(f"seed must be an int in [0, 2**63); got {seed!r:.40}.")
     for name, value in {"lr": lr, **finite}.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
-            raise SteerError(f"{name} must be a finite number; got {value!r}.")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SteerError(f"{name} must be a finite number; got {value!r:.40}.")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise SteerError(f"{name} must be a finite number; got {value!r:.40}.")
     if lr <= 0:
         raise SteerError(f"lr must be above 0; got {lr!r}.")
+
+
+def check_rows_fit(n_ctx: int | None, rows: Sequence[Row], what: str) -> None:
+    """Every training row within the model's window, refused before any compute (as
+    ``lm.generate`` refuses a prompt that would not fit)."""
+    for i, row in enumerate(rows):
+        check_window(n_ctx, len(row.prompt), len(row.continuation), what=f"{what}[{i}]'s tokens",
+                     hint="; shorten it, or leave it out")  # fmt: skip
 
 
 def check_factors(factors: Any, what: str = "factors") -> list[float]:

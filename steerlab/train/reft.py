@@ -23,6 +23,7 @@ from steerlab.train.data import (
     Row,
     check_factors,
     check_items,
+    check_rows_fit,
     check_settings,
     data_sha256,
     rows_of,
@@ -114,7 +115,7 @@ def reft(
                          f"(RePS on Preference pairs); got {objective!r:.40}.")  # fmt: skip
     kind = Example if objective == "lm" else Preference
     examples = check_items(examples, kind, "examples" if objective == "lm" else "pairs")
-    held = check_items(held_out, Example, "held_out") if len(held_out) else []
+    held = check_items(held_out, Example, "held_out") if held_out else []
     if held and objective == "reps":
         raise SteerError("held_out is for objective='lm'; RePS training has no held-out loss.")
     grid = torch.tensor(check_factors(factors))
@@ -135,6 +136,8 @@ def reft(
                           progress=progress)  # fmt: skip
     rows = [rows_of(lm.tokenizer, e.prompt, e.target) for e in examples]
     held_rows = [rows_of(lm.tokenizer, e.prompt, e.target) for e in held]
+    check_rows_fit(engine.n_ctx, rows, "examples")
+    check_rows_fit(engine.n_ctx, held_rows, "held_out")
     with torch.random.fork_rng(devices=[]):  # the seed alone decides the initial R, W, b
         torch.manual_seed(seed)
         module = Intervention(engine.d_model, rank)
@@ -175,6 +178,7 @@ def _reft_reps(lm: Any, engine: Any, site: str, pairs: list[Preference], rank: i
                progress: bool) -> tuple[LoReFT, History]:  # fmt: skip
     """RePS-LoReFT: the RePS loss, the LoReFT's edit scaled by α per row (−α to suppress)."""
     data = PairData(lm.tokenizer, pairs)
+    data.check_fit(engine.n_ctx)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = Intervention(engine.d_model, rank)

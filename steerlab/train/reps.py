@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from steerlab.core.concepts import Preference
 from steerlab.core.directions import direction_of
 from steerlab.core.errors import SteerError
-from steerlab.train.data import Row, check_factors, check_items, check_settings, rows_of
+from steerlab.train.data import (
+    Row,
+    check_factors,
+    check_items,
+    check_rows_fit,
+    check_settings,
+    rows_of,
+)
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -116,6 +123,7 @@ def reps(
     v = torch.nn.Parameter(_initial(init, at.name, engine.d_model, seed))
     b = torch.nn.Parameter(torch.zeros(()))
     data = PairData(lm.tokenizer, pairs)
+    data.check_fit(engine.n_ctx)
     generator = torch.Generator().manual_seed(seed)
     state: dict[str, Any] = {"alpha": None, "null": None}  # per row; None: unsteered (p₀)
 
@@ -185,6 +193,10 @@ class PairData:
         self.rejected = [rows_of(tokenizer, p.prompt, p.rejected) for p in pairs]
         self.len_c = torch.tensor([float(len(r.continuation)) for r in self.chosen])
         self.len_r = torch.tensor([float(len(r.continuation)) for r in self.rejected])
+
+    def check_fit(self, n_ctx: int | None) -> None:
+        check_rows_fit(n_ctx, self.chosen, "pairs' chosen")
+        check_rows_fit(n_ctx, self.rejected, "pairs' rejected")
 
     def reference(self, engine: Any, call: Any) -> None:
         """log p₀ of every reply under the unsteered model (no edit is active)."""
