@@ -149,22 +149,8 @@ def lm_eval(
     except ImportError as error:
         raise ImportError("sl.evals.lm_eval needs lm-evaluation-harness: "
                           "pip install 'steerlab[evals]'.") from error  # fmt: skip
-    names = [tasks] if isinstance(tasks, str) else list(tasks)
-    if not names or not all(isinstance(t, str) and t for t in names):
-        raise ValueError(f"tasks must be a task name or a list of them; got {tasks!r}.")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
-                              or limit <= 0 or (isinstance(limit, float) and limit > 1)):  # fmt: skip
-        raise ValueError(f"limit must be an int >= 1 or a share in (0, 1]; got {limit!r}.")
-    if not math.isfinite(alpha):
-        raise ValueError(f"alpha must be finite; got {alpha!r}.")
-    if include_path is not None and not Path(include_path).is_dir():
-        raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
     in_process = not isinstance(lm_or_url, str)
-    if in_process and model_args:
-        raise ValueError(
-            "model_args are local-completions' settings, for a server's URL; an in-process "
-            f"model is scored by its engine directly and takes none (got {dict(model_args)})."
-        )
+    names = _check_arguments(tasks, limit, alpha, include_path, in_process, model_args)
     steers = _in_process_steers(lm_or_url, steer, alpha) if in_process else []  # type: ignore[arg-type]
     manager = _task_manager(TaskManager, names, include_path)
     _check_task_names(manager, names)
@@ -191,15 +177,7 @@ def lm_eval(
 
     with _server(lm_or_url, steer, alpha, api_key) as (url, card, preset, key):
         model = card["id"]
-        args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
-                                "num_concurrent": 1, "batch_size": BATCH, "max_retries": 1,
-                                "tokenized_requests": True,
-                                "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
-        if card.get("n_ctx"):  # lm-eval keeps one token of it for the token a request samples
-            args["max_length"] = int(card["n_ctx"])
-        if key:  # lm-eval sends a bearer token only from the environment, or from a header
-            args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})
-        args.update(model_args or {})
+        args = _client_args(url, card, key, model_args)
 
         def served(name: str) -> dict[str, Any]:
             out = run(completions_model({**args, "model": name}))
@@ -211,6 +189,42 @@ def lm_eval(
             unsteered = served(model)
             steered = served(preset) if preset else None
     return HarnessResult(unsteered, steered, model, preset)
+
+
+def _check_arguments(tasks: Any, limit: Any, alpha: float, include_path: Any, in_process: bool,
+                     model_args: Mapping[str, Any] | None) -> list[str]:  # fmt: skip
+    """The task names; every other argument refused by name before anything runs."""
+    names = [tasks] if isinstance(tasks, str) else list(tasks)
+    if not names or not all(isinstance(t, str) and t for t in names):
+        raise ValueError(f"tasks must be a task name or a list of them; got {tasks!r}.")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or limit <= 0 or (isinstance(limit, float) and limit > 1)):  # fmt: skip
+        raise ValueError(f"limit must be an int >= 1 or a share in (0, 1]; got {limit!r}.")
+    if not math.isfinite(alpha):
+        raise ValueError(f"alpha must be finite; got {alpha!r}.")
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
+    if in_process and model_args:
+        raise ValueError(
+            "model_args are local-completions' settings, for a server's URL; an in-process "
+            f"model is scored by its engine directly and takes none (got {dict(model_args)})."
+        )
+    return names
+
+
+def _client_args(url: str, card: Mapping[str, Any], key: str | None,
+                 model_args: Mapping[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """``local-completions``' arguments for the server at ``url`` (the user's last)."""
+    args: dict[str, Any] = {"base_url": f"{url}/v1/completions", "tokenizer_backend": "remote",
+                            "num_concurrent": 1, "batch_size": BATCH, "max_retries": 1,
+                            "tokenized_requests": True,
+                            "custom_prefix_token_id": _prefix_id(url, key)}  # fmt: skip
+    if card.get("n_ctx"):  # lm-eval keeps one token of it for the token a request samples
+        args["max_length"] = int(card["n_ctx"])
+    if key:  # lm-eval sends a bearer token only from the environment, or from a header
+        args.update(auth_token=key, header={"Authorization": f"Bearer {key}"})
+    args.update(model_args or {})
+    return args
 
 
 def _in_process_steers(lm: SteerableModel, steer: SteerArg | str, alpha: float) -> list[Steer]:

@@ -44,6 +44,11 @@ def lm_eval_model(lm: SteerableModel, steers: Sequence[Steer] = (), *, name: str
     >>> model.max_length, model.prefix_token_id  # steerlab-tiny's window and its BOS
     (128, 0)
     """
+    if lm.n_ctx is None:
+        raise ValueError("lm-eval needs the model's context window; this model has no n_ctx.")
+    for steer in steers:
+        if len(steer.alpha) != 1:
+            raise ValueError(f"A steer for lm-eval has one alpha; got {steer.alpha}.")
     return _model_class()(lm, steers, name or lm.name)
 
 
@@ -56,19 +61,13 @@ def _model_class() -> type:
 
         def __init__(self, lm: SteerableModel, steers: Sequence[Steer], name: str) -> None:
             super().__init__()
-            if lm.n_ctx is None:
-                raise ValueError("lm-eval needs the model's context window; this model has "
-                                 "no n_ctx.")  # fmt: skip
-            for steer in steers:
-                if len(steer.alpha) != 1:
-                    raise ValueError(f"A steer for lm-eval has one alpha; got {steer.alpha}.")
             self.lm, self.name = lm, name
             self.tokenizer = lm.tokenizer
             self.row_steers = tuple(RowSteer.of(s, s.alpha[0]) for s in steers)
 
         @property
         def max_length(self) -> int:
-            return int(self.lm.n_ctx)  # type: ignore[arg-type]  # checked in __init__
+            return int(self.lm.n_ctx)  # type: ignore[arg-type]  # checked in lm_eval_model
 
         @property
         def eot_token_id(self) -> int:
@@ -108,21 +107,7 @@ def _model_class() -> type:
                 lambda windows: self._loglikelihood_tokens(windows, shared=False))  # fmt: skip
 
         def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-            out = []
-            for request in requests:
-                context, kwargs = request.args
-                until = kwargs.get("until") or [self.tok_decode([self.eot_token_id])]
-                until = [until] if isinstance(until, str) else list(until)
-                new = int(kwargs.get("max_gen_toks", MAX_GEN_TOKS))
-                temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get(
-                    "do_sample") else 0.0  # fmt: skip
-                prompt = self.tok_encode(context)[-max(self.max_length - new, 1) :]
-                sampling = Sampling(max_new_tokens=new, temperature=temperature,
-                                    stop=tuple(until))  # fmt: skip
-                [done] = self.lm.engine.run([Request(tuple(prompt), self.row_steers, sampling)])
-                out.append(done.text)
-                self.cache_hook.add_partial("generate_until", (context, kwargs), done.text)
-            return out
+            return generate_until(self, requests)
 
         def get_model_info(self) -> dict[str, Any]:
             """What lm-eval records as the run's model (``results["config"]``)."""
@@ -156,4 +141,22 @@ def rolling_loglikelihoods(model: Any, requests: list[Any], max_seq_len: int,
         total = sum(next(scores)[0] for _ in range(n))
         model.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
         out.append(total)
+    return out
+
+
+def generate_until(model: Any, requests: list[Any]) -> list[str]:
+    """lm-eval's ``generate_until`` requests, one engine call each, with the model's steers:
+    greedy unless a request samples, stopped at its ``until`` strings."""
+    out = []
+    for request in requests:
+        context, kwargs = request.args
+        until = kwargs.get("until") or [model.tok_decode([model.eot_token_id])]
+        until = [until] if isinstance(until, str) else list(until)
+        new = int(kwargs.get("max_gen_toks", MAX_GEN_TOKS))
+        temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
+        prompt = model.tok_encode(context)[-max(model.max_length - new, 1) :]
+        sampling = Sampling(max_new_tokens=new, temperature=temperature, stop=tuple(until))
+        [done] = model.lm.engine.run([Request(tuple(prompt), model.row_steers, sampling)])
+        out.append(done.text)
+        model.cache_hook.add_partial("generate_until", (context, kwargs), done.text)
     return out
