@@ -64,14 +64,16 @@ class AmplifiedBackend:
         *,
         positions: torch.Tensor | None = None,
         last_only: bool = False,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         after_cache, before_cache = cache if cache is not None else (None, None)
         after = self.after.forward(input_ids, attention_mask, after_cache, positions=positions,
-                                   last_only=last_only)  # fmt: skip
+                                   last_only=last_only, keep=keep)  # fmt: skip
         device = self.before.input_device
         before = self.before.forward(
             input_ids.to(device), attention_mask.to(device), before_cache,
             positions=None if positions is None else positions.to(device), last_only=last_only,
+            keep=keep,
         ).to(after.device, after.dtype)  # fmt: skip
         mixed = after + self.beta * (after - before)
         if not bool(torch.isfinite(mixed).all()) and bool(torch.isfinite(after).all()) \

@@ -78,3 +78,29 @@ def test_scoring_cannot_continue_a_cache(toy_lm):
     request = Request((5,), sampling=Sampling(max_new_tokens=1, prompt_logprobs=0))
     with pytest.raises(ValueError, match="cannot continue a cache"):
         toy_lm.engine.stream([request], cache=cache)
+
+
+def test_forward_keeps_only_the_last_positions_asked_for_as_transformers_computes_them(
+    toy_lm, toy_hf
+):
+    # engine.forward(last=...) packs each row's last n positions' logits, row by row; the
+    # HF backend multiplies the head only there. Against plain transformers, steered, with
+    # rows of different lengths (so the shorter is left-padded).
+    v = torch.randn(128, generator=torch.Generator().manual_seed(5))
+    steer = RowSteer.of(Steer(SITE, v, 2.0), 2.0)
+    prompts = [_ids(toy_lm, "Once upon a time the fox ran"), _ids(toy_lm, "The sea")]
+    last = [4, 1]
+    packed = toy_lm.engine.forward([Request(tuple(p), (steer,)) for p in prompts], last=last)[0]
+    assert packed.shape[0] == sum(last)
+    want = torch.cat([logprobs(toy_hf, p, [RefSteer(SITE, v, 2.0)])[-n:]
+                      for p, n in zip(prompts, last)])  # fmt: skip
+    assert torch.allclose(packed.float().log_softmax(-1), want, atol=1e-4)
+
+
+def test_forward_last_equals_the_full_logits_cut_on_every_backend(lm):
+    # The TransformerLens backends have no head to skip: they cut the full logits the same way.
+    prompts = [tuple(lm.tokenizer.encode("a b c d e")), tuple(lm.tokenizer.encode("a"))]
+    requests = [Request(p) for p in prompts]
+    full = lm.engine.forward(requests)[0]
+    packed = lm.engine.forward(requests, last=[3, 1])[0]
+    assert torch.allclose(packed, torch.cat([full[0, -3:], full[1, -1:]]), atol=1e-5)

@@ -16,7 +16,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.backends.base import ActivationFn, config_eos, position_ids, resid_mid_hooks
+from steerlab.backends.base import (
+    ActivationFn,
+    config_eos,
+    kept,
+    position_ids,
+    resid_mid_hooks,
+)
 from steerlab.backends.cache import DynamicCacheOps
 from steerlab.backends.head import plain_head, unembed, wide
 from steerlab.core.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
@@ -244,17 +250,19 @@ class HFBackend:
         *,
         positions: torch.Tensor | None = None,
         last_only: bool = False,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if positions is None:
             positions = position_ids(attention_mask, input_ids.shape[1])
         rows = input_ids.shape[0] * (1 if last_only else input_ids.shape[1])
         head = plain_head(self.model)
-        if head is not None and wide(head, rows):  # the head multiplied as a CPU does it fastest
+        # The head multiplied only where its logits are kept, or as a CPU does it fastest.
+        if head is not None and (keep is not None or wide(head, rows)):
             hidden = self.model.base_model(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                 past_key_values=cache, use_cache=cache is not None,
             ).last_hidden_state  # fmt: skip
-            return unembed(head, hidden[:, -1:] if last_only else hidden)
+            return unembed(head, kept(hidden, last_only, keep))
         output = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -263,4 +271,4 @@ class HFBackend:
             use_cache=cache is not None,
             logits_to_keep=1 if last_only else 0,
         )
-        return output.logits
+        return kept(output.logits, False, keep)

@@ -13,7 +13,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.backends.base import ActivationFn, config_eos, position_ids, resid_mid_hooks
+from steerlab.backends.base import (
+    ActivationFn,
+    config_eos,
+    kept,
+    position_ids,
+    resid_mid_hooks,
+)
 from steerlab.backends.cache import DynamicCacheOps, LensCacheOps
 from steerlab.core.sites import Site, all_sites
 from steerlab.core.tagging import tag
@@ -77,11 +83,12 @@ class HookedBackend(_LensBackend):
         *,
         positions: torch.Tensor | None = None,
         last_only: bool = False,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # The TL cache keeps the mask of earlier steps itself and derives positions from it.
         new_mask = attention_mask[:, -input_ids.shape[1] :]
         logits = self.model(input_ids, attention_mask=new_mask, past_kv_cache=cache)
-        return logits[:, -1:] if last_only else logits
+        return kept(logits, last_only, keep)
 
 
 class BridgeBackend(_LensBackend):
@@ -121,10 +128,11 @@ class BridgeBackend(_LensBackend):
         *,
         positions: torch.Tensor | None = None,
         last_only: bool = False,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if positions is None:
             positions = position_ids(attention_mask, input_ids.shape[1])
-        return self.model(
+        logits = self.model(
             input_ids,
             return_type="logits",
             attention_mask=attention_mask,
@@ -133,3 +141,4 @@ class BridgeBackend(_LensBackend):
             use_cache=cache is not None,
             logits_to_keep=1 if last_only else 0,
         )
+        return kept(logits, False, keep)

@@ -62,10 +62,12 @@ class Batch:
             self.fed = cache.length
         self.prompt_len = self.mask.sum(1)  # [batch]: real tokens before decoding starts
 
-    def forward(self, call: Call, *, last_only: bool = True, grad: bool = False) -> torch.Tensor:
+    def forward(self, call: Call, *, last_only: bool = True, grad: bool = False,
+                keep: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Feed the columns not yet in the cache (every column without one).
 
-        Returns logits ``[batch, new_pos or 1, vocab]``; with ``grad`` (training a steer on
+        Returns logits ``[batch, new_pos or 1, vocab]`` (with ``keep``, a bool ``[batch,
+        new_pos]``: the positions it marks, packed ``[kept, vocab]``); with ``grad`` (training a steer on
         the frozen model) outside inference mode, so gradients reach the hooks' parameters.
         """
         start = self.fed if self.use_cache else 0
@@ -79,6 +81,7 @@ class Batch:
                 logits = self.backend.forward(
                     self.tokens[:, start:].to(device), self.mask.to(device), self.data,
                     positions=context.position_ids.to(device), last_only=last_only,
+                    keep=keep,
                 )  # fmt: skip
         finally:
             call.context = None

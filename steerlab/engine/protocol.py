@@ -99,5 +99,6 @@ class Engine(Protocol):
         *,
         capture: Sequence[str] = (),
         last_only: bool = False,
+        last: Sequence[int] | None = None,
         wait: float = 0.0,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]: ...

@@ -22,6 +22,7 @@ from steerlab.core.sampling import check_finite
 # A logit bias that makes greedy decoding pick its token: the largest a request may carry.
 FORCE = 100.0
 BATCH = 16  # rows per forward when scoring windows that fill the model's context
+CHUNK = 1024  # positions read at a time: a [CHUNK, vocab] log-softmax, not one [rows, seq, vocab]
 
 if TYPE_CHECKING:
     from steerlab.engine.protocol import Engine
@@ -112,8 +113,9 @@ def score_continuations(
       a token the bias could not force, another being more than 100 nats likelier, is
       refused, never misreported);
     - otherwise (lm-eval's rolling windows share nothing), and for a row that fills the
-      model's context: ``BATCH`` rows a forward without a KV cache, read from its logits as
-      ``hf`` reads them (one log-softmax, a gather, an argmax).
+      model's context: ``BATCH`` rows a forward without a KV cache, read as ``hf`` reads its
+      logits (a log-softmax, a gather, an argmax), with the head multiplied only at the
+      positions that predict a scored token (no padding).
 
     >>> ids = lm.tokenizer.encode("Once upon a time")
     >>> [(logprob, greedy)] = score_continuations(lm.engine, [(ids, 3)], window=lm.n_ctx)
@@ -170,21 +172,26 @@ def _decoded(engine: Engine, cuts: Sequence[tuple[int, ...]], ns: Sequence[int],
 
 def _forwarded(engine: Engine, cuts: Sequence[tuple[int, ...]], ns: Sequence[int],
                steers: Sequence[RowSteer], wait: float) -> list[tuple[float, bool]]:  # fmt: skip
-    """One forward of the rows' tokens but the last (left-padded), read as ``hf`` reads it."""
+    """One forward of the rows' tokens but the last (left-padded), read as ``hf`` reads it:
+    a log-softmax, a gather and an argmax, over only the positions that predict a scored
+    token (the head skips the rest, padding included), ``CHUNK`` positions at a time."""
     fed = [Request(cut[:-1], tuple(steers), stream=str(i)) for i, cut in enumerate(cuts)]
-    logits = engine.forward(fed, wait=wait)[0]  # [rows, longest, vocab], left-padded
-    width = max(ns)
-    logprobs = logits[:, -width:].float().log_softmax(-1)  # [rows, width, vocab]
-    targets = torch.zeros(len(cuts), width, dtype=torch.long)
-    real = torch.zeros(len(cuts), width, dtype=torch.bool)
-    for row, (cut, n) in enumerate(zip(cuts, ns)):
-        targets[row, width - n :] = torch.tensor(cut[-n:])
-        real[row, width - n :] = True
-    targets, real = targets.to(logprobs.device), real.to(logprobs.device)
-    chosen = logprobs.gather(-1, targets[..., None])[..., 0].masked_fill(~real, 0.0)
-    check_finite(chosen, 0, fed)
-    greedy = ((logprobs.argmax(-1) == targets) | ~real).all(-1)
-    return list(zip(chosen.sum(-1).tolist(), greedy.tolist()))
+    logits = engine.forward(fed, last=ns, wait=wait)[0]  # [sum(ns), vocab], row by row
+    targets = torch.tensor([t for cut, n in zip(cuts, ns) for t in cut[-n:]],
+                           device=logits.device)  # fmt: skip
+    chosen = torch.empty(len(targets), device=logits.device)
+    greedy = torch.empty(len(targets), dtype=torch.bool, device=logits.device)
+    for start in range(0, len(targets), CHUNK):
+        part = slice(start, start + CHUNK)
+        logprobs = logits[part].float().log_softmax(-1)
+        chosen[part] = logprobs.gather(-1, targets[part, None])[:, 0]
+        greedy[part] = logprobs.argmax(-1) == targets[part]
+    rows = torch.repeat_interleave(torch.arange(len(ns), device=logits.device),
+                                   torch.tensor(list(ns), device=logits.device))  # fmt: skip
+    sums = torch.zeros(len(ns), device=logits.device).index_add_(0, rows, chosen)
+    check_finite(sums[:, None], 0, fed)  # a NaN or inf anywhere in a row reaches its sum
+    missed = torch.zeros(len(ns), device=logits.device).index_add_(0, rows, (~greedy).float())
+    return list(zip(sums.tolist(), (missed == 0).tolist()))
 
 
 def next_token_distributions(

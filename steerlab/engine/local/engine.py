@@ -272,21 +272,34 @@ class LocalEngine:
         *,
         capture: Sequence[str] = (),
         last_only: bool = False,
+        last: Sequence[int] | None = None,
         wait: float = 0.0,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """One forward pass over left-padded prompts: ``(logits, activations, ids, mask)``."""
+        """One forward pass over left-padded prompts: ``(logits, activations, ids, mask)``.
+
+        With ``last``, the logits of each row's last ``last[i]`` positions only, packed row
+        by row ``[sum(last), vocab]``: the LM head multiplies nothing else where the backend
+        can skip it (padding included)."""
         sites = self.check(requests, capture, generating=False)
         recorder = Recorder(sites) if sites else None
         with calling(self.models(), "forward", wait=wait) as call:
             self._attach(list(requests), recorder, call)
             batch = Batch(self.backend, requests, None, self.pad_id, use_cache=False)
-            logits = batch.forward(call, last_only=last_only)
+            logits = batch.forward(call, last_only=last_only, keep=_last_columns(batch, last))
         activations = recorder.stacked() if recorder else {}
         return logits, activations, batch.tokens, batch.mask
 
 
 def _none() -> None:
     return None
+
+
+def _last_columns(batch: Batch, last: Sequence[int] | None) -> torch.Tensor | None:
+    """Per row of a left-padded batch, its last ``last[i]`` columns (None: every column)."""
+    if last is None:
+        return None
+    columns = torch.arange(batch.tokens.shape[1])
+    return columns[None, :] >= batch.tokens.shape[1] - torch.tensor(list(last))[:, None]
 
 
 def _cache_of(batch: Batch, given: KVCache | None,
