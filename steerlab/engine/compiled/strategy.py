@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -69,15 +69,10 @@ class CompiledStep:
             or steer_reason(requests)
         )
 
-    def explain(self, requests: Sequence[Request], **options: Any) -> str:
-        """One line: which path these requests take, and why when it is the eager one."""
-        why = self.reason(requests, **options)
-        if why is not None:
-            return f"eager: {why}"
+    def describe(self, requests: Sequence[Request]) -> str:
+        """The compiled path's line for requests that fit it: their buckets and the mode."""
         rows, length = bucket(len(requests)), bucket(_length(requests), MIN_LENGTH)
-        return (
-            f"compiled: batch bucket {rows}, length bucket {length}, mode {self.mode or 'default'}"
-        )
+        return f"batch bucket {rows}, length bucket {length}, mode {self.mode or 'default'}"
 
     def compile_times(self) -> dict[tuple[int, int], float]:
         """Seconds the first step of each (batch, length) bucket took, compilation included."""

@@ -19,8 +19,9 @@ from steerlab.engine.guard import Call, CallInFlightError, calling
 from steerlab.engine.local import prefix
 from steerlab.engine.local.capture import Recorder
 from steerlab.engine.local.loop import decode
+from steerlab.engine.local.path import Path, choose
 from steerlab.engine.local.prompt_store import PromptStore, model_state
-from steerlab.engine.local.scored import ScoredRows, fits, prefill_scored
+from steerlab.engine.local.scored import ScoredRows, prefill_scored
 from steerlab.engine.local.steering import attach_steer, check_row_steers, group_steers
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
@@ -71,11 +72,11 @@ class LocalEngine:
         if self.compiled is None:
             self.compiled = CompiledStep(self, mode=mode, backend=backend)
 
-    def explain(self, requests: Sequence[Request], **options: Any) -> str:
-        """One line: which path these requests take, and why when it is the eager one."""
-        if self.compiled is None:
-            return "eager: the model is not compiled (lm.compile())"
-        return self.compiled.explain(requests, **options)
+    def explain(self, requests: Sequence[Request], *, capture: Sequence[str] = (),
+                **options: Any) -> str:  # fmt: skip
+        """One line: which path these requests take (``local/path.py``), and why."""
+        sites = [resolve(name, self.sites()) for name in capture]
+        return choose(self, requests, sites=sites, **options).line
 
     def sites(self) -> list[str]:
         return self.backend.sites()
@@ -150,61 +151,44 @@ class LocalEngine:
             raise ValueError("Continuing a cache needs use_cache=True.")
         if any(not r.prompt for r in requests) and cache is None:
             raise ValueError("A request with no prompt tokens needs a cache to continue.")
-        if any(r.sampling.prompt_logprobs is not None for r in requests):
-            if cache is not None:
-                raise ValueError("Scoring a prompt (prompt_logprobs) reads the logits of every "
-                                 "prompt token, so it cannot continue a cache: drop cache=.")  # fmt: skip
-            if not sites and not keep_cache and use_cache and fits(requests, self.backend):
-                return self._stream(list(requests), None, False, None, True, wait, description,
-                                    False, scored=True)  # fmt: skip
-            recorder = Recorder(sites) if sites else None
-            return self._stream(list(requests), None, keep_cache, recorder, use_cache, wait,
-                                description, compact and not keep_cache and not sites)  # fmt: skip
-        if self.compiled is not None:
-            why = self.compiled.reason(requests, cache=cache, keep_cache=keep_cache,
-                                       capture=capture, use_cache=use_cache)  # fmt: skip
-            if why is None:
-                return self._stream(list(requests), None, False, None, True, wait, description,
-                                    False, static=True)  # fmt: skip
-            log.debug("steerlab: %s runs eagerly: %s", description, why)
-        recorder = Recorder(sites) if sites else None
-        keep = keep_cache or cache is not None
-        compact = compact and not keep and recorder is None
-        shared = None
-        if self.share_prefix and cache is None and use_cache and recorder is None:
-            shared = prefix.group_size(requests)
-        return self._stream(list(requests), cache, keep, recorder, use_cache, wait,
-                            description, compact, shared)  # fmt: skip
+        if cache is not None and any(r.sampling.prompt_logprobs is not None for r in requests):
+            raise ValueError("Scoring a prompt (prompt_logprobs) reads the logits of every "
+                             "prompt token, so it cannot continue a cache: drop cache=.")  # fmt: skip
+        path = choose(self, requests, sites=sites, cache=cache, keep_cache=keep_cache,
+                      use_cache=use_cache, compact=compact)  # fmt: skip
+        if path.kind == "eager" and self.compiled is not None:
+            log.debug("steerlab: %s runs eagerly: %s", description, path.why)
+        return self._stream(list(requests), path, wait, description)
 
-    def _stream(self, requests: list[Request], cache: KVCache | None, keep_cache: bool,
-                recorder: Recorder | None, use_cache: bool, wait: float, description: str,
-                compact: bool, shared: int | None = None, static: bool = False,
-                scored: bool = False) -> Iterator[Progress]:  # fmt: skip
+    def _stream(self, requests: list[Request], path: Path, wait: float,
+                description: str) -> Iterator[Progress]:  # fmt: skip
         states = RowStates(self.tokenizer, requests)
         reads = CallReads(requests)
         states.reads = reads if reads else None
+        recorder = Recorder(path.sites) if path.sites else None
         with calling(self.models(), description, wait=wait) as call:
             self._attach(requests, recorder, call, reads)
-            given, feed = cache, requests
-            if shared is not None:  # each distinct prompt once, then every row goes on from it
-                cache = self._shared_prefix(requests, shared, call)
-                reads.spread(shared)
+            given, cache, feed = path.cache, path.cache, requests
+            if path.shared is not None:  # each distinct prompt once, then every row goes on
+                cache = self._shared_prefix(requests, path.shared, call)
+                reads.spread(path.shared)
                 feed = prefix.last_tokens(requests)
             batch: Batch | StaticBatch | ScoredRows
             first = None
-            if scored:  # each shared start fed once, this call's and earlier calls' alike
+            if path.kind == "scored":  # each shared start fed once, this call's and earlier
                 store = self.prompt_store if self.prompt_store is not None else PromptStore(0)
                 use = store.sync(model_state(self.models()))
                 first = prefill_scored(self.backend, requests, call, self.pad_id, store, use)
                 batch = ScoredRows(requests)
-            elif static:  # the compiled step: eager prefill, then one compiled graph per step
+            elif path.kind == "compiled":  # eager prefill, then one compiled graph per step
                 assert self.compiled is not None
                 batch = self.compiled.batch(requests, reads)
             else:
-                batch = Batch(self.backend, feed, cache, self.pad_id, use_cache)
+                batch = Batch(self.backend, feed, cache, self.pad_id, path.use_cache)
             steps = decode(batch, states, call, eos_ids=self.eos_ids(), pad_id=self.pad_id,
-                           compact=compact, keep_cache=keep_cache, first=first)  # fmt: skip
-            kept = _cache_of(batch, cache, keep_cache) if isinstance(batch, Batch) else _none
+                           compact=path.compact, keep_cache=path.keep_cache,
+                           first=first)  # fmt: skip
+            kept = _cache_of(batch, cache, path.keep_cache) if isinstance(batch, Batch) else _none
             lengths = [0] * len(requests)
             try:
                 for index in steps:
