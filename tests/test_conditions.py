@@ -127,17 +127,23 @@ def test_per_token_gate_steers_only_positions_that_read_above(lm):
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
 
 
-def test_a_per_token_condition_after_the_steer_is_refused_naming_both_sites():
+def test_a_per_token_condition_after_the_steer_is_refused_naming_both_sites(lm):
+    """Refused with the model's sites known (one it lacks is named as missing instead), before
+    any compute."""
     c = sl.Condition("blocks.2.hook_resid_post", direction(1), read="token")
+    steer = sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="generated", when=c)
     with pytest.raises(SteerError, match=r"blocks\.2\.hook_resid_post.*blocks\.1\.hook_resid_pre"):
-        sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="generated", when=c)
+        lm.generate("Hi", steer=steer, max_new_tokens=1)
+    assert lm.hook_count() == 0
 
 
-def test_a_prompt_condition_after_a_prompt_steer_is_refused_but_generated_works():
+def test_a_prompt_condition_after_a_prompt_steer_is_refused_but_generated_works(lm):
     c = sl.Condition("blocks.2.hook_resid_post", direction(1))
+    steer = sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="all", when=c)
     with pytest.raises(SteerError, match="positions='generated'"):
-        sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="all", when=c)
-    sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="generated", when=c)
+        lm.generate("Hi", steer=steer, max_new_tokens=1)
+    late = sl.Steer("blocks.1.hook_resid_pre", direction(2), 1.0, positions="generated", when=c)
+    assert lm.generate("Hi", steer=late, max_new_tokens=1).fired is not None
 
 
 def test_monitors_equal_transformer_lens_run_with_cache_of_the_steered_text():

@@ -26,6 +26,37 @@ WIDE_ROWS = 64  # the most rows multiplied with the weight on the left
 PLAIN_HEAD = ("gpt2", "llama", "mistral", "qwen2")
 
 
+_LINEAR_FORWARD = nn.Linear.forward  # as torch defines it, before anyone patches the class
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                 "_global_backward_hooks", "_global_backward_pre_hooks")  # fmt: skip
+
+
+def untouched(module: nn.Module) -> bool:
+    """Whether nothing can be attached to ``module``'s call, so its weights may be used
+    without calling it: no ``forward`` set on the instance but its class's own (a wrapper,
+    or the one accelerate's ``add_hook_to_module`` puts there), no accelerate ``_hf_hook``,
+    no forward, pre-forward or backward hooks of its own, and none registered globally.
+
+    >>> head = nn.Linear(4, 3)
+    >>> before = untouched(head)
+    >>> _ = head.register_forward_hook(lambda module, args, out: out)
+    >>> before, untouched(head)
+    (True, False)
+    """
+    glob = nn.modules.module
+    if any(getattr(glob, name, None) for name in _GLOBAL_HOOKS):
+        return False
+    forward = vars(module).get("forward")
+    own = (
+        getattr(forward, "__func__", None) is type(module).forward
+        and getattr(forward, "__self__", None) is module
+    )  # as accelerate leaves it
+    if (forward is not None and not own) or hasattr(module, "_hf_hook"):
+        return False
+    return not any(getattr(module, name, None) for name in _HOOKS)
+
+
 def unembed(head: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``head(x)``: [..., d] -> [..., vocab]; weight on the left when ``wide(head, rows)``.
 
@@ -45,26 +76,27 @@ def unembed(head: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def wide(head: nn.Linear, rows: int) -> bool:
-    """Whether ``unembed`` puts the weight on the left: a float32 head on a CPU, a
-    vocabulary of at least ``WIDE_VOCAB``, and 2 to ``WIDE_ROWS`` rows."""
+    """Whether ``unembed`` puts the weight on the left: a plain ``nn.Linear`` head that
+    nothing is attached to (``untouched``), float32 on a CPU, a vocabulary of at least
+    ``WIDE_VOCAB``, and 2 to ``WIDE_ROWS`` rows. Otherwise the module itself is called."""
     w = head.weight
     return (1 < rows <= WIDE_ROWS and w.device.type == "cpu" and w.dtype == torch.float32
-            and w.shape[0] >= WIDE_VOCAB)  # fmt: skip
+            and w.shape[0] >= WIDE_VOCAB and type(head) is nn.Linear
+            and nn.Linear.forward is _LINEAR_FORWARD and untouched(head))  # fmt: skip
 
 
 def plain_head(model: Any) -> nn.Linear | None:
     """``model``'s LM head when the model's logits are the head applied to its base model's
-    last hidden state and nothing would see the head skipped: a plain-head family, an
-    ``nn.Linear`` head, no hooks on the model or the head (steerlab's never sit there), and
-    no global module hooks. None otherwise: call the model itself."""
+    last hidden state and nothing would see the head or the model's own forward skipped: a
+    plain-head family, an ``nn.Linear`` head, and nothing attached to either by any
+    mechanism (``untouched``: hooks, a wrapped forward, accelerate's; steerlab's never sit
+    there). None otherwise: call the model itself."""
     config = getattr(model, "config", None)
     head = getattr(model, "lm_head", None)
     if getattr(config, "model_type", None) not in PLAIN_HEAD or type(head) is not nn.Linear:
         return None
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None
-    hooked = [m for m in (model, head) if m._forward_hooks or m._forward_pre_hooks]
-    glob = nn.modules.module
-    if hooked or glob._global_forward_hooks or glob._global_forward_pre_hooks:
+    if nn.Linear.forward is not _LINEAR_FORWARD or not (untouched(model) and untouched(head)):
         return None
     return head

@@ -113,7 +113,7 @@ class ChatSession:
     def steer(self, steer: SteerArg) -> None:
         steers = as_steers(steer)
         for s in steers:
-            check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model)
+            check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model, s.when, s.positions)
             warn_other_model(s, self.lm)
             if s.when is not None and not s.when.per_token and s.positions != "generated":
                 raise SteerError(

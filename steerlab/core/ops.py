@@ -23,6 +23,7 @@ import torch
 
 from steerlab.core.errors import SteerError
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
+from steerlab.core.scalars import as_int, as_real
 
 __all__ = [
     "OPS", "STRENGTHS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
@@ -473,6 +474,25 @@ class FeatureClamp(Op):
         return f"FeatureClamp({self.architecture} feature {self.index} -> {self.value:g}{sae})"
 
 
+def _degrees(value: Any, what: str) -> float:
+    """An angle in degrees reduced exactly into ``(-360, 360)``, its sign kept: an int by
+    integer arithmetic (``10**400`` included), a float by ``math.fmod``, which is exact in
+    float64. Turning by the reduced angle is turning by the given one; the unreduced one,
+    in radians and then float32, would be its rounding error (``1e10``) or not finite
+    (``1e300``).
+
+    >>> _degrees(10**400, "angle"), _degrees(1e10, "angle"), _degrees(-450, "angle")
+    (280.0, 280.0, -90.0)
+    """
+    whole = as_int(value)
+    if whole is not None:
+        return float(abs(whole) % 360 * (1 if whole >= 0 else -1))
+    number = as_real(value)
+    if number is None:
+        raise SteerError(f"{what} must be a finite number of degrees; got {value!r:.60}.")
+    return math.fmod(number, 360.0)
+
+
 @dataclass(frozen=True, eq=False)
 class Rotate(Op):
     """Turn the activation inside a plane to ``angle`` degrees (angular steering, Vu and
@@ -484,7 +504,8 @@ class Rotate(Op):
     along the shorter arc, its length kept; the rest of the activation is untouched. So
     alpha 0 changes nothing, alpha 1 sets the target angle exactly, and ``|h|`` is kept.
     ``adaptive`` turns only tokens whose projection on ``b1`` is positive. Its table form is
-    the ``rot`` term: the compiled step turns in the same plane.
+    the ``rot`` term: the compiled step turns in the same plane. ``angle`` is kept reduced
+    into ``(-360, 360)`` (exactly, ``_degrees``): ``Rotate(370)`` is ``Rotate(10)``.
 
     >>> h = torch.tensor([[2.0, 0.0, 1.0]])
     >>> turn = Rotate(90.0, toward=[0.0, 1.0, 0.0])
@@ -500,7 +521,7 @@ class Rotate(Op):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "angle", _number(self.angle, "Rotate angle"))
+        object.__setattr__(self, "angle", _degrees(self.angle, "Rotate angle"))
         if not isinstance(self.adaptive, bool):
             raise SteerError(f"Rotate adaptive must be True or False; got {self.adaptive!r}.")
         if self.toward.ndim != 1 or is_zero(self.toward):

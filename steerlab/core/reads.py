@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -82,8 +82,19 @@ class Condition(TensorValue):
             it is below.
         read: ``"mean"`` of the prompt's activations (every token the call feeds before its
             first new token, BOS included, pads excluded), its ``"last"`` token, or
-            ``"token"``: each position gated by its own score.
+            ``"token"``: each position gated by its own score. A per-token gate decides
+            per position, so a result reports no row decision for it (``out.fired`` and
+            ``out.condition_scores`` are None when a call's only conditions are
+            per-token); monitor the same direction at the site to see its read.
         score: ``"cosine"`` (CAST) or ``"projection"`` (``h·c/|c|``).
+
+    What the scores measure: ``"cosine"`` is CAST's ``cos(h, tanh(P h))`` with
+    ``P = c cᵀ / (c·c)``. Its numerator is ``Σ hᵢ tanh(a uᵢ)`` with ``a = h·u`` and
+    ``u = c/|c|``, and ``x tanh x >= 0``: it grows with how far ``h`` lies along the *axis*
+    of ``c``, either way, so it does not tell ``c`` from ``-c`` (a "sad" prompt can score
+    above a "happy" one on a happy direction). ``"projection"`` is signed: use it when the
+    condition should mean "reads as ``c``, not as ``-c``" (thresholds are then in the
+    activations' units, not in [-1, 1]).
 
     >>> cond = Condition("blocks.1.hook_resid_post", torch.ones(128), threshold=0.2)
     >>> cond
@@ -135,6 +146,11 @@ class Condition(TensorValue):
         return [self]
 
     @property
+    def depth(self) -> int:
+        """How deep ``any_of`` / ``all_of`` nest above this gate: 0 for a condition."""
+        return 0
+
+    @property
     def per_token(self) -> bool:
         return self.read == "token"
 
@@ -177,11 +193,12 @@ class Combined:
     first part."""
 
     conditions: tuple[Gate, ...]
+    depth: int = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = ""
     fires_on_any: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _check_parts(self.conditions, self.kind)
+        object.__setattr__(self, "depth", _check_parts(self.conditions, self.kind))
 
     def leaves(self) -> list[Condition]:
         return list(dict.fromkeys(c for part in self.conditions for c in part.leaves()))
@@ -219,16 +236,34 @@ class AllOf(Combined):
 Gate = Condition | AnyOf | AllOf
 
 
-def _check_parts(parts: object, kind: str) -> None:
+# The deepest any_of / all_of nesting a gate may have: far more than a decision needs, and
+# shallow enough that every walk over a gate (deciding it, its data form) stays well within
+# Python's recursion limit.
+MAX_DEPTH = 32
+
+
+def _check_parts(parts: object, kind: str) -> int:
+    """Refuse parts that are not gates, nesting past ``MAX_DEPTH`` and mixed per-token and
+    prompt reads; the combined gate's depth."""
     if not isinstance(parts, tuple) or not parts:
         raise SteerError(f"{kind} needs at least one condition.", "when")
     for part in parts:
         if not isinstance(part, (Condition, AnyOf, AllOf)):
             raise SteerError(f"{kind} takes sl.Condition values (or any_of / all_of of them); "
                              f"got {part!r:.60}.", "when")  # fmt: skip
+    depth = 1 + max(p.depth for p in parts)  # each part's depth was checked when it was made
+    _check_depth(depth)
     if len({p.per_token for p in parts}) > 1:
         raise SteerError(f"{kind} mixes read='token' with a prompt read: a gate is either "
                          "decided once per row or per position, not both.", "when")  # fmt: skip
+    return depth
+
+
+def _check_depth(depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise SteerError(f"when nests any_of / all_of {depth} deep; the most is {MAX_DEPTH}. "
+                         "any_of(any_of(a, b), c) is any_of(a, b, c): flatten the gate.",
+                         "when")  # fmt: skip
 
 
 def _combine(decided: list[tuple[torch.Tensor, torch.Tensor]],
@@ -313,12 +348,13 @@ def check_gate_order(gate: Gate, steer_site: str, touches_prompt: bool) -> None:
                              f"{steer_site} in the forward: {why}.", "when")  # fmt: skip
 
 
-def gate_from_data(data: object, vectors: Any = None) -> Gate:
+def gate_from_data(data: object, vectors: Any = None, depth: int = 0) -> Gate:
     """A gate from its wire form: ``{"site", "vector", "threshold", "compare", "read",
     "score"}``, or ``{"any_of": [...]}`` / ``{"all_of": [...]}``, nested.
 
     ``vectors(name_or_key, site)`` resolves a string ``vector`` (a named vector, or a key
-    where tensors travel once); without it only float lists are taken.
+    where tensors travel once); without it only float lists are taken. ``depth`` is how
+    deep ``data`` sits in the gate being read (nesting past ``MAX_DEPTH`` is refused).
 
     Raises:
         SteerError: with ``field`` naming the key at fault.
@@ -331,7 +367,8 @@ def gate_from_data(data: object, vectors: Any = None) -> Gate:
             if set(data) != {kind} or not isinstance(parts, list):
                 raise SteerError(f"{kind} must be the only key, with a list of conditions.",
                                  f"when.{kind}")  # fmt: skip
-            return make(*(gate_from_data(p, vectors) for p in parts))
+            _check_depth(depth + 1)
+            return make(*(gate_from_data(p, vectors, depth + 1) for p in parts))
     keys = ("site", "vector", "threshold", "compare", "read", "score", "dtype")
     unknown = sorted(set(data) - set(keys))
     if unknown:

@@ -29,10 +29,12 @@ class Generation:
         seed: the sampling seed (drawn fresh when none was given), to repeat the run.
         activations: site -> [row, pos, d_model] over prompt and new tokens, when captured.
         cache: the KV cache at the end of the text, with ``keep_cache=True`` or ``cache=``.
-        fired: [rows] bool, whether each row's condition fired (a row's first conditioned
-            steer; False on rows without one); None when no steer is conditioned.
+        fired: [rows] bool, whether each row's condition fired (a row's first steer with a
+            prompt condition, ``read="mean"`` or ``"last"``; False on rows without one); None
+            when no steer has one. A ``read="token"`` gate decides per position, not per
+            row, and is not reported here.
         condition_scores: [rows] float, the score each decision was made on (NaN on rows
-            without a condition); None when no steer is conditioned.
+            without a prompt condition); None when no steer has one.
         monitors: name -> ``MonitorTrace``, with ``monitor=``.
     """
 

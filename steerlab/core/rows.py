@@ -151,7 +151,7 @@ def checked_steers(lm: ModelLike, steer: SteerArg) -> list[Steer]:
     was made on another model)."""
     steers = as_steers(steer)
     for s in steers:
-        check_steer(s.site, s.vector, lm.sites(), lm.d_model, s.when)
+        check_steer(s.site, s.vector, lm.sites(), lm.d_model, s.when, s.positions)
         warn_other_model(s, lm)
     return steers
 

@@ -66,12 +66,20 @@ def _as_alphas(alpha: Any) -> tuple[float, ...]:
     return values
 
 
+# The largest position count the positions grammar takes (an int k, a span's k): more than
+# any context holds, and within every engine's integer positions (torch's int64, vLLM's int32).
+MAX_POSITION = 2**31 - 1
+
+
 def _as_positions(positions: Any) -> Positions:
     if isinstance(positions, numbers.Integral) and not isinstance(positions, bool):
         positions = int(positions)  # numpy integers are ints too
+        _check_count(positions, f"positions {positions!r:.60}")
     if isinstance(positions, str) and positions not in ("all", "prompt", "generated"):
         span = _parse_span(positions)
         if span is not None:
+            for count in span:
+                _check_count(count, f"positions {positions!r:.60}")
             return _span_text(*span)
     if isinstance(positions, bool) or not (
         positions in ("all", "prompt", "generated")
@@ -82,6 +90,14 @@ def _as_positions(positions: Any) -> Positions:
             f"prompt such as 'first:3+last:3' ('first:k', 'last:k', k >= 1); got {positions!r}."
         )
     return positions
+
+
+def _check_count(count: int, what: str) -> None:
+    """Refuse a position count past ``MAX_POSITION``, by name, before it reaches a tensor."""
+    if count > MAX_POSITION:
+        raise SteerError(f"{what} counts past {MAX_POSITION} (2**31 - 1) tokens, the most a "
+                         "positions rule takes: no context holds that many.",
+                         "positions")  # fmt: skip
 
 
 _SPAN_PART = re.compile(r"(first|last):([0-9]+)")
@@ -215,21 +231,27 @@ def warn_other_model(steer: Steer, model: object) -> None:
 
 
 def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: int,
-                when: Gate | None = None) -> None:  # fmt: skip
+                when: Gate | None = None, positions: Positions = "all") -> None:  # fmt: skip
     """The one check of a steer against a model: a site it has, a vector of its width, and
-    a condition (``when``) whose every part reads a site it has, at its width.
+    a condition (``when``) whose every part reads a site it has, at its width, decided
+    before the steer acts on ``positions`` (``check_gate_order``). Existence comes first:
+    a site the model lacks is named as such, not as out of order.
 
     Raises:
         SiteError: the model has no such site (naming the closest ones).
-        SteerError: the vector's length is not the model's ``d_model``.
+        SteerError: the vector's length is not the model's ``d_model``, or the condition
+            would be decided after the steer acts.
     """
     resolve(site, list(sites))
     if vector.shape[0] != d_model:
         raise SteerError(
             f"Vector for {site} has size {vector.shape[0]}, but this model has d_model={d_model}."
         )
-    for condition in when.leaves() if when is not None else ():
+    if when is None:
+        return
+    for condition in when.leaves():
         condition.check(sites, d_model)
+    check_gate_order(when, site, touches_prompt=touches_prompt(positions))
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,9 +306,7 @@ class Steer:
             raise SteerError(f"{type(op).__name__} needs a non-zero direction.")
         if isinstance(op, Op):
             op.check(site, vector)
-        gate = as_gate(when)
-        if gate is not None:
-            check_gate_order(gate, site, touches_prompt=touches_prompt(positions))
+        gate = as_gate(when)  # its order against the steer is checked with the model's sites
         object.__setattr__(self, "site", site)
         object.__setattr__(self, "vector", vector)
         object.__setattr__(self, "alpha", alphas)

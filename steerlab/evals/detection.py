@@ -12,6 +12,7 @@ import torch
 from steerlab.core.concepts import ConceptData
 from steerlab.core.ops import Add
 from steerlab.core.rows import as_steers
+from steerlab.core.scalars import list_of
 from steerlab.core.steer import Steer
 from steerlab.core.table import Table
 from steerlab.vectors.extract import without_bos
@@ -50,8 +51,9 @@ def roc_auc(positive: Sequence[float] | torch.Tensor, negative: Sequence[float] 
     >>> roc_auc([3.0, 2.0], [1.0, 2.0])
     0.875
     """
-    pos = torch.as_tensor(positive, dtype=torch.float64).flatten()
-    neg = torch.as_tensor(negative, dtype=torch.float64).flatten()
+    pos, neg = (torch.as_tensor(x if isinstance(x, torch.Tensor) else list_of(x, name),
+                                dtype=torch.float64).flatten()
+                for x, name in ((positive, "positive"), (negative, "negative")))  # fmt: skip
     if not len(pos) or not len(neg):
         raise ValueError("roc_auc needs at least one positive and one negative score.")
     above = (pos[:, None] > neg[None, :]).double().sum()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, list_of
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def mean_interval(
     (2.0, True)
     """
     check_bootstrap(level, n_boot)
-    x = np.asarray(values, dtype=float)
+    x = np.asarray(list_of(values, "values"), dtype=float)
     x = x[~np.isnan(x)]
     if x.size == 0:
         return Estimate(math.nan, math.nan, math.nan)
@@ -85,6 +85,7 @@ def perplexity_interval(
     1.0
     """
     check_bootstrap(level, n_boot)
+    nlls = list_of(nlls, "nlls")
     nll = np.asarray([x for x, _ in nlls], dtype=float)
     count = np.asarray([n for _, n in nlls], dtype=float)
     if count.sum() == 0:
@@ -108,6 +109,7 @@ def mean_of_means_interval(groups: Sequence[Sequence[float]], *, level: float = 
     (1.0, True)
     """
     check_bootstrap(level, n_boot)
+    groups = list_of(groups, "groups")
     arrays = [np.asarray(g, dtype=float) for g in groups]
     if not arrays or any(a.size == 0 for a in arrays):
         return Estimate(math.nan, math.nan, math.nan)

@@ -23,7 +23,7 @@ from typing import Any
 
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, list_of
 
 CRITERIA = ("concept", "instruction", "fluency")
 
@@ -243,10 +243,14 @@ class Criterion:
     metrics: tuple[str, ...] = (*CRITERIA, "judge")
     headline: str = "judge"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", tuple(list_of(self.metrics, "Criterion metrics")))
+
     def score(self, prompts: Sequence[str], texts: Sequence[str], *,
               progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
         """Ratings for each (prompt, text), requests in parallel; in input order. A rating
         the judge gave in no readable form counts 0 (AxBench's rule)."""
+        prompts, texts = list_of(prompts, "prompts"), list_of(texts, "texts")
         pool = ThreadPoolExecutor(self.judge.max_workers)
         jobs = [pool.submit(self.judge.rate, self.description, p, t)
                 for p, t in zip(prompts, texts)]  # fmt: skip

@@ -26,6 +26,7 @@ import torch
 
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
+from steerlab.core.scalars import list_of
 from steerlab.evals.detection import token_latents
 from steerlab.train import bipo, reft, reps
 from steerlab.train.data import check_factors
@@ -69,6 +70,7 @@ class Method:
                              "(lm, data, site) -> steer.")  # fmt: skip
         object.__setattr__(self, "factors",
                            tuple(check_factors(self.factors, f"Method {self.name!r} factors")))  # fmt: skip
+        object.__setattr__(self, "needs", tuple(list_of(self.needs, f"Method {self.name!r} needs")))
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,12 @@ class Prompting:
         if not isinstance(self.template, str) or "{instruction}" not in self.template:
             raise SteerError("Prompting template must contain {instruction} (and may contain "
                              f"{{prompt}}); got {self.template!r:.80}.")  # fmt: skip
+        object.__setattr__(self, "factors", tuple(list_of(self.factors, "Prompting factors")))
+        object.__setattr__(self, "needs", tuple(list_of(self.needs, "Prompting needs")))
 
     def inputs(self, prompt: str, instructions: Sequence[str]) -> list[str]:
-        return [self.template.format(prompt=prompt, instruction=i) for i in instructions]
+        return [self.template.format(prompt=prompt, instruction=i)
+                for i in list_of(instructions, "instructions")]  # fmt: skip
 
 
 def _scaled_direction(method: Any) -> Make:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, list_of
 from steerlab.features.errors import SAEError, int_in
 from steerlab.features.sae import SAE
 
@@ -158,7 +158,9 @@ class FeatureActivations:
         >>> acts.columns([3, 7]).shape
         torch.Size([1, 5, 2])
         """
-        index = torch.tensor([self.sae._index(i) for i in features], dtype=torch.long)
+        index = torch.tensor(
+            [self.sae._index(i) for i in list_of(features, "features")], dtype=torch.long
+        )
         batch, pos = self.attention_mask.shape
         if self.dense is not None:
             return self.dense[..., index.to(self.dense.device)]

@@ -8,6 +8,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from steerlab.core.scalars import list_of
 from steerlab.plots._data import display_token, shorten
 
 CELL_CHARS = 7  # longer tokens are cut in the cells (hover shows them whole)
@@ -40,6 +41,9 @@ def token_comparison(
     >>> len(fig.layout.shapes)
     1
     """
+    baseline_tokens = list_of(baseline_tokens, "baseline_tokens")
+    steered_tokens = list_of(steered_tokens, "steered_tokens")
+    logprob_change = list_of(logprob_change, "logprob_change")
     if len(logprob_change) != len(steered_tokens):
         raise ValueError(
             f"{len(logprob_change)} log-prob changes for {len(steered_tokens)} steered tokens"

@@ -8,6 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from steerlab.core.scalars import list_of
 from steerlab.plots.theme import PALETTE
 
 
@@ -35,7 +36,7 @@ def monitor(out: Any, name: str, *, rows: list[int] | None = None,
         raise KeyError(f"No monitor named {name!r} in this generation; it has "
                        f"{sorted(out.monitors)}.")  # fmt: skip
     trace = out.monitors[name]
-    chosen = list(range(len(out))) if rows is None else list(rows)
+    chosen = list(range(len(out))) if rows is None else list_of(rows, "rows")
     base = [r for r in chosen if not any(out.alphas[r])]
     steered = [r for r in chosen if any(out.alphas[r])]
     panels = [("baseline", base), ("steered", steered)] if base and steered else [("", chosen)]

@@ -10,6 +10,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from steerlab.core.scalars import list_of
+
 # Higher score is better (viridis, bright is high); perplexity and KL are costs (reversed).
 _COLOURSCALES = {"score": "Viridis", "perplexity": "Viridis_r", "kl": "Viridis_r"}
 # Perplexity is a ratio: one degenerate cell (600 beside 5-20) flattens a linear scale.
@@ -67,6 +69,8 @@ def sweep_heatmaps(
     >>> sweep_heatmaps(rows).data[0].z
     ([0.0], [4.0])
     """
+    metrics = list_of(metrics, "metrics")
+    log_scale = None if log_scale is None else list_of(log_scale, "log_scale")
     rows = _as_records(records)
     kinds = sorted({_kind(str(r["site"])) for r in rows if "site" in r})
     if site is not None:

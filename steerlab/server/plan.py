@@ -190,6 +190,8 @@ def rows_of(lm: SteerableModel, prompts: Sequence[Prompt | list[int]], steers: l
     except (PromptError, SteerError) as error:
         where = "steering" if isinstance(error, SteerError) and error.field == "when" else param
         raise ApiError(400, str(error), where) from None
+    except SiteError as error:  # a condition's site (each steer's own was resolved before)
+        raise ApiError(400, str(error), "steering") from None
     return rows, rows.requests(sampling, monitors)
 
 

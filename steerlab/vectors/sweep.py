@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.reft import LoReFT
+from steerlab.core.scalars import list_of
 from steerlab.core.sites import Site
 from steerlab.core.steer import Steer, at_alphas
 from steerlab.vectors.scoring import (
@@ -138,8 +139,9 @@ def _targets(vector: Sweepable, layers: Sequence[int] | None, sites: Sequence[st
         raise ValueError("Give layers= or sites=, not both.")
     own = [vector.site] if isinstance(vector, LoReFT) else vector.sites
     if sites is not None:
-        targets = list(sites)
+        targets = list_of(sites, "sites")
     elif layers is not None:
+        layers = list_of(layers, "layers")
         kinds = sorted({Site.parse(s).kind for s in own})
         if len(kinds) != 1:
             raise ValueError(f"layers= needs a vector of one hook kind; it has {kinds}.")
@@ -210,7 +212,7 @@ def sweep(
       blocks.2.hook_resid_pre      4  1.000       9.223  0.0875  1
     """
     prompts = normalise(prompts)
-    alphas = [float(a) for a in alphas]
+    alphas = [float(a) for a in list_of(alphas, "alphas")]
     if not alphas:
         raise ValueError("alphas is empty.")
     named = not isinstance(vector, (SteeringVector, LoReFT))

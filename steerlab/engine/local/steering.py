@@ -40,7 +40,9 @@ def check_row_steers(backend: Backend, rows: Sequence[Sequence[RowSteer]]) -> No
     valid = backend.sites()
     for steers in rows:
         for steer in steers:
-            check_steer(steer.site, steer.vector, valid, backend.d_model, steer.when)
+            check_steer(
+                steer.site, steer.vector, valid, backend.d_model, steer.when, steer.positions
+            )
 
 
 def group_steers(rows: Sequence[Sequence[RowSteer]]) -> list[AttachedSteer]:

@@ -136,7 +136,9 @@ class VLLMEngine:
                             if scoring_only else ")"))  # fmt: skip
             r.sampling.check_vocab(self.n_vocab)
             for steer in r.steers:
-                check_steer(steer.site, steer.vector, valid, self.d_model, steer.when)
+                check_steer(
+                    steer.site, steer.vector, valid, self.d_model, steer.when, steer.positions
+                )
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
         if why is not None:
