@@ -13,10 +13,11 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from steerlab.core.tagging import remove_hooks
@@ -31,6 +32,11 @@ class CallInFlightError(RuntimeError):
     """Another steerlab call holds this model."""
 
 
+# What a hook does within its call's forward: (act, context, (rows, pos, generated)) -> the new
+# activation, or None to leave it.
+HookBody = Callable[[torch.Tensor, ForwardContext, tuple[torch.Tensor, ...]], torch.Tensor | None]
+
+
 @dataclass
 class Call:
     """One engine call: what it is, and the forward it is running now (None between)."""
@@ -40,6 +46,20 @@ class Call:
     thread: str = field(default_factory=lambda: threading.current_thread().name)
     started: float = field(default_factory=time.monotonic)
     context: ForwardContext | None = None
+
+    def hook(self, fn: HookBody) -> Callable[[torch.Tensor], torch.Tensor | None]:
+        """The one hook preamble: ``fn(act, context, (rows, pos, generated))`` runs only
+        while this call has a forward running (a forward of another call, or none, leaves
+        the activation alone), the context's row tensors moved to ``act``'s device once
+        per forward."""
+
+        def run(act: torch.Tensor) -> torch.Tensor | None:
+            context = self.context
+            if context is None:
+                return None
+            return fn(act, context, context.on(act.device))
+
+        return run
 
     def __str__(self) -> str:
         age = time.monotonic() - self.started

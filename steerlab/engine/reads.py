@@ -26,6 +26,7 @@ from steerlab.backends.base import Backend
 from steerlab.core.reads import Condition, Gate, Monitor, prompt_score, reported_gate
 from steerlab.core.request import Readout, Request
 from steerlab.core.sites import Site
+from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 
 
@@ -70,11 +71,10 @@ class CallReads:
             backend.attach(Site.parse(site), self._recorder(here, call))
 
     def _reader(self, conditions: list[Condition], call: Call):  # noqa: ANN202
-        def read(act: torch.Tensor) -> None:
-            context = call.context
-            if context is None:
-                return None
-            rows, pos, _ = context.on(act.device)
+        def read(
+            act: torch.Tensor, context: ForwardContext, placed: tuple[torch.Tensor, ...]
+        ) -> None:
+            rows, pos, _ = placed
             batch, seq, d = act.shape
             for c in conditions:
                 if c.per_token:
@@ -83,7 +83,7 @@ class CallReads:
                     self._add(c, act, rows, pos)
             return None
 
-        return read
+        return call.hook(read)
 
     def _add(self, c: Condition, act: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> None:
         d = act.shape[-1]
@@ -100,16 +100,15 @@ class CallReads:
         self.decided.clear()
 
     def _recorder(self, monitors: list[Monitor], call: Call):  # noqa: ANN202
-        def record(act: torch.Tensor) -> None:
-            context = call.context
-            if context is None:
-                return None
-            rows, pos, _ = context.on(act.device)
+        def record(
+            act: torch.Tensor, context: ForwardContext, placed: tuple[torch.Tensor, ...]
+        ) -> None:
+            rows, pos, _ = placed
             for m in monitors:  # kept on the device as they are: no sync in the loop
                 self.reads[m].append((rows, pos, m.values(act), context.prefill))  # [b, s]
             return None
 
-        return record
+        return call.hook(record)
 
     def _traces(self, m: Monitor) -> tuple[list[list[float]], list[list[float]]]:
         """Per call row: the monitor's values at its prompt tokens, and at the last position

@@ -25,6 +25,7 @@ from steerlab.core.request import Request
 from steerlab.core.sites import Site, resolve
 from steerlab.core.steer import Positions, position_mask, prompt_span
 from steerlab.engine.batch import Batch
+from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call, calling
 from steerlab.engine.local import LocalEngine
 from steerlab.train.data import Row, data_sha256
@@ -115,16 +116,17 @@ def attach_edit(engine: LocalEngine, site: Site, call: Call, positions: Position
     """Hook ``edit()`` (None: leave the forward alone) in at ``site`` for this call, on the
     tokens ``positions`` names (the core's rule, spans counted on each row's prompt)."""
 
-    def apply(act: torch.Tensor) -> torch.Tensor | None:
-        context, fn = call.context, edit()
-        if context is None or fn is None:
+    def apply(act: torch.Tensor, context: ForwardContext,
+              placed: tuple[torch.Tensor, ...]) -> torch.Tensor | None:  # fmt: skip
+        fn = edit()
+        if fn is None:
             return None
-        _, pos, generated = context.on(act.device)
+        _, pos, generated = placed
         span = context.prompt_lengths(act.device) if prompt_span(positions) else None
         mask = position_mask(positions, pos, generated, span)  # [batch, seq]
         return torch.where(mask[..., None], fn(act).to(act.dtype), act)
 
-    engine.backend.attach(site, apply)
+    engine.backend.attach(site, call.hook(apply))
 
 
 def continuation_logprobs(engine: LocalEngine, call: Call, rows: Sequence[Row],

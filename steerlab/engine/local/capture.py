@@ -20,11 +20,10 @@ class Recorder:
     def attach(self, backend: Backend, call: Call) -> None:
         for name, chunks in self.chunks.items():
 
-            def keep(act: torch.Tensor, chunks: list[torch.Tensor] = chunks) -> None:
-                if call.context is not None:
-                    chunks.append(act.detach())
+            def keep(act: torch.Tensor, *_: object, chunks: list[torch.Tensor] = chunks) -> None:
+                chunks.append(act.detach())
 
-            backend.attach(Site.parse(name), keep)
+            backend.attach(Site.parse(name), call.hook(keep))
 
     def stacked(self) -> dict[str, torch.Tensor]:
         """Site -> [batch, pos, d_model], chunks joined along positions (on the CPU)."""

@@ -19,6 +19,7 @@ from steerlab.core.reads import Gate
 from steerlab.core.request import RowSteer
 from steerlab.core.sites import Site
 from steerlab.core.steer import Positions, check_steer, position_mask, prompt_span
+from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 from steerlab.engine.reads import CallReads
 
@@ -68,16 +69,14 @@ def attach_steer(backend: Backend, steer: AttachedSteer, call: Call,
     conditioned steer, only where ``reads`` says its gate fired."""
     moved: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def apply(act: torch.Tensor) -> torch.Tensor | None:
-        context = call.context
-        if context is None:  # a forward that is not this call's
-            return None
+    def apply(act: torch.Tensor, context: ForwardContext,
+              placed: tuple[torch.Tensor, ...]) -> torch.Tensor:  # fmt: skip
         key = (act.device, act.dtype)
         if key not in moved:  # move the vector to wherever this layer lives, once
             moved[key] = (operand(steer.op, steer.vector, act.dtype, act.device),
                           steer.alphas.to(*key))  # fmt: skip
         vector, row_alphas = moved[key]
-        rows, pos, generated = context.on(act.device)
+        rows, pos, generated = placed
         alphas = row_alphas[rows]  # [batch]
         batch, seq, d = act.shape
         span = context.prompt_lengths(act.device) if prompt_span(steer.positions) else None
@@ -89,4 +88,4 @@ def attach_steer(backend: Backend, steer: AttachedSteer, call: Call,
         new = steer.op(act.reshape(-1, d), vector, alpha).reshape(batch, seq, d)
         return torch.where(touched[..., None], new, act)
 
-    backend.attach(steer.site, apply)
+    backend.attach(steer.site, call.hook(apply))
