@@ -182,7 +182,12 @@ def steers_at(
 
 
 def _made_for(vector: object) -> ModelId:
-    """The model a vector or feature was made on, from its provenance (empty when unknown)."""
+    """The model a vector, feature or operation was made on: its own ``made_for`` (a
+    ``ModelId``, as a ``LoReFT`` reads from its provenance), else its provenance's model;
+    empty when unknown. ``warn_other_model`` compares it with the model steered."""
+    own = getattr(vector, "made_for", None)
+    if isinstance(own, ModelId):
+        return own
     provenance = getattr(vector, "provenance", None)
     return ModelId(str(getattr(provenance, "model", "") or ""),
                    str(getattr(provenance, "model_config_sha256", "") or ""))  # fmt: skip
@@ -271,6 +276,8 @@ class Steer:
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
         source = _made_for(vector) if made_for is None else _as_model_id(made_for)
+        if made_for is None and not source.name:  # an op trained on a model says which
+            source = _made_for(op)
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:

@@ -167,7 +167,7 @@ def reft(
 def _loreft(lm: Any, module: Intervention, site: str, positions: Positions, data: Any,
             history: History, **settings: Any) -> LoReFT:  # fmt: skip
     record = {**settings, "data_sha256": data_sha256(data), "model": lm.name,
-              "steps": history.steps, "last_loss": history.last_loss}  # fmt: skip
+              "model_config_sha256": getattr(lm, "config_sha256", ""), "steps": history.steps, "last_loss": history.last_loss}  # fmt: skip
     R, W, b = module.parts()
     return LoReFT(site, R, W, b, positions=positions, provenance=json.dumps(record))
 
