@@ -197,7 +197,7 @@ def test_every_tampered_header_field_is_steerlabs_error(tmp_path, toy_lm, field,
     assert (field == "site" and value) or field in str(error.value)
 
 
-@pytest.mark.parametrize("scale", [10**400, -(10**400)])
+@pytest.mark.parametrize("scale", [10**400, -(10**400)], ids=["big", "-big"])
 def test_a_scale_past_a_float_is_refused(scale):
     with pytest.raises(sl.SteerError, match="LoReFT scale must be finite"):
         _reft(scale=scale)
@@ -257,3 +257,15 @@ def test_vllm_send_copies_a_loreft_vector_that_is_a_view_of_its_R():
     got = load(sent[0])
     assert any(torch.equal(t, reft.R) for t in got.values())
     assert any(torch.equal(t, reft.R[0]) for t in got.values())
+
+
+def test_tutorial_11s_lm_eval_command_names_the_models_window(toy_lm):
+    import nbformat
+
+    notebook = nbformat.read(ROOT / "tutorials" / "11_learn_a_steering_vector.ipynb", 4)
+    commands = [line for cell in notebook.cells for line in cell.source.splitlines()
+                if "--model_args" in line]  # fmt: skip
+    assert commands
+    for line in commands:
+        args = dict(a.split("=", 1) for a in line.split("--model_args", 1)[1].split()[0].split(","))
+        assert int(args["max_length"]) == toy_lm.n_ctx  # lm-eval's default is 2048

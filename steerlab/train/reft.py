@@ -129,7 +129,7 @@ def reft(
         raise SteerError(f"positions={positions!r} selects no token of a training example: "
                          "training feeds each example's prompt and target in one forward, and "
                          "no token of it counts as generated. Use prompt positions, such as "
-                         "'first:3+last:3' (pyreft's usual choice) or 'all'.")  # fmt: skip
+                         "'first:3+last:3' (pyreft's 'f3+l3') or 'all'.")  # fmt: skip
     if objective == "reps":
         return _reft_reps(lm, engine, at.name, examples, rank, positions, grid, suppress,
                           epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
