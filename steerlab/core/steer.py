@@ -202,19 +202,28 @@ def _as_model_id(made_for: object) -> ModelId:
 def warn_other_model(steer: Steer, model: object) -> None:
     """Warn when ``steer``'s direction was made on another model than ``model`` (a model, a
     ``ModelId`` or a name): same width perhaps, but a direction in one model's residual
-    stream means nothing in another's. The warning says what differs: the names, or, for
-    one name, the configs (``ModelId.difference``).
+    stream means nothing in another's (``warn_made_elsewhere``)."""
+    warn_made_elsewhere(steer.made_for, model, f"The steer at {steer.site}")
+
+
+def warn_made_elsewhere(made_for: ModelId, model: object, subject: str, *, verb: str = "made",
+                        category: type[Warning] = ModelMismatchWarning) -> None:  # fmt: skip
+    """THE check for anything made on one model and used on another (a vector, a trained
+    LoReFT, an SAE): warn when ``made_for`` and ``model`` differ, saying what differs (the
+    names, or, for one name, the configs: ``ModelId.difference``); nothing where unknown.
 
     The warning points at the user's line, however deep in steerlab the check ran.
+
+    >>> warn_made_elsewhere(ModelId("steerlab-tiny"), "steerlab-tiny", "This vector")
     """
     this = model_id(model)
-    difference = steer.made_for.difference(this)
+    difference = made_for.difference(this)
     if difference is not None:
         warnings.warn(
-            f"The steer at {steer.site} was made on {steer.made_for.name!r}; this model is "
-            f"{this.name!r}: {difference}. A direction from one model's residual stream "
-            "means nothing in another's.",
-            ModelMismatchWarning,
+            f"{subject} was {verb} on {made_for.name!r}; this model is {this.name!r}: "
+            f"{difference}. What one model learned or measured means nothing in another's "
+            "activations.",
+            category,
             stacklevel=user_stacklevel(),
         )
 
