@@ -16,7 +16,8 @@ It writes, from a tiny random GPT-2 built from a config (nothing downloaded):
   rank 2, as pyreft initialises it (seeded: R orthonormal, W and b a random Linear's);
 - ``expected.safetensors``: for each prompt, its token ids, the positions pyreft's
   ``get_intervention_locations`` picks for ``"f3+l3"``, and the logits of the model with
-  and without pyreft's intervention there (``reft_model(..., unit_locations=...)``);
+  and without pyreft's intervention there (``reft_model(..., unit_locations=...)``), and in
+  its header the positions pyreft picks for prompts of 1 to 8 tokens;
 - ``versions.json``: the versions that made it.
 
 Token ids follow ``steerlab.testing.char_tokenizer`` (BOS 0, then ``ord(c) - 29``), so a
@@ -90,8 +91,10 @@ def main(out: Path = OUT) -> None:
             expected[f"locations_{i}"] = torch.tensor(locations)
             expected[f"plain_{i}"] = plain.logits[0].contiguous()
             expected[f"steered_{i}"] = steered.logits[0].contiguous()
+    by_length = {n: get_locations(n) for n in range(1, 2 * max(FIRST, LAST) + 3)}
     save_file(expected, str(out / "expected.safetensors"),
-              metadata={"prompts": json.dumps(PROMPTS), "positions": f"f{FIRST}+l{LAST}"})  # fmt: skip
+              metadata={"prompts": json.dumps(PROMPTS), "positions": f"f{FIRST}+l{LAST}",
+                        "locations_by_length": json.dumps(by_length)})  # fmt: skip
     versions = {"pyreft": pyreft.__version__ if hasattr(pyreft, "__version__") else "0.1.0",
                 "pyvene": getattr(pyvene, "__version__", "0.1.8"), "torch": torch.__version__,
                 "transformers": transformers.__version__}  # fmt: skip

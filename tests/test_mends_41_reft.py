@@ -76,6 +76,25 @@ def test_a_folder_pyreft_saved_reads_back_and_computes_what_pyreft_did(tmp_path)
     _check_against_pyreft(FIXTURE, tmp_path)
 
 
+def test_the_span_differs_from_pyrefts_rule_only_by_the_middle_of_an_odd_short_prompt():
+    """pyreft's own get_intervention_locations (recorded by pyreft in the fixture) against
+    steerlab's one position rule, for prompts of 1 to 8 tokens: the difference the
+    from_pyreft docstring and tutorial 11 state, and no other."""
+    from steerlab.core.steer import position_mask
+
+    with safe_open(str(FIXTURE / "expected.safetensors"), "pt") as f:
+        pyrefts = json.loads(f.metadata()["locations_by_length"])
+    assert len(pyrefts) == 8
+    for n, picked in pyrefts.items():
+        n = int(n)
+        pos = torch.arange(n)[None]
+        mask = position_mask("first:3+last:3", pos, torch.zeros(1, n, dtype=torch.bool),
+                             torch.tensor([[n]]))[0]  # fmt: skip
+        ours = set(torch.nonzero(mask)[:, 0].tolist())
+        assert ours - set(picked) == ({n // 2} if n % 2 and n < 6 else set()), n
+        assert set(picked) <= ours
+
+
 def _pyreft_python() -> str | None:
     if importlib.util.find_spec("pyreft") is not None:
         return sys.executable

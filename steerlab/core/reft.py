@@ -40,7 +40,8 @@ class LoReFT(Op):
         R: ``[rank, d_model]``, orthonormal rows (to 1e-3).
         W: ``[rank, d_model]``.
         b: ``[rank]``.
-        positions: the position rule (``"first:3+last:3"`` as pyreft trains it, ``"all"``...).
+        positions: the position rule (``"first:3+last:3"``, pyreft's ``"f3+l3"``: see
+            ``from_pyreft`` for short prompts; ``"all"``...).
         scale: the steer's alpha; ``reft * 0.5`` halves it.
         provenance: JSON text of how it was made (``sl.train.reft`` writes it).
 
