@@ -107,6 +107,12 @@ def train_section() -> list[str]:
     return bench_train.section(small=True, compiled=not QUICK)
 
 
+def train_throughput_section() -> list[str]:
+    import bench_train_reft
+
+    return bench_train_reft.section(epochs=3 if QUICK else 10)
+
+
 def profile_section() -> list[str]:
     import profile_compiled
 
@@ -139,6 +145,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str]], bool]] = [
     ("chat sessions", bench_chat.main, False),
     ("conditions and monitors", reads_section, True),
     ("learned steering", train_section, True),
+    ("training throughput", train_throughput_section, True),
     ("compiled step", compiled_section, False),
     ("compiled step profile", profile_section, False),
     ("sweep", sweep_section, False),

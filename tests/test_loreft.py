@@ -95,11 +95,11 @@ def test_pyreft_checkpoints_need_trust_pickle_and_load_weights_only(tmp_path, to
     folder = _pyreft_folder(tmp_path, {"weight": W, "bias": b, "rotate_layer": R.T.clone()})
     with pytest.raises(sl.SteerError, match="trust_pickle=True"):
         sl.LoReFT.from_pyreft(folder)
-    got = sl.LoReFT.from_pyreft(folder, trust_pickle=True, model=toy_lm)
+    got = sl.LoReFT.from_pyreft(folder, trust_pickle=True, positions="f3+l3", model=toy_lm)
     assert got.site == SITE and torch.equal(got.R, R) and torch.equal(got.W, W)
     evil = _pyreft_folder(tmp_path / "x", {"weight": W, "payload": Namespace(a=1)})
     with pytest.raises(sl.SteerError, match="not a plain tensor checkpoint"):
-        sl.LoReFT.from_pyreft(evil, trust_pickle=True)
+        sl.LoReFT.from_pyreft(evil, trust_pickle=True, positions="f3+l3")
 
 
 @pytest.mark.parametrize(

@@ -98,10 +98,10 @@ def test_a_pyreft_config_layer_that_is_not_an_int_is_refused(tmp_path, layer):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(
         {"representations": [{"layer": layer, "component": "block_output"}]}))  # fmt: skip
-    from steerlab.core.reft import _pyreft_site
+    torch.save({}, folder / "intkey_x.bin")
 
-    with pytest.raises(sl.SteerError, match="Cannot tell the site"):
-        _pyreft_site(folder)
+    with pytest.raises(sl.SteerError, match="layer must be an int"):
+        sl.LoReFT.from_pyreft(folder, trust_pickle=True, positions="f3+l3")
 
 
 SAD = " sad and cold."

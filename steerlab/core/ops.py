@@ -45,6 +45,12 @@ def tensor_fingerprint(tensor: torch.Tensor) -> str:
     return digest.hexdigest()[:16]
 
 
+def own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU, contiguous, in memory of its own: what goes into a safetensors
+    file or message, which refuses tensors that share memory (``R[0]`` beside ``R``)."""
+    return tensor.detach().to("cpu", copy=True).contiguous()
+
+
 class Operation(Protocol):
     """Any callable of this shape steers in-process; ``Op`` subclasses also travel as data."""
 
@@ -267,10 +273,15 @@ def _hashable(value: Any) -> Any:
 
 def _number(value: Any, what: str, *, finite: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SteerError(f"{what} must be a number; got {value!r}.")
+        raise SteerError(f"{what} must be a number; got {value!r:.60}.")
+    if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:  # float() would overflow
+        raise SteerError(f"{what} must be finite; got {value!r:.60} (past a float's range).")
     if finite and not math.isfinite(value):
         raise SteerError(f"{what} must be finite; got {value!r}.")
     return float(value)
+
+
+_LARGEST_FLOAT = int(torch.finfo(torch.float64).max)
 
 
 @dataclass(frozen=True, eq=False)

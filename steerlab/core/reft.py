@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from steerlab.core.ops import Op, SteerError, _number
+from steerlab.core.identity import ModelId
+from steerlab.core.ops import Op, SteerError, _number, own_copy
 from steerlab.core.steer import Positions, Steer, _as_positions
 
 ORTHONORMAL_TOLERANCE = 1e-3  # |R Rᵀ − I| beyond this is not orthonormal rows
@@ -39,7 +40,8 @@ class LoReFT(Op):
         R: ``[rank, d_model]``, orthonormal rows (to 1e-3).
         W: ``[rank, d_model]``.
         b: ``[rank]``.
-        positions: the position rule (``"first:3+last:3"`` as pyreft trains it, ``"all"``...).
+        positions: the position rule (``"first:3+last:3"``, pyreft's ``"f3+l3"``: see
+            ``from_pyreft`` for short prompts; ``"all"``...).
         scale: the steer's alpha; ``reft * 0.5`` halves it.
         provenance: JSON text of how it was made (``sl.train.reft`` writes it).
 
@@ -104,6 +106,19 @@ class LoReFT(Op):
             digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
 
+    @property
+    def made_for(self) -> ModelId:
+        """The model it was trained on, from its provenance (empty when unknown): a steer
+        of it on another model warns (``ModelMismatchWarning``), as a vector's does."""
+        try:
+            record = json.loads(self.provenance) if self.provenance else {}
+        except (ValueError, RecursionError):  # free text: the model is unknown
+            return ModelId()
+        if not isinstance(record, dict):
+            return ModelId()
+        name, sha = record.get("model", ""), record.get("model_config_sha256", "")
+        return ModelId(name if isinstance(name, str) else "", sha if isinstance(sha, str) else "")
+
     def form(self) -> None:
         return None  # a rank-r map: no table term (at prompt-only positions it still compiles)
 
@@ -154,7 +169,7 @@ class LoReFT(Op):
         from safetensors.torch import save_file
 
         path = Path(path)
-        tensors = {n: t.detach().cpu().contiguous() for n, t in self.tensors().items()}
+        tensors = {n: own_copy(t) for n, t in self.tensors().items()}
         meta = {"format": _FORMAT, "site": self.site, "positions": json.dumps(self.positions),
                 "scale": repr(self.scale), "provenance": self.provenance}  # fmt: skip
         save_file(tensors, str(path), metadata=meta)
@@ -177,9 +192,9 @@ class LoReFT(Op):
             raise SteerError(f"{path} is not a safetensors file: {error}") from None
         if meta.get("format") != _FORMAT or set(tensors) != {"R", "W", "b"}:
             raise SteerError(f"{path} is not a LoReFT file (no {_FORMAT!r} header with R, W, b).")
-        reft = cls(meta["site"], tensors["R"], tensors["W"], tensors["b"],
-                   positions=json.loads(meta["positions"]), scale=float(meta["scale"]),
-                   provenance=meta.get("provenance", ""))  # fmt: skip
+        site, positions, scale = _header(meta, path)
+        reft = cls(site, tensors["R"], tensors["W"], tensors["b"], positions=positions,
+                   scale=scale, provenance=meta.get("provenance", ""))  # fmt: skip
         if model is not None:
             reft.check_model(model)
         return reft
@@ -197,67 +212,90 @@ class LoReFT(Op):
             return False
 
     def check_model(self, model: Any) -> None:
-        """Refuse a model of another width, or one without this site."""
-        from steerlab.core.steer import check_steer
+        """Refuse a model of another width, or one without this site; warn when it was
+        trained on another model (``ModelMismatchWarning``)."""
+        from steerlab.core.steer import check_steer, warn_made_elsewhere
 
         check_steer(self.site, self.R[0], model.sites(), model.d_model)
+        warn_made_elsewhere(self.made_for, model, "This LoReFT", verb="trained")
 
     @classmethod
     def from_pyreft(cls, folder: str | Path, *, trust_pickle: bool = False,
-                    site: str | None = None, positions: Positions = "all",
+                    positions: Positions | None = None, site: str | None = None,
                     model: Any = None) -> LoReFT:  # fmt: skip
-        """Import a pyreft checkpoint folder holding one LoReFT intervention.
+        """Import a folder pyreft saved holding one LoReFT intervention.
 
         pyreft saves each intervention as a pickle (``intkey_*.bin``); reading one needs
         ``trust_pickle=True``, and even then only ``torch.load(weights_only=True)`` runs,
         which rebuilds tensors and refuses arbitrary objects. pyreft keeps R as
         ``rotate_layer`` ``[d_model, rank]`` (orthonormal columns) and W, b as its
-        ``learned_source`` Linear (``weight``, ``bias``). ``site`` defaults to the block
-        output of the layer the folder's ``config.json`` names (pyreft's usual component).
+        ``learned_source`` Linear (``weight``, ``bias``). ``site`` defaults to the one
+        ``config.json`` names: pyvene's ``block_output`` of layer L is
+        ``blocks.L.hook_resid_post`` (``steerlab.core.pyreft`` says what is read).
+
+        ``positions`` is required: pyreft does not record them. Give the ones it trained on,
+        in pyreft's notation (``"f3+l3"``) or steerlab's (``"first:3+last:3"``). On a prompt
+        of n >= 2k tokens both edit the same tokens. On a shorter one they differ: pyreft's
+        ``get_intervention_locations`` takes min(k, n // 2) tokens from each end, so for an
+        odd n it leaves the middle token alone, where steerlab's ``first:k+last:k`` edits
+        every token of a prompt of n <= 2k. (Some pyreft data modules also leave a prompt's
+        last token out; steerlab counts every prompt token.)
+
+        >>> sl.LoReFT.from_pyreft("my_reft", trust_pickle=True)  # positions="f3+l3" reads it
+        Traceback (most recent call last):
+        steerlab.core.errors.SteerError: from_pyreft needs positions=: pyreft does not record...
         """
+        from steerlab.core import pyreft
+
         if not trust_pickle:
             raise SteerError("pyreft checkpoints are pickles: pass trust_pickle=True to read "
                              "one (only torch.load(weights_only=True) runs), or save it with "
                              "LoReFT.save as safetensors.")  # fmt: skip
+        positions = _as_positions(pyreft.positions_of(positions))
         folder = Path(folder)
         files = sorted(folder.glob("intkey_*.bin"))
         if len(files) != 1:
             raise SteerError(f"{folder} has {len(files)} pyreft intervention files "
                              "(intkey_*.bin); from_pyreft reads exactly one.")  # fmt: skip
+        config, where = pyreft.read_config(folder), str(folder / "config.json")
+        rep = pyreft.one_representation(config, where) if config is not None else None
+        if site is None:
+            if rep is None:
+                raise SteerError(f"{folder} has no config.json to tell the site: give site=, "
+                                 "such as 'blocks.2.hook_resid_post'.")  # fmt: skip
+            site = pyreft.site_of(rep, where)
         try:
             state = torch.load(files[0], map_location="cpu", weights_only=True)
         except Exception as error:  # weights_only refuses anything but tensors and containers
             raise SteerError(f"{files[0].name} is not a plain tensor checkpoint: {error}") from None
-        if not isinstance(state, dict) or not {"rotate_layer", "weight", "bias"} <= set(state):
-            raise SteerError(f"{files[0].name} is not a LoReFT intervention (it needs "
-                             "rotate_layer, weight and bias).")  # fmt: skip
-        reft = cls(site or _pyreft_site(folder), state["rotate_layer"].T, state["weight"],
-                   state["bias"], positions=positions,
+        rotate, W, b = pyreft.state_tensors(state, files[0].name)
+        rank = rep["low_rank_dimension"] if rep is not None else None
+        if rank is not None and rank != rotate.shape[1]:
+            raise SteerError(f"{where} says low_rank_dimension {rank!r:.20}; {files[0].name}'s "
+                             f"rotate_layer is {tuple(rotate.shape)}.")  # fmt: skip
+        reft = cls(site, rotate.T.contiguous(), W, b, positions=positions,
                    provenance=json.dumps({"method": "pyreft", "file": files[0].name}))  # fmt: skip
         if model is not None:
             reft.check_model(model)
         return reft
 
 
-def _pyreft_site(folder: Path) -> str:
-    """The block output of the one layer a pyreft folder's ``config.json`` names."""
+def _header(meta: dict[str, str], path: Path) -> tuple[str, Positions, float]:
+    """Site, positions and scale from a LoReFT file's header, each refused by name when
+    missing or unreadable (the header is text anyone can edit)."""
+    missing = [k for k in ("site", "positions", "scale") if k not in meta]
+    if missing:
+        raise SteerError(f"{path}'s header lacks {', '.join(missing)}.")
     try:
-        config = json.loads((folder / "config.json").read_text())
-        layers = {_layer(r["layer"]) for r in config["representations"]}
-        components = {r.get("component", "block_output") for r in config["representations"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        layers, components = set(), set()
-    if len(layers) != 1 or components != {"block_output"}:
-        raise SteerError(f"Cannot tell the site from {folder / 'config.json'}: give site=, "
-                         "such as 'blocks.2.hook_resid_post'.")  # fmt: skip
-    return f"blocks.{layers.pop()}.hook_resid_post"
-
-
-def _layer(value: Any) -> int:
-    """A layer number as written: an int (``true`` and ``2.7`` are not layers)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"layer {value!r} is not an int")
-    return value
+        positions = json.loads(meta["positions"])
+    except (ValueError, RecursionError):
+        raise SteerError(f"{path}'s header positions {meta['positions']!r:.60} is not "
+                         "JSON.") from None  # fmt: skip
+    try:
+        scale = float(meta["scale"])
+    except ValueError:
+        raise SteerError(f"{path}'s header scale {meta['scale']!r:.60} is not a number.") from None
+    return meta["site"], positions, scale
 
 
 def orthonormal_error(R: torch.Tensor) -> float:

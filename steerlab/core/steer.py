@@ -198,7 +198,12 @@ def steers_at(
 
 
 def _made_for(vector: object) -> ModelId:
-    """The model a vector or feature was made on, from its provenance (empty when unknown)."""
+    """The model a vector, feature or operation was made on: its own ``made_for`` (a
+    ``ModelId``, as a ``LoReFT`` reads from its provenance), else its provenance's model;
+    empty when unknown. ``warn_other_model`` compares it with the model steered."""
+    own = getattr(vector, "made_for", None)
+    if isinstance(own, ModelId):
+        return own
     provenance = getattr(vector, "provenance", None)
     return ModelId(str(getattr(provenance, "model", "") or ""),
                    str(getattr(provenance, "model_config_sha256", "") or ""))  # fmt: skip
@@ -213,19 +218,28 @@ def _as_model_id(made_for: object) -> ModelId:
 def warn_other_model(steer: Steer, model: object) -> None:
     """Warn when ``steer``'s direction was made on another model than ``model`` (a model, a
     ``ModelId`` or a name): same width perhaps, but a direction in one model's residual
-    stream means nothing in another's. The warning says what differs: the names, or, for
-    one name, the configs (``ModelId.difference``).
+    stream means nothing in another's (``warn_made_elsewhere``)."""
+    warn_made_elsewhere(steer.made_for, model, f"The steer at {steer.site}")
+
+
+def warn_made_elsewhere(made_for: ModelId, model: object, subject: str, *, verb: str = "made",
+                        category: type[Warning] = ModelMismatchWarning) -> None:  # fmt: skip
+    """THE check for anything made on one model and used on another (a vector, a trained
+    LoReFT, an SAE): warn when ``made_for`` and ``model`` differ, saying what differs (the
+    names, or, for one name, the configs: ``ModelId.difference``); nothing where unknown.
 
     The warning points at the user's line, however deep in steerlab the check ran.
+
+    >>> warn_made_elsewhere(ModelId("steerlab-tiny"), "steerlab-tiny", "This vector")
     """
     this = model_id(model)
-    difference = steer.made_for.difference(this)
+    difference = made_for.difference(this)
     if difference is not None:
         warnings.warn(
-            f"The steer at {steer.site} was made on {steer.made_for.name!r}; this model is "
-            f"{this.name!r}: {difference}. A direction from one model's residual stream "
-            "means nothing in another's.",
-            ModelMismatchWarning,
+            f"{subject} was {verb} on {made_for.name!r}; this model is {this.name!r}: "
+            f"{difference}. What one model learned or measured means nothing in another's "
+            "activations.",
+            category,
             stacklevel=user_stacklevel(),
         )
 
@@ -293,6 +307,8 @@ class Steer:
         if not isinstance(site, str):
             raise SteerError(f"site must be a site name string; got {type(site).__name__}.")
         source = _made_for(vector) if made_for is None else _as_model_id(made_for)
+        if made_for is None and not source.name:  # an op trained on a model says which
+            source = _made_for(op)
         vector, scale = direction_of(vector, site)
         alphas = _as_alphas(alpha)
         if scale != 1.0:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
-from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
-from steerlab.core.identity import ModelId, model_id
+from steerlab.core.identity import ModelId
 from steerlab.core.sites import resolve
+from steerlab.core.steer import warn_made_elsewhere
 from steerlab.features.activations import FeatureActivations, check_k
 from steerlab.features.errors import SAEError
 from steerlab.features.sae import SAE
@@ -71,12 +70,5 @@ def check_model(lm: SteerableModel, sae: SAE) -> None:
             f"This SAE reads {sae.d_in}-wide activations at {sae.site}; the model's are "
             f"{lm.d_model}-wide. It was trained on {sae.model_name or 'another model'!r}."
         )
-    this = model_id(lm)
-    difference = ModelId(sae.model_name, sae.model_config_sha256).difference(this)
-    if difference is not None:
-        warnings.warn(
-            f"This SAE was trained on {sae.model_name!r}, the model is {this.name!r}: "
-            f"{difference}. Its features read another model's activations.",
-            ModelMismatchWarning,
-            stacklevel=user_stacklevel(),
-        )
+    made_for = ModelId(sae.model_name, sae.model_config_sha256)
+    warn_made_elsewhere(made_for, lm, "This SAE", verb="trained")

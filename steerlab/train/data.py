@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.prompts import encode
@@ -79,6 +81,13 @@ def check_settings(*, epochs: Any, lr: Any, batch_size: Any, seed: Any = 0,
             raise SteerError(f"{name} must be a finite number; got {value!r:.40}.")
     if lr <= 0:
         raise SteerError(f"lr must be above 0; got {lr!r}.")
+    if lr * ADAMW_FIRST_STEP > torch.finfo(torch.float32).max:
+        raise SteerError(f"lr={lr!r:.40} is too large to train: AdamW's first step is "
+                         f"lr / (1 - beta1) = {ADAMW_FIRST_STEP:g} x lr, past float32, the "
+                         "steer's parameters' type.")  # fmt: skip
+
+
+ADAMW_FIRST_STEP = 1 / (1 - 0.9)  # torch AdamW's first step size per unit lr (beta1 0.9)
 
 
 def check_rows_fit(n_ctx: int | None, rows: Sequence[Row], what: str) -> None:

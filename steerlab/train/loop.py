@@ -158,6 +158,7 @@ def take_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, history: His
     if clip:
         torch.nn.utils.clip_grad_norm_(list(clip), 1.0)
     optimizer.step()
+    check_parameters(optimizer, history.steps + 1, epoch + 1)
     if schedule is not None:
         schedule.step()
     history.loss.append(float(loss.detach()))
@@ -176,8 +177,19 @@ def progress_bar(total: int, desc: str, show: bool) -> Any:
 
 def check_finite(loss: torch.Tensor, step: int, epoch: int) -> None:
     if not bool(torch.isfinite(loss)):
-        raise TrainingError(f"The loss is {float(loss)} at step {step} (epoch {epoch}): training "
+        raise TrainingError(f"The loss is {float(loss.detach())} at step {step} (epoch {epoch}): training "
                             "stopped there, and the model is untouched. Try a smaller lr.")  # fmt: skip
+
+
+def check_parameters(optimizer: torch.optim.Optimizer, step: int, epoch: int) -> None:
+    """Stop at the first step that leaves a parameter not finite (an lr too large): the
+    steer is not returned, as a loss that is not finite stops training too."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not bool(torch.isfinite(p).all()):
+                raise TrainingError(f"Step {step} (epoch {epoch}) left the steer's parameters "
+                                    f"not finite (lr={group['lr']:g}): training stopped there, "
+                                    "and the model is untouched. Try a smaller lr.")  # fmt: skip
 
 
 def batches(n: int, size: int, generator: torch.Generator) -> list[list[int]]:

@@ -129,7 +129,7 @@ def reft(
         raise SteerError(f"positions={positions!r} selects no token of a training example: "
                          "training feeds each example's prompt and target in one forward, and "
                          "no token of it counts as generated. Use prompt positions, such as "
-                         "'first:3+last:3' (pyreft's usual choice) or 'all'.")  # fmt: skip
+                         "'first:3+last:3' (pyreft's 'f3+l3') or 'all'.")  # fmt: skip
     if objective == "reps":
         return _reft_reps(lm, engine, at.name, examples, rank, positions, grid, suppress,
                           epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
@@ -167,7 +167,7 @@ def reft(
 def _loreft(lm: Any, module: Intervention, site: str, positions: Positions, data: Any,
             history: History, **settings: Any) -> LoReFT:  # fmt: skip
     record = {**settings, "data_sha256": data_sha256(data), "model": lm.name,
-              "steps": history.steps, "last_loss": history.last_loss}  # fmt: skip
+              "model_config_sha256": getattr(lm, "config_sha256", ""), "steps": history.steps, "last_loss": history.last_loss}  # fmt: skip
     R, W, b = module.parts()
     return LoReFT(site, R, W, b, positions=positions, provenance=json.dumps(record))
 

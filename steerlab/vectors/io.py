@@ -11,7 +11,6 @@ import json
 import math
 import re
 import struct
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -20,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from steerlab.core import atomic, jsontext
-from steerlab.core.errors import ModelMismatchWarning, user_stacklevel
-from steerlab.core.identity import ModelId, is_config_sha256, model_id
+from steerlab.core.errors import ModelMismatchWarning
+from steerlab.core.identity import ModelId, is_config_sha256
 from steerlab.core.sites import Site, SiteError, resolve
+from steerlab.core.steer import warn_made_elsewhere
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:
@@ -356,16 +356,9 @@ def _check_model(path: Path, meta: dict[str, Any], model: SteerableModel) -> Non
             resolve(site, model.sites())
         except SiteError as error:
             raise VectorFileError(f"{path.name} steers a site this model lacks: {error}") from None
-    made_for, this = ModelId(meta["model"], meta.get("model_config_sha256", "")), model_id(model)
-    difference = made_for.difference(this)
-    if difference is not None:
-        warnings.warn(
-            f"{path.name} was extracted on {made_for.name!r}; this model is {this.name!r}: "
-            f"{difference}. Same width, but a direction found in one model's residual stream "
-            "means nothing in another's.",
-            VectorMismatchWarning,
-            stacklevel=user_stacklevel(),
-        )
+    made_for = ModelId(meta["model"], meta.get("model_config_sha256", ""))
+    warn_made_elsewhere(made_for, model, path.name, verb="extracted",
+                        category=VectorMismatchWarning)  # fmt: skip
 
 
 def load(path: str | Path, model: SteerableModel | None = None) -> SteeringVector:

@@ -19,7 +19,7 @@ import torch
 
 from steerlab.backends.cache import KVCache
 from steerlab.core.identity import config_sha256
-from steerlab.core.ops import SteerError, op_to_data
+from steerlab.core.ops import SteerError, op_to_data, own_copy
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import all_sites
@@ -232,7 +232,7 @@ class VLLMEngine:
         for r in requests:
             for key, tensor in row_tensors(r).items():
                 if key not in self._sent:
-                    new[key] = tensor.detach().cpu().contiguous()
+                    new[key] = own_copy(tensor)  # a LoReFT's vector is a view of its R
         if new:
             self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)
