@@ -150,3 +150,15 @@ def test_the_server_takes_a_loreft_upload(tmp_path, toy_lm, toy_hf, reft):
     assert as_monitor.status_code == 400 and "is a LoReFT" in as_monitor.text
     assert greedy_named["choices"][0]["text"] == by_client.text[0]
     assert toy_lm.hook_count() == 0
+
+
+def test_a_loreft_moves_to_other_positions_by_a_name_of_its_own():
+    # SteeringVector.at(site) picks a site; a LoReFT's positions change with at_positions,
+    # and `at` (a site on a vector) is not a LoReFT method to misread.
+    R = torch.linalg.qr(torch.randn(8, 2))[0].T.contiguous()
+    reft = sl.LoReFT("blocks.1.hook_resid_post", R, torch.zeros(2, 8), torch.zeros(2),
+                     positions="last:1")  # fmt: skip
+    moved = reft.at_positions("first:2+last:2")
+    assert moved.positions == "first:2+last:2" and reft.positions == "last:1"
+    assert moved.site == reft.site and torch.equal(moved.R, reft.R)
+    assert not hasattr(reft, "at")

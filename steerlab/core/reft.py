@@ -152,8 +152,15 @@ class LoReFT(Op):
     def __neg__(self) -> LoReFT:
         return self * -1.0
 
-    def at(self, positions: Positions) -> LoReFT:
-        """The same intervention on other positions."""
+    def at_positions(self, positions: Positions) -> LoReFT:
+        """The same intervention on other positions (``SteeringVector.at`` picks a site:
+        a LoReFT's site is the one it was trained at).
+
+        >>> reft = LoReFT("blocks.1.hook_resid_post", torch.eye(4)[:2], torch.zeros(2, 4),
+        ...               torch.zeros(2), positions="last:1")
+        >>> reft.at_positions("first:3+last:3").positions
+        'first:3+last:3'
+        """
         return replace(self, positions=positions)
 
     def __repr__(self) -> str:

@@ -130,7 +130,7 @@ def _reft_steers(reft: LoReFT, item: Steering, data: SteerData,
         raise ApiError(400, f"{item.vector!r} is a LoReFT: it is its own op; leave op out.",
                        f"{param}.op")  # fmt: skip
     if "positions" in item.model_fields_set:
-        reft = reft.at(data.positions)
+        reft = reft.at_positions(data.positions)
     try:
         alphas = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
         return [replace(s, when=data.when) for s in at_alphas(reft.steers(), alphas)]
