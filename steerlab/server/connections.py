@@ -11,6 +11,9 @@ through a body. ``IdleTimeoutH11`` adds them, all with one timeout:
   before it ended); bytes trickled in do not extend it;
 - while a body arrives, ``idle_timeout`` seconds without a byte close the connection.
 
+A connection closed mid-request is one line in uvicorn's log (``_expire``); the request it
+carried ends quietly (``app._gone``), with no traceback.
+
 Not covered: a body trickled in without such a pause (bounded by the body limit, not by
 time), and a client that reads a streamed response slowly (writes wait on it).
 """
@@ -81,8 +84,15 @@ class IdleTimeoutH11(H11Protocol):
 
     def _expire(self) -> None:
         self._timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        if self.transport.is_closing():
+            return
+        waiting = self._waiting()
+        if waiting == "body" or self.conn.trailing_data[0]:  # mid-request, not a quiet keep-alive
+            host = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+            self.logger.info("Closed the connection from %s: its request's %s stalled past "
+                             "the idle timeout (%g s).", host, waiting or "head",
+                             self.idle_timeout)  # fmt: skip
+        self.transport.close()
 
 
 def _no_delay(transport: asyncio.Transport) -> None:
