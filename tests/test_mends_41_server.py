@@ -17,6 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 from server_helpers import post, served
 
+from steerlab import cli, loading
 from steerlab.core.request import Request, Sampling
 from steerlab.engine.local.prompt_store import PromptStore
 from steerlab.server import ServedModels, create_app
@@ -200,3 +201,62 @@ def test_a_client_closed_by_the_idle_timeout_mid_body_leaves_no_traceback(toy_lm
                 logger.removeHandler(records)
     loud = [r.getMessage() for r in records.records if r.levelno >= logging.WARNING or r.exc_info]
     assert loud == []
+
+
+@pytest.mark.parametrize("argv", [["serve", "{missing}", "--backend", "vllm"],
+                                  ["serve", "{missing}"],
+                                  ["serve", "steerlab-tiny", "--amplify-before", "{missing}"],
+                                  ["serve", "steerlab-tiny", "--dtype", "float7"],
+                                  ["sleeper", "--after", "{missing}", "--n", "2"],
+                                  ["sleeper", "--n", "0"],
+                                  ["sleeper", "--server", "http://127.0.0.1:{closed}", "--n", "2",
+                                   "--betas", "1"]])  # fmt: skip
+def test_a_command_given_a_bad_path_or_setting_says_so_in_one_line(argv, tmp_path, capsys):
+    """``steerlab serve ./llama-70b --backend vllm`` on a missing folder printed a 22-line
+    traceback; so did every command for a path, setting or server that was not there."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused
+    port = str(closed.getsockname()[1])
+    filled = [a.format(missing=tmp_path / "llama-70b", closed=port) for a in argv]
+    filled += ["--port", str(_free_port())] if argv[0] == "serve" else ["--out", str(tmp_path)]
+    try:
+        assert cli.main(filled) == 1
+    finally:
+        closed.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"steerlab {argv[0]}: "), err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _no_load(monkeypatch) -> None:
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the address was checked")
+
+    monkeypatch.setattr(loading, "load", load)
+
+
+def test_a_port_in_use_is_one_line_and_exit_1_before_the_model_loads(monkeypatch):
+    _no_load(monkeypatch)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["serve", "steerlab-tiny", "--port", str(port)])
+    message = str(exit_.value.code)
+    assert message.startswith(f"steerlab serve: cannot listen on 127.0.0.1:{port}")
+    assert "another --port" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("device", ["zz", "cuda:99"])
+def test_a_device_the_machine_lacks_is_one_line_before_the_model_loads(device, monkeypatch):
+    _no_load(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "steerlab-tiny", "--device", device, "--port", str(_free_port())])
+    assert str(exit_.value.code).startswith(f"steerlab serve: --device {device}".replace(
+        "zz", "'zz'"))  # fmt: skip

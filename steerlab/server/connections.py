@@ -104,6 +104,28 @@ def _no_delay(transport: asyncio.Transport) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port=0``: a free one), as uvicorn binds its
+    own; bound before a model loads, a port in use fails at once.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not this machine's, no permission).
+
+    >>> sock = bound_socket("127.0.0.1", 0)
+    >>> sock.getsockname()[1] > 0
+    True
+    >>> sock.close()
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
                    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                    log_level: str = "info") -> uvicorn.Config:  # fmt: skip
