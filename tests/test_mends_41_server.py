@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import re
 import socket
 import sys
 import time
+from pathlib import Path
 from types import FunctionType, ModuleType
 
 import pytest
@@ -262,3 +264,26 @@ def test_a_device_the_machine_lacks_is_one_line_before_the_model_loads(device, m
         cli.main(["serve", "steerlab-tiny", "--device", device, "--port", str(_free_port())])
     assert str(exit_.value.code).startswith(f"steerlab serve: --device {device}".replace(
         "zz", "'zz'"))  # fmt: skip
+
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_each_readme_server_recipe_stands_alone():
+    """The README's two lm-eval recipes both served on port 8000: run in order in one shell,
+    the second server failed to bind and lm-eval reached the first one. Each recipe that
+    starts a server in the background now has a port of its own, which its requests use,
+    waits for it to load, and stops it."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    recipes = [b for b in blocks if re.search(r"^\s*steerlab serve .*&", b, flags=re.M)]
+    assert len(recipes) >= 2
+    ports = []
+    for block in recipes:
+        (serve,) = re.findall(r"^\s*steerlab serve (.*)&", block, flags=re.M)
+        port = re.search(r"--port (\d+)", serve)
+        assert port is not None, f"no --port of its own: {serve}"
+        ports.append(port.group(1))
+        used = set(re.findall(r"(?:localhost|127\.0\.0\.1):(\d+)", block))
+        assert used == {port.group(1)}, (serve, used)
+        assert "/health" in block and "kill $SERVER" in block, block
+    assert len(set(ports)) == len(ports) and "8000" not in ports, ports
