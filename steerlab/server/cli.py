@@ -155,11 +155,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def _serve_on(sock: Any, args: argparse.Namespace, options: dict[str, Any],
               wanted: list[tuple[str, str, float]]) -> None:  # fmt: skip
-    import uvicorn
-
     from steerlab import loading
     from steerlab.server import Limits, ServedModels, create_app
-    from steerlab.server.connections import uvicorn_config
+    from steerlab.server.connections import BoundServer, uvicorn_config
 
     lm = loading.load(args.model, **options)  # a failure: one line (steerlab.cli.main)
     before = loading.load(args.amplify_before, **options) if args.amplify_before else None
@@ -174,8 +172,8 @@ def _serve_on(sock: Any, args: argparse.Namespace, options: dict[str, Any],
                      window_ms=args.window_ms, max_batch_rows=args.max_batch_rows,
                      presets=presets)  # fmt: skip
     settle_heap()
-    uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
-                                  idle_timeout=args.idle_timeout)).run(sockets=[sock])  # fmt: skip
+    BoundServer(uvicorn_config(app, host=args.host, port=args.port,
+                               idle_timeout=args.idle_timeout)).run(sockets=[sock])  # fmt: skip
 
 
 def listening_socket(host: str, port: int) -> Any:

@@ -21,6 +21,7 @@ time), and a client that reads a streamed response slowly (writes wait on it).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 from typing import Any
@@ -124,6 +125,20 @@ def bound_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class BoundServer(uvicorn.Server):
+    """uvicorn's server on a socket bound beforehand (``bound_socket``), saying where it
+    listens once started, as uvicorn says it for a socket of its own binding."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and sockets:
+            host, port = sockets[0].getsockname()[:2]
+            where = f"[{host}]" if ":" in host else host
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", where, port
+            )
 
 
 def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
