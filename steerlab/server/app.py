@@ -8,8 +8,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steerlab.engine.scheduler import Scheduler
@@ -78,6 +79,7 @@ def create_app(
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _gone)  # type: ignore[arg-type]
     return app
 
 
@@ -139,6 +141,13 @@ async def _api_error(request: Request, error: ApiError) -> JSONResponse:
 
 async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
     return JSONResponse(invalid(error.errors()).body(), status_code=400)
+
+
+async def _gone(request: Request, error: ClientDisconnect) -> Response:
+    """A client that closed its connection before its body arrived (it went away, or the
+    idle timeout closed it, which says so in the log): nothing to answer, and no traceback.
+    The response goes nowhere: the server sends nothing on a closed connection."""
+    return Response(status_code=400)
 
 
 async def _http_error(request: Request, error: HTTPException) -> JSONResponse:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -10,7 +9,7 @@ from contextlib import contextmanager
 
 from fastapi import FastAPI
 
-from steerlab.server.connections import DEFAULT_IDLE_TIMEOUT, uvicorn_config
+from steerlab.server.connections import DEFAULT_IDLE_TIMEOUT, bound_socket, uvicorn_config
 
 
 @contextmanager
@@ -27,9 +26,7 @@ def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
     """
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sock = bound_socket(host, port)
     config = uvicorn_config(app, host=host, port=sock.getsockname()[1], idle_timeout=idle_timeout,
                             log_level="warning")  # fmt: skip
     server = uvicorn.Server(config)

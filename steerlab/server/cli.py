@@ -13,6 +13,7 @@ Loopback (127.0.0.1) unless ``--host`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import math
 import os
@@ -106,6 +107,8 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     before any model is loaded."""
     options: dict[str, Any] = {"backend": args.backend, "device": args.device,
                                "dtype": args.dtype}  # fmt: skip
+    if args.device is not None:
+        check_device(args.device)
     given = [k for k in _VLLM_ONLY if getattr(args, k) is not None]
     if args.beta is not None and not args.amplify_before:
         raise SystemExit("steerlab serve: --beta is amplification's default; it needs "
@@ -123,22 +126,41 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def check_device(text: str) -> None:
+    """``--device``: one torch knows, and this machine has (a CUDA index within its count);
+    anything else is one line and exit 1, before any model is loaded."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise SystemExit(f"steerlab serve: --device {text!r} is no device torch knows "
+                         "(cpu, cuda, cuda:1, mps).") from None  # fmt: skip
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise SystemExit(f"steerlab serve: --device {text}: this machine has "
+                         f"{torch.cuda.device_count()} CUDA devices.")  # fmt: skip
+
+
 def serve(args: argparse.Namespace) -> int:
     """Load the model the parsed command line names and serve it until stopped."""
     options = load_options(args)
     wanted = preset_options(args)
-    import uvicorn
-
-    from steerlab import loading
-    from steerlab.loading import ModelNotAvailableError
-    from steerlab.server import Limits, ServedModels, create_app
-    from steerlab.server.connections import uvicorn_config
-
+    sock = listening_socket(args.host, args.port)  # a port in use fails before the model loads
     try:
-        lm = loading.load(args.model, **options)
-        before = loading.load(args.amplify_before, **options) if args.amplify_before else None
-    except ModelNotAvailableError as error:  # one line, not a traceback through uvicorn's setup
-        raise SystemExit(f"steerlab serve: {error}") from None
+        _serve_on(sock, args, options, wanted)
+    finally:
+        sock.close()
+    return 0
+
+
+def _serve_on(sock: Any, args: argparse.Namespace, options: dict[str, Any],
+              wanted: list[tuple[str, str, float]]) -> None:  # fmt: skip
+    from steerlab import loading
+    from steerlab.server import Limits, ServedModels, create_app
+    from steerlab.server.connections import BoundServer, uvicorn_config
+
+    lm = loading.load(args.model, **options)  # a failure: one line (steerlab.cli.main)
+    before = loading.load(args.amplify_before, **options) if args.amplify_before else None
     presets = _presets(lm, wanted)
     beta = args.beta if args.beta is not None else (1.0 if before is not None else None)
     limits = Limits(max_n=args.max_n, max_rows=args.max_rows, max_tokens=args.max_tokens,
@@ -150,9 +172,21 @@ def serve(args: argparse.Namespace) -> int:
                      window_ms=args.window_ms, max_batch_rows=args.max_batch_rows,
                      presets=presets)  # fmt: skip
     settle_heap()
-    uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
-                                  idle_timeout=args.idle_timeout)).run()  # fmt: skip
-    return 0
+    BoundServer(uvicorn_config(app, host=args.host, port=args.port,
+                               idle_timeout=args.idle_timeout)).run(sockets=[sock])  # fmt: skip
+
+
+def listening_socket(host: str, port: int) -> Any:
+    """The server's socket, bound; an address that cannot be is one line and exit 1."""
+    from steerlab.server.connections import bound_socket
+
+    try:
+        return bound_socket(host, port)
+    except OSError as error:
+        hint = (" Another server is there: stop it, or pick another --port."
+                if error.errno == errno.EADDRINUSE else "")  # fmt: skip
+        raise SystemExit(f"steerlab serve: cannot listen on {host}:{port}: "
+                         f"{error.strerror or error}.{hint}") from None  # fmt: skip
 
 
 def preset_options(args: argparse.Namespace) -> list[tuple[str, str, float]]:

@@ -11,6 +11,9 @@ through a body. ``IdleTimeoutH11`` adds them, all with one timeout:
   before it ended); bytes trickled in do not extend it;
 - while a body arrives, ``idle_timeout`` seconds without a byte close the connection.
 
+A connection closed mid-request is one line in uvicorn's log (``_expire``); the request it
+carried ends quietly (``app._gone``), with no traceback.
+
 Not covered: a body trickled in without such a pause (bounded by the body limit, not by
 time), and a client that reads a streamed response slowly (writes wait on it).
 """
@@ -18,6 +21,7 @@ time), and a client that reads a streamed response slowly (writes wait on it).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 from typing import Any
@@ -81,8 +85,15 @@ class IdleTimeoutH11(H11Protocol):
 
     def _expire(self) -> None:
         self._timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        if self.transport.is_closing():
+            return
+        waiting = self._waiting()
+        if waiting == "body" or self.conn.trailing_data[0]:  # mid-request, not a quiet keep-alive
+            host = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+            self.logger.info("Closed the connection from %s: its request's %s stalled past "
+                             "the idle timeout (%g s).", host, waiting or "head",
+                             self.idle_timeout)  # fmt: skip
+        self.transport.close()
 
 
 def _no_delay(transport: asyncio.Transport) -> None:
@@ -92,6 +103,42 @@ def _no_delay(transport: asyncio.Transport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port=0``: a free one), as uvicorn binds its
+    own; bound before a model loads, a port in use fails at once.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not this machine's, no permission).
+
+    >>> sock = bound_socket("127.0.0.1", 0)
+    >>> sock.getsockname()[1] > 0
+    True
+    >>> sock.close()
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class BoundServer(uvicorn.Server):
+    """uvicorn's server on a socket bound beforehand (``bound_socket``), saying where it
+    listens once started, as uvicorn says it for a socket of its own binding."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and sockets:
+            host, port = sockets[0].getsockname()[:2]
+            where = f"[{host}]" if ":" in host else host
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", where, port
+            )
 
 
 def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000,

@@ -20,7 +20,7 @@ from steerlab.core.directions import direction_of
 from steerlab.core.errors import ContextError, SamplingError
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError
-from steerlab.core.reads import Monitor
+from steerlab.core.reads import Condition, Gate, Monitor
 from steerlab.core.reft import LoReFT
 from steerlab.core.request import OPTIONS, Request, Sampling, fresh_seed
 from steerlab.core.rows import Rows, checked_monitors, lay_out, lay_out_ids
@@ -92,6 +92,8 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
         raise ApiError(
             400, str(error), f"{param}.{error.field}" if error.field else param
         ) from None
+    if data.when is not None:
+        check_gate(data.when, lm, f"{param}.when")
     alpha = data.alpha if data.alpha is not None else _alphas(alphas or 1.0, f"{param}.alpha")
     if item.site is not None:
         try:
@@ -117,6 +119,21 @@ def _steers(item: Steering, lm: SteerableModel, store: VectorStore,
     except SteerError as error:
         where = f"{param}.{error.field}" if error.field in ("when", "op") else param
         raise ApiError(400, str(error), where) from None
+
+
+def check_gate(gate: Gate, lm: SteerableModel, param: str) -> None:
+    """A condition (or any_of / all_of of them) against ``lm``: each one's site and width,
+    a fault named by its path in the request (``steering[0].when.any_of[1].site``)."""
+    if isinstance(gate, Condition):
+        try:
+            gate.check(lm.sites(), lm.d_model)
+        except SiteError as error:
+            raise ApiError(400, f"The condition's site: {error}", f"{param}.site") from None
+        except SteerError as error:
+            raise ApiError(400, str(error), f"{param}.{error.field or 'vector'}") from None
+        return
+    for i, part in enumerate(gate.conditions):
+        check_gate(part, lm, f"{param}.{gate.kind}[{i}]")
 
 
 def _reft_steers(reft: LoReFT, item: Steering, data: SteerData,
@@ -187,8 +204,9 @@ def rows_of(lm: SteerableModel, prompts: Sequence[Prompt | list[int]], steers: l
                      what="max_tokens")  # fmt: skip
     except ContextError as error:
         raise ApiError(400, str(error), "max_tokens") from None
-    except (PromptError, SteerError) as error:
-        where = "steering" if isinstance(error, SteerError) and error.field == "when" else param
+    except (PromptError, SteerError, SiteError) as error:  # SiteError: a steer's own, or a
+        # condition's, is named where the steering is read (steers_of); here in case one slips by
+        where = param if isinstance(error, PromptError) else "steering"
         raise ApiError(400, str(error), where) from None
     except SiteError as error:  # a condition's site (each steer's own was resolved before)
         raise ApiError(400, str(error), "steering") from None

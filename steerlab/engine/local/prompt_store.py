@@ -14,11 +14,14 @@ or replaced, a hook of the user's own added or removed, or the model put in trai
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import FunctionType, ModuleType
 from typing import Any
 
+import torch
 from torch import nn
 
 from steerlab.core.request import Request, TokenScore
@@ -35,7 +38,62 @@ class Stored:
     data: Any
     scores: tuple[TokenScore | None, ...]  # scores[0] is None: nothing predicts it
     top: int  # alternatives kept per score
-    nbytes: int
+    nbytes: int  # all of it: the cache's tensors and objects, the tokens, the scores
+
+
+def stored(tokens: tuple[int, ...], data: Any, scores: tuple[TokenScore | None, ...],
+           top: int) -> Stored:  # fmt: skip
+    """A ``Stored`` prompt, with the bytes it holds measured (``held_bytes``)."""
+    nbytes = held_bytes(data) + held_bytes(tokens) + sys.getsizeof(scores)
+    nbytes += sum(score_bytes(s) for s in scores) + _ENTRY_BYTES
+    return Stored(tokens, data, scores, top, nbytes)
+
+
+_PAIR_BYTES = sys.getsizeof((0, 0.0)) + sys.getsizeof(1 << 29) + sys.getsizeof(0.0)
+_ENTRY_BYTES = 1024  # the Stored itself, its key and its place in the store's dict, rounded up
+
+
+def score_bytes(score: TokenScore | None) -> int:
+    """The bytes one token's score holds: the object, its fields, and its alternatives as
+    (token, logprob) pairs (each a tuple, an int and a float). Shared small ints are
+    counted as if they were not, so the figure is never under."""
+    if score is None:
+        return 0
+    own = sys.getsizeof(score) + sys.getsizeof(getattr(score, "__dict__", ()))
+    own += sys.getsizeof(score.token) + sys.getsizeof(score.logprob) + sys.getsizeof(score.top)
+    return own + len(score.top) * _PAIR_BYTES
+
+
+def held_bytes(value: Any) -> int:
+    """The bytes ``value`` holds: every object reachable through its containers and
+    attributes (``sys.getsizeof``), and each tensor storage once, whole (a view holds it
+    all). Classes, modules and functions are shared, not held.
+
+    >>> held_bytes(torch.zeros(4, 256)) >= 4 * 256 * 4
+    True
+    """
+    seen: set[int] = set()
+    storages: set[tuple[int, str]] = set()
+    total, todo = 0, [value]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (type, ModuleType, FunctionType, nn.Module)):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if (storage.data_ptr(), str(obj.device)) not in storages:
+                storages.add((storage.data_ptr(), str(obj.device)))
+                total += storage.nbytes()
+        elif isinstance(obj, (tuple, list, set, frozenset)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.keys())
+            todo.extend(obj.values())
+        elif hasattr(obj, "__dict__"):
+            todo.append(vars(obj))
+    return total
 
 
 def row_key(request: Request) -> RowKey:

@@ -32,6 +32,7 @@ from steerlab.engine.local.prompt_store import (
     Stored,
     common_length,
     row_key,
+    stored,
 )
 
 Scores = list[TokenScore | None]
@@ -223,13 +224,15 @@ def _keep(backend: Backend, store: PromptStore, groups: list[Group], keys: list[
     """Store each group's start (its cache's real positions, its tokens' scores)."""
     per_token = 2 * backend.n_layers * backend.d_model * _itemsize(backend)
     for gi, g in enumerate(groups):
-        nbytes = g.length * per_token
+        nbytes = g.length * per_token  # a first estimate: no cache is taken that cannot fit
         if g.length < 2 or not store.fits(nbytes) or 2 * g.start >= g.length:
             continue  # a start mostly stored already is not stored twice
         keep = batch.mask[gi].nonzero()[:, 0]
         data = backend.cache_ops.take(batch.data, gi, keep)  # type: ignore[attr-defined]
         scores = (None, *(g.base.scores[1 : g.start + 1] if g.base else ()), *first[gi])
-        store.add(keys[g.rows[0]], Stored(g.tokens[: g.length], data, scores, top, nbytes))
+        entry = stored(tuple(g.tokens[: g.length]), data, scores, top)
+        if store.fits(entry.nbytes):  # measured: the cache's tensors, and every score's objects
+            store.add(keys[g.rows[0]], entry)
 
 
 def _itemsize(backend: Backend) -> int:
