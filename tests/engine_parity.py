@@ -2,7 +2,7 @@
 
 Each case steers steerlab-tiny through the engine under test and through ``reference.greedy``
 (plain transformers with torch hooks, written without steerlab): every position rule, every
-operation of ``core/ops.py`` (Cap included), rows with different steers in one batch, and
+operation of ``core/ops/`` (Cap included), rows with different steers in one batch, and
 the context window at its edge. A disagreement between engines fails here, on each of them.
 """
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an engine can do beyond decoding steers of ``core/ops.py`` as data.
+    """What an engine can do beyond decoding steers of ``core/ops/`` as data.
 
     Attributes:
         custom_ops: any Python callable steers (in-process hooks), not only data ops.

@@ -208,8 +208,6 @@ def rows_of(lm: SteerableModel, prompts: Sequence[Prompt | list[int]], steers: l
         # condition's, is named where the steering is read (steers_of); here in case one slips by
         where = param if isinstance(error, PromptError) else "steering"
         raise ApiError(400, str(error), where) from None
-    except SiteError as error:  # a condition's site (each steer's own was resolved before)
-        raise ApiError(400, str(error), "steering") from None
     return rows, rows.requests(sampling, monitors)
 
 

@@ -25,7 +25,7 @@ MIN_LENGTH = 64  # the smallest length bucket
 class CompiledStep:
     """One compiled graph per bucket, as the decode step of a ``LocalEngine``.
 
-    A call fits when its steers are operations of ``core/ops.py`` (one per site and row),
+    A call fits when its steers are operations of ``core/ops/`` (one per site and row),
     on an hf or bridge model of a family with a written-out step, without ``cache=``,
     ``keep_cache``, ``capture`` or ``use_cache=False``; anything else runs eagerly, and
     ``explain`` says why. Batch size and length are rounded up to powers of two, so one

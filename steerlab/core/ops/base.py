@@ -1,0 +1,300 @@
+"""The operation base: ``Op`` (a frozen dataclass of tensors and numbers that is also plain
+data), its table ``Form``, and the vector helpers every operation uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+import torch
+
+from steerlab.core.errors import SteerError
+
+TensorKey = Callable[[torch.Tensor], str]
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> str:
+    """A short content hash of a tensor: equal values, shape and dtype give equal ones.
+
+    Vectors and an operation's tensors travel once, under this key, where an engine keeps
+    them (vLLM's workers).
+    """
+    data = tensor.detach().to("cpu").contiguous()
+    digest = hashlib.sha256(f"{data.dtype}:{tuple(data.shape)}".encode())
+    digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()[:16]
+
+
+def own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU, contiguous, in memory of its own: what goes into a safetensors
+    file or message, which refuses tensors that share memory (``R[0]`` beside ``R``)."""
+    return tensor.detach().to("cpu", copy=True).contiguous()
+
+
+class Operation(Protocol):
+    """Any callable of this shape steers in-process; ``Op`` subclasses also travel as data."""
+
+    def __call__(
+        self,
+        act: torch.Tensor,  # [n, d_model], the rows and positions being steered
+        direction: torch.Tensor,  # [d_model]
+        alpha: torch.Tensor,  # [n, 1]
+    ) -> torch.Tensor: ...
+
+
+class Form(NamedTuple):
+    """An operation as table data: one number (or ``[d_model]`` tensor) per term.
+
+    At a steered token, with ``v`` the steer's vector, ``u = v / |v|``, ``a = act · u`` and
+    ``α`` the row's alpha::
+
+        act + add·α·v
+            + proj·α·(clip(a, low, high) - a)·u
+            + feat·α·(value - f)·v,   f = relu(p)·[p > threshold],  p = act · encoder + bias
+            + the turn of act's component in the plane of u and toward (when rot is set):
+              from its angle φ to φ + rot·α·(angle − φ) along the shorter arc, its length
+              kept (only where a = act · u > 0 when ``adaptive``)
+
+    Every field is a column of the compiled step's table (``engine/compiled/tables.py``
+    derives them from these fields; the fields named in ``STRENGTHS`` are stored times α),
+    so a new term is new fields here and its arithmetic in the step, and nothing else.
+    Add sets ``add``; the projection operations set ``proj`` and say where the projection
+    goes; a feature clamp sets ``feat`` and reads its SAE feature (``encoder`` ``[d_model]``,
+    ``bias`` with ``b_dec`` folded in, ``threshold``, ``value``); a rotation sets ``rot``,
+    its plane's second direction ``toward`` (unit), the target ``angle`` in radians and
+    ``adaptive`` (1.0 or 0.0).
+    """
+
+    add: float = 0.0
+    proj: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    feat: float = 0.0
+    encoder: torch.Tensor | None = None
+    bias: float = 0.0
+    threshold: float = 0.0
+    value: float = 0.0
+    rot: float = 0.0
+    toward: torch.Tensor | None = None
+    angle: float = 0.0
+    adaptive: float = 0.0
+
+
+STRENGTHS = ("add", "proj", "feat", "rot")  # Form's terms that alpha multiplies
+TERMS = STRENGTHS  # a table step computes only the terms its batch uses
+
+
+OPS: dict[str, type[Op]] = {}
+
+
+def is_zero(vector: torch.Tensor) -> bool:
+    """Whether a direction points nowhere: no entries, or all of them 0.
+
+    >>> is_zero(torch.empty(0)), is_zero(torch.zeros(3)), is_zero(torch.tensor([0.0, 1e-30]))
+    (True, True, False)
+    """
+    return vector.numel() == 0 or float(vector.abs().amax()) == 0.0
+
+
+def unit(direction: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``direction / |direction|``, computed in float32 (at least) after scaling by the
+    largest entry, so that norms near float32's limits (1e±20 and beyond) neither overflow
+    nor underflow; returned in ``dtype`` (``direction``'s own when None). Normalise first,
+    then cast: a float16 copy of a 1e20 vector is all inf.
+
+    >>> unit(torch.tensor([3e20, 4e20])).tolist()
+    [0.6000000238418579, 0.800000011920929]
+    >>> unit(torch.tensor([3e-20, 4e-20]), torch.float16).tolist()
+    [0.60009765625, 0.7998046875]
+    """
+    wide = direction.to(torch.promote_types(direction.dtype, torch.float32))
+    peak = wide.abs().amax()
+    scaled = wide / peak
+    return (scaled / scaled.norm()).to(dtype or direction.dtype)
+
+
+def project(act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor,
+            low: float, high: float) -> torch.Tensor:  # fmt: skip
+    """Move each row's projection on ``direction`` ``alpha`` of the way into ``[low, high]``."""
+    u = unit(direction)
+    along = act @ u  # [n]
+    return act + alpha * (along.clamp(low, high) - along)[:, None] * u
+
+
+@dataclass(frozen=True, eq=False)
+class TensorValue:
+    """A frozen dataclass whose tensor fields are handled by the base: the value base of
+    operations (``Op``) and of reads such as a steer's condition (``core.reads``).
+
+    Declare subclasses ``@dataclass(frozen=True, eq=False)``: equality and hashing come from
+    here, by the data form with tensors by content (``tensor_fingerprint``), so two values
+    with equal tensors are equal whatever objects hold them. Fields annotated as tensors
+    get, from the base alone:
+
+    - conversion: nested lists of numbers become tensors (float32, or ``dtype=`` in the
+      data form), and every tensor field takes the first one's dtype; each must be dense,
+      real and finite;
+    - ``on(device)``: the tensors moved to a device, once per device;
+    - the data form: lists of floats, or content keys where tensors travel once by key
+      (``op_tensors``), plus their ``dtype``.
+
+    Subclasses that check their fields in ``__post_init__`` call ``super().__post_init__()``
+    first.
+    """
+
+    def __post_init__(self) -> None:
+        kind: torch.dtype | None = None
+        for name in self.tensor_fields():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            tensor = _tensor(value, f"{self._label()} {name}", kind)
+            kind = kind or tensor.dtype
+            object.__setattr__(self, name, tensor)
+
+    def _label(self) -> str:
+        return type(self).__name__
+
+    @classmethod
+    def tensor_fields(cls) -> tuple[str, ...]:
+        """The fields that hold tensors (annotated ``torch.Tensor``), in declaration order."""
+        return tuple(f.name for f in fields(cls) if "Tensor" in str(f.type))
+
+    def fields_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        """Fields by name; tensors as nested lists, or as ``tensor_key(t)`` where tensors
+        travel once by key, with their ``dtype``."""
+        data: dict[str, Any] = {}
+        kind = None
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                kind = kind or str(value.dtype).removeprefix("torch.")
+                value = tensor_key(value) if tensor_key is not None else value.tolist()
+            data[f.name] = value
+        if kind is not None:
+            data["dtype"] = kind
+        return data
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor parameters, by name."""
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name),
+                                                               torch.Tensor)}  # fmt: skip
+
+    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The tensor parameters on ``device``, moved once per device."""
+        moved = self._moved
+        if device not in moved:
+            moved[device] = {n: t.to(device) for n, t in self.tensors().items()}
+        return moved[device]
+
+    @cached_property
+    def _moved(self) -> dict[torch.device, dict[str, torch.Tensor]]:
+        return {}
+
+    @cached_property
+    def _identity(self) -> tuple[Any, ...]:
+        data = self.fields_data(tensor_fingerprint if self.tensor_fields() else None)
+        return tuple(sorted((k, _hashable(v)) for k, v in data.items()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorValue):
+            return NotImplemented
+        return type(self) is type(other) and self._identity == other._identity
+
+    def __hash__(self) -> int:
+        return hash(self._identity)
+
+
+@dataclass(frozen=True, eq=False)
+class Op(TensorValue):
+    """Base of steerlab's operations: subclassing registers the name for ``op_from_data``.
+
+    Tensor fields, equality, hashing, per-device copies and the data form come from
+    ``TensorValue``. A subclass gives its ``name``, its fields, a ``form()`` (or
+    ``__call__`` when it has none) and, where it needs them, ``check`` (against a steer's
+    site and width) and ``__post_init__`` checks (call ``super().__post_init__()`` first).
+    """
+
+    name: ClassVar[str] = ""
+    directional: ClassVar[bool] = False  # it reads only the unit direction of its vector
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        OPS[cls.name] = cls
+
+    def _label(self) -> str:
+        return self.name
+
+    def form(self) -> Form | None:
+        """The operation as table data, or None when it is not of that shape (it then runs
+        eagerly, as a custom callable does)."""
+        raise NotImplementedError
+
+    def __call__(self, act: torch.Tensor, direction: torch.Tensor,
+                 alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        form = self.form()
+        assert form is not None, f"{type(self).__name__} without a form defines __call__"
+        if form.add:
+            return act + alpha * direction
+        return project(act, direction, alpha, form.low, form.high)
+
+    def check(self, site: str, vector: torch.Tensor) -> None:
+        """Refuse a steer at ``site`` with ``vector`` ``[d_model]`` that this operation's own
+        data does not fit (raise ``SteerError`` saying why)."""
+
+    def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
+        """Parameters by name, after the op's ``name`` (``fields_data``)."""
+        return {"name": self.name, **self.fields_data(tensor_key)}
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+
+
+def _number(value: Any, what: str, *, finite: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SteerError(f"{what} must be a number; got {value!r:.60}.")
+    if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:  # float() would overflow
+        raise SteerError(f"{what} must be finite; got {value!r:.60} (past a float's range).")
+    if finite and not math.isfinite(value):
+        raise SteerError(f"{what} must be finite; got {value!r}.")
+    return float(value)
+
+
+_LARGEST_FLOAT = int(torch.finfo(torch.float64).max)
+
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def dtype_named(name: object) -> torch.dtype:
+    """A tensor dtype named in data: one a model computes in (not float8, not integers)."""
+    if not isinstance(name, str) or name not in _DTYPES:
+        raise SteerError(f"dtype must name a torch floating dtype, one of {list(_DTYPES)}; got "
+                         f"{name!r:.60}.")  # fmt: skip
+    return getattr(torch, name)
+
+
+def _tensor(value: Any, what: str, dtype: torch.dtype | None) -> torch.Tensor:
+    """A tensor parameter, in ``dtype`` (float32 for lists, a tensor's own dtype when None),
+    from a tensor or nested lists of numbers; finite, dense and real."""
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.device.type == "meta":
+            raise SteerError(f"{what} must be a dense tensor with values.")
+        if not value.is_floating_point() or value.dtype.itemsize == 1:
+            raise SteerError(f"{what} must be float16, bfloat16, float32 or float64; got "
+                             f"{value.dtype}.")  # fmt: skip
+        tensor = value.detach() if dtype is None else value.detach().to(dtype)
+    else:
+        try:
+            tensor = torch.tensor(value, dtype=dtype or torch.float32)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise SteerError(f"{what} must be numbers; got {value!r:.80}.") from None
+    if not torch.isfinite(tensor).all():
+        raise SteerError(f"{what} has NaN or inf values.")
+    return tensor
