@@ -15,7 +15,7 @@ from engine_parity import (
 )
 
 import steerlab as sl
-from steerlab.core.steer import touches_generated
+from steerlab.core.positions import touches_generated
 
 
 @pytest.fixture(scope="module")

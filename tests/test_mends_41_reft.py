@@ -80,7 +80,7 @@ def test_the_span_differs_from_pyrefts_rule_only_by_the_middle_of_an_odd_short_p
     """pyreft's own get_intervention_locations (recorded by pyreft in the fixture) against
     steerlab's one position rule, for prompts of 1 to 8 tokens: the difference the
     from_pyreft docstring and tutorial 11 state, and no other."""
-    from steerlab.core.steer import position_mask
+    from steerlab.core.positions import position_mask
 
     with safe_open(str(FIXTURE / "expected.safetensors"), "pt") as f:
         pyrefts = json.loads(f.metadata()["locations_by_length"])

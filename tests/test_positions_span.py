@@ -13,8 +13,8 @@ import torch
 
 import steerlab as sl
 from steerlab.chat.key import touches
+from steerlab.core.positions import position_form, position_mask, prompt_span
 from steerlab.core.request import Request, RowSteer, Sampling
-from steerlab.core.steer import position_form, position_mask, prompt_span
 from steerlab.engine.local import prefix
 from steerlab.engine.vllm.params import cache_salt, expected_tokens
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from steerlab.core.positions import position_mask
 from steerlab.core.request import RowSteer
-from steerlab.core.steer import position_mask
 
 Touches = tuple[str, ...]  # the steers that touched one position, as "fingerprint@alpha"
 

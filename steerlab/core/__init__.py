@@ -16,8 +16,9 @@ from steerlab.core.ops import (
     op_from_data,
     op_to_data,
 )
+from steerlab.core.positions import Positions, position_mask
 from steerlab.core.reft import LoReFT
-from steerlab.core.steer import Positions, Steer, position_mask
+from steerlab.core.steer import Steer
 
 __all__ = [
     "Ablate",

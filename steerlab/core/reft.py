@@ -25,7 +25,8 @@ import torch
 
 from steerlab.core.identity import ModelId
 from steerlab.core.ops import Op, SteerError, _number, own_copy
-from steerlab.core.steer import Positions, Steer, _as_positions
+from steerlab.core.positions import Positions, _as_positions
+from steerlab.core.steer import Steer
 
 ORTHONORMAL_TOLERANCE = 1e-3  # |R Rᵀ − I| beyond this is not orthonormal rows
 _FORMAT = "steerlab.loreft"

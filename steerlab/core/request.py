@@ -20,9 +20,10 @@ import torch
 
 from steerlab.core.errors import SamplingError
 from steerlab.core.ops import Operation, SteerError
+from steerlab.core.positions import Positions
 from steerlab.core.reads import Gate, Monitor
 from steerlab.core.scalars import as_int, as_real
-from steerlab.core.steer import Positions, Steer, steer_data, vector_fingerprint
+from steerlab.core.steer import Steer, steer_data, vector_fingerprint
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -22,9 +22,10 @@ import torch
 
 from steerlab.core.identity import is_config_sha256
 from steerlab.core.ops import FeatureClamp
+from steerlab.core.positions import Positions
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 from steerlab.core.sites import Site, SiteError
-from steerlab.core.steer import Positions, Steer
+from steerlab.core.steer import Steer
 from steerlab.features.errors import SAEError, int_in
 from steerlab.vectors.io import plain_text
 from steerlab.vectors.vector import Provenance, SteeringVector

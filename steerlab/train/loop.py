@@ -21,9 +21,9 @@ import torch
 from steerlab._version import __version__
 from steerlab.core.concepts import Preference
 from steerlab.core.errors import SteerError
+from steerlab.core.positions import Positions, position_mask, prompt_span
 from steerlab.core.request import Request
 from steerlab.core.sites import Site, resolve
-from steerlab.core.steer import Positions, position_mask, prompt_span
 from steerlab.engine.batch import Batch
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call, calling

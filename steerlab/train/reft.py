@@ -17,8 +17,8 @@ from torch.nn.utils.parametrizations import orthogonal
 
 from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
+from steerlab.core.positions import Positions, _as_positions, position_form
 from steerlab.core.reft import LoReFT
-from steerlab.core.steer import Positions, _as_positions, position_form
 from steerlab.train.data import (
     Row,
     check_factors,

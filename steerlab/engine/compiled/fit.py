@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from torch import nn
 
 from steerlab.core.ops import OPS, Op, form_of
+from steerlab.core.positions import touches_generated
 from steerlab.core.request import Request, RowSteer
-from steerlab.core.steer import touches_generated
 from steerlab.core.tagging import _TAG
 from steerlab.engine.compiled.families import family_reason
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from steerlab.core.steer import touched
+from steerlab.core.positions import touched
 from steerlab.engine.compiled.families import Family
 from steerlab.engine.compiled.tables import slot_of
 

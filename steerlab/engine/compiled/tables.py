@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import torch
 
 from steerlab.core.ops import STRENGTHS, TERMS, Form, form_of, operand, unit
+from steerlab.core.positions import position_form
 from steerlab.core.request import Request
 from steerlab.core.sites import EMBED, FORWARD_KINDS, Site
-from steerlab.core.steer import position_form
 from steerlab.engine.compiled.fit import decode_steers
 
 

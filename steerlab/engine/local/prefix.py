@@ -25,8 +25,8 @@ from dataclasses import replace
 
 import torch
 
+from steerlab.core.positions import position_mask
 from steerlab.core.request import Request, RowSteer
-from steerlab.core.steer import position_mask
 
 
 def group_size(requests: Sequence[Request]) -> int | None:

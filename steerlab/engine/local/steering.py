@@ -15,10 +15,11 @@ import torch
 
 from steerlab.backends.base import Backend
 from steerlab.core.ops import Operation, operand
+from steerlab.core.positions import Positions, position_mask, prompt_span
 from steerlab.core.reads import Gate
 from steerlab.core.request import RowSteer
 from steerlab.core.sites import Site
-from steerlab.core.steer import Positions, check_steer, position_mask, prompt_span
+from steerlab.core.steer import check_steer
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 from steerlab.engine.reads import CallReads

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from steerlab.core.ops import Add, Operation
+from steerlab.core.positions import position_mask
 from steerlab.core.reads import Gate, Monitor, monitor_from_data
-from steerlab.core.steer import position_mask, steer_from_data
+from steerlab.core.steer import steer_from_data
 
 DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args
 

@@ -20,10 +20,11 @@ import torch
 from steerlab.backends.cache import KVCache
 from steerlab.core.identity import config_sha256
 from steerlab.core.ops import SteerError, op_to_data, own_copy
+from steerlab.core.positions import position_mask
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import all_sites
-from steerlab.core.steer import check_steer, position_mask
+from steerlab.core.steer import check_steer
 from steerlab.core.window import check_window
 from steerlab.engine.guard import CallInFlightError
 from steerlab.engine.progress import Progress, last

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from steerlab.core.ops import op_tensors, tensor_fingerprint
+from steerlab.core.positions import position_mask, prompt_span
 from steerlab.core.reads import gate_tensors
 from steerlab.core.request import OPTIONS, Request, RowSteer
 from steerlab.core.sampling import is_greedy
-from steerlab.core.steer import position_mask, prompt_span
 from steerlab.engine.vllm.batch import DATA_KEY
 
 
