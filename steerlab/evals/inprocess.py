@@ -61,8 +61,7 @@ def _model_class() -> type:
 
         def __init__(self, lm: SteerableModel, steers: Sequence[Steer], name: str) -> None:
             super().__init__()
-            self.lm, self.name = lm, name
-            self.tokenizer = lm.tokenizer
+            self.lm, self.name, self.tokenizer = lm, name, lm.tokenizer
             self.row_steers = tuple(RowSteer.of(s, s.alpha[0]) for s in steers)
 
         @property

@@ -112,6 +112,17 @@ def parse_config(cfg: Any, where: str) -> Config:
         raise SAEError(
             f"apply_b_dec_to_input in {where} must be true or false; got {apply_b_dec!r}."
         )
+    _check_raw_inputs(cfg, where)
+    metadata, site, model_name, fingerprint = _metadata(cfg, where)
+    k, rescale = _topk(cfg, architecture, d_sae, where)
+    return Config(
+        architecture, d_in, d_sae, DTYPES[dtype_name], apply_b_dec, site, str(model_name),
+        k, rescale, dict(metadata), fingerprint,
+    )  # fmt: skip
+
+
+def _check_raw_inputs(cfg: dict[str, Any], where: str) -> None:
+    """Refuse a config whose SAE reads transformed inputs: steerlab feeds raw activations."""
     normalize = cfg.get("normalize_activations", "none")
     if normalize != "none":
         raise SAEError(
@@ -126,6 +137,10 @@ def parse_config(cfg: Any, where: str) -> Config:
             f"reshape_activations {reshape!r} in {where} is not supported: steerlab steers "
             "residual-stream sites, read as [..., d_model]."
         )
+
+
+def _metadata(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], str, str, str]:
+    """The config's ``metadata``: itself, its site, model name and config fingerprint."""
     metadata = cfg.get("metadata")
     if not isinstance(metadata, dict):
         raise SAEError(
@@ -140,6 +155,13 @@ def parse_config(cfg: Any, where: str) -> Config:
     if not is_config_sha256(fingerprint):
         raise SAEError(f"metadata.model_config_sha256 in {where} must be 16 hex digits; got "
                        f"{_kind(fingerprint)}.")  # fmt: skip
+    return metadata, site, model_name, fingerprint
+
+
+def _topk(
+    cfg: dict[str, Any], architecture: str, d_sae: int, where: str
+) -> tuple[int | None, bool]:
+    """A top-k SAE's ``k`` and whether it rescales by decoder norm; ``(None, False)`` else."""
     k, rescale = None, False
     if architecture == "topk":
         k = cfg.get("k")
@@ -148,10 +170,7 @@ def parse_config(cfg: Any, where: str) -> Config:
         rescale = cfg.get("rescale_acts_by_decoder_norm", False)
         if not isinstance(rescale, bool):
             raise SAEError(f"rescale_acts_by_decoder_norm in {where} must be true or false.")
-    return Config(
-        architecture, d_in, d_sae, DTYPES[dtype_name], apply_b_dec, site, str(model_name),
-        k, rescale, dict(metadata), fingerprint,
-    )  # fmt: skip
+    return k, rescale
 
 
 def _kind(value: object) -> str:
