@@ -20,6 +20,10 @@ class SiteError(ValueError):
     """An unknown or out-of-range hook site."""
 
 
+class FamilyError(ValueError):
+    """A model family (HF ``model_type``) the part of steerlab asked knows nothing about."""
+
+
 class PromptError(ValueError):
     """Prompts that cannot be run."""
 
