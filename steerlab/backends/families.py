@@ -227,7 +227,7 @@ class _Table(Mapping[str, T]):
         return sum(1 for _ in self)
 
     def __contains__(self, model_type: object) -> bool:
-        return isinstance(model_type, str) and _field(model_type, self.part) is not None
+        return _field(model_type, self.part) is not None
 
 
 def table(part: Part[T]) -> Mapping[str, T]:
@@ -240,8 +240,8 @@ def table(part: Part[T]) -> Mapping[str, T]:
     return _Table(part)
 
 
-def _field(model_type: str, part: Part[T]) -> T | None:
-    facts = FACTS.get(model_type)
+def _field(model_type: object, part: Part[T]) -> T | None:
+    facts = FACTS.get(model_type) if isinstance(model_type, str) else None
     return None if facts is None else part.read(facts)
 
 

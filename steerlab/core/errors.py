@@ -21,7 +21,8 @@ class SiteError(ValueError):
 
 
 class FamilyError(ValueError):
-    """A model family (HF ``model_type``) the part of steerlab asked knows nothing about."""
+    """A model family (HF ``model_type``) that the part of steerlab asked has no facts for,
+    or a family record whose facts contradict each other."""
 
 
 class PromptError(ValueError):
