@@ -18,12 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from steerlab.backends.families import has_plain_head
+
 # A vocabulary this wide makes the head the largest matrix product of a forward.
 WIDE_VOCAB = 8192
 WIDE_ROWS = 64  # the most rows multiplied with the weight on the left
-# Causal LMs whose logits are exactly ``lm_head(base_model(...).last_hidden_state)``, cut to
-# the positions kept: no logit scaling or soft-capping.
-PLAIN_HEAD = ("gpt2", "llama", "mistral", "qwen2")
 
 
 _LINEAR_FORWARD = nn.Linear.forward  # as torch defines it, before anyone patches the class
@@ -93,7 +92,9 @@ def plain_head(model: Any) -> nn.Linear | None:
     there). None otherwise: call the model itself."""
     config = getattr(model, "config", None)
     head = getattr(model, "lm_head", None)
-    if getattr(config, "model_type", None) not in PLAIN_HEAD or type(head) is not nn.Linear:
+    # The family's logits are exactly ``lm_head(base_model(...).last_hidden_state)``, cut to
+    # the positions kept: no logit scaling or soft-capping (its record's ``plain_head``).
+    if not has_plain_head(getattr(config, "model_type", None)) or type(head) is not nn.Linear:
         return None
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None

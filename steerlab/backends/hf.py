@@ -1,15 +1,14 @@
 """Plain HuggingFace causal LMs, steered through module hooks.
 
-Each supported family is one row of ``LAYOUTS``: where the blocks live, and which
-block submodules write to the residual stream. Most decoders share the Llama layout
-(``model.layers``, ``self_attn``, ``mlp``), so a new family is usually one name in
-``_LLAMA_LIKE``; a family that differs is one ``Layout`` row.
+Each supported family's ``Layout`` (where the blocks live, and which block submodules
+write to the residual stream) is the ``hf`` field of its record in ``backends/families.py``.
+Most decoders share the Llama layout (``model.layers``, ``self_attn``, ``mlp``), so a new
+family is usually one name in that module's ``_LLAMA_LIKE``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,76 +23,15 @@ from steerlab.backends.base import (
     resid_mid_hooks,
 )
 from steerlab.backends.cache import DynamicCacheOps
+from steerlab.backends.families import HF, Layout, lookup, table
 from steerlab.backends.head import plain_head, unembed, wide
+from steerlab.core.errors import FamilyError
 from steerlab.core.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
 from steerlab.core.tagging import tag
 
-
-@dataclass(frozen=True)
-class Layout:
-    """How one architecture family writes to its residual stream.
-
-    Attributes:
-        blocks: dotted path to the list of decoder blocks.
-        attn: block submodule whose output is added to the stream after attention
-            (for Gemma 2/3 and OLMo 2 that is the norm after the attention).
-        mlp: the same for the MLP (OPT has no MLP module: its last linear, ``fc2``).
-        parallel: True, or config flags any of which make attention and MLP both read
-            the block input. Such blocks have no ``hook_resid_mid``.
-        flat_mlp: the MLP runs on ``[batch * pos, d_model]`` rather than ``[batch, pos, d_model]``.
-        embed_scale: config attribute the model multiplies the token embeddings by.
-        residual_scale: config attribute the model multiplies each sublayer output by
-            before adding it to the stream (Granite).
-        unsupported: given the config, names a variant the row does not cover, or None.
-    """
-
-    blocks: str = "model.layers"
-    attn: str = "self_attn"
-    mlp: str = "mlp"
-    parallel: bool | tuple[str, ...] = False
-    flat_mlp: bool = False
-    embed_scale: str | None = None
-    residual_scale: str | None = None
-    unsupported: Callable[[Any], str | None] | None = None
-
-    def is_parallel(self, config: Any) -> bool:
-        if isinstance(self.parallel, bool):
-            return self.parallel
-        return any(getattr(config, flag, False) for flag in self.parallel)
-
-
-def _opt_unsupported(config: Any) -> str | None:
-    if not config.do_layer_norm_before:
-        return "post-norm OPT (do_layer_norm_before=False, as in opt-350m)"
-    if config.word_embed_proj_dim != config.hidden_size:
-        return "OPT with projected embeddings (word_embed_proj_dim != hidden_size)"
-    return None
-
-
-_LLAMA_LIKE = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
-    "phi3", "smollm3", "starcoder2", "glm", "olmo",
-)  # fmt: skip
-_POST_NORMS = Layout(attn="post_attention_layernorm", mlp="post_feedforward_layernorm")
-_GRANITE = Layout(embed_scale="embedding_multiplier", residual_scale="residual_multiplier")
-_H = "transformer.h"
-LAYOUTS: dict[str, Layout] = {
-    **dict.fromkeys(_LLAMA_LIKE, Layout()),
-    **dict.fromkeys(("gemma2", "gemma3_text", "olmo2", "olmo3"), _POST_NORMS),
-    "glm4": Layout(attn="post_self_attn_layernorm", mlp="post_mlp_layernorm"),
-    "granite": _GRANITE,
-    "granitemoe": replace(_GRANITE, mlp="block_sparse_moe"),
-    "gpt2": Layout(blocks=_H, attn="attn"),
-    "opt": Layout("model.decoder.layers", mlp="fc2", flat_mlp=True, unsupported=_opt_unsupported),
-    "stablelm": Layout(parallel=("use_parallel_residual",)),
-    # Parallel blocks: attention and MLP both read the block input.
-    "gpt_neox": Layout("gpt_neox.layers", "attention", parallel=("use_parallel_residual",)),
-    "gptj": Layout(blocks=_H, attn="attn", parallel=True),
-    "falcon": Layout(_H, "self_attention", parallel=("parallel_attn", "new_decoder_architecture")),
-    "phi": Layout(parallel=True),
-    "cohere": Layout(parallel=True),
-    "cohere2": Layout(parallel=True),
-}
+# The hook table: a read-only view of each family's ``hf`` field in ``FACTS``
+# (``backends/families.py``), where a new family goes.
+LAYOUTS: Mapping[str, Layout] = table(HF)
 
 
 def _first(output: Any) -> torch.Tensor:
@@ -124,15 +62,10 @@ def _config_scale(config: Any, attribute: str | None) -> float:
 
 def _layout_for(config: Any) -> Layout:
     model_type = config.model_type
-    if model_type not in LAYOUTS:
-        raise ValueError(
-            f"steerlab has no hook table for HuggingFace model_type {model_type!r}. "
-            f"Supported: {', '.join(sorted(LAYOUTS))}. Use backend='bridge' for others."
-        )
-    layout = LAYOUTS[model_type]
+    layout = lookup(model_type, HF)
     variant = layout.unsupported(config) if layout.unsupported else None
     if variant is not None:
-        raise ValueError(
+        raise FamilyError(
             f"steerlab's hook table for {model_type!r} does not cover {variant}. "
             "Use backend='bridge' for it."
         )

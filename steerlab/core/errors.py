@@ -20,6 +20,11 @@ class SiteError(ValueError):
     """An unknown or out-of-range hook site."""
 
 
+class FamilyError(ValueError):
+    """A model family (HF ``model_type``) that the part of steerlab asked has no facts for,
+    or a family record whose facts contradict each other."""
+
+
 class PromptError(ValueError):
     """Prompts that cannot be run."""
 

@@ -4,7 +4,8 @@ The compiled step calls only leaf modules (linear layers, norms, the rotary tabl
 never a module steerlab hooks (embeddings, blocks, attention, MLP), so no hook is traced
 and a steer's data can change without touching the graph. A TransformerBridge replaces
 the HF model's modules with bridge components; ``plain`` unwraps them to the originals.
-A new family is a new class here and a row in ``FAMILIES``.
+A new step is a class here, named in ``STEPS``; a family uses it by that name in its
+record's ``step`` field (``backends/families.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from steerlab.backends.families import STEP, lookup, refusal
 from steerlab.backends.head import unembed
 
 
@@ -62,6 +64,13 @@ def _heads(x: torch.Tensor, n: int, d: int) -> torch.Tensor:  # [B, 1, n*d] -> [
 
 class GPT2:
     """GPT-2: learned positions, LayerNorm, fused QKV (Conv1D), GELU MLP."""
+
+    @staticmethod
+    def unsupported(config: Any) -> str | None:
+        """A variant of the family this step does not write out, or None."""
+        if config.reorder_and_upcast_attn or config.add_cross_attention:
+            return "GPT-2 with reorder_and_upcast_attn or cross-attention"
+        return None
 
     def __init__(self, model: nn.Module) -> None:
         body = part(model, "transformer")
@@ -113,6 +122,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class Llama:
     """Llama and its close kin (Mistral, Qwen2): RMSNorm, rotary positions, gated MLP."""
+
+    @staticmethod
+    def unsupported(config: Any) -> str | None:
+        """A variant of the family this step does not write out, or None."""
+        return "pretraining_tp > 1" if getattr(config, "pretraining_tp", 1) != 1 else None
 
     def __init__(self, model: nn.Module) -> None:
         body = part(model, "model")
@@ -168,7 +182,15 @@ class Llama:
         return unembed(self.lm_head, self.norm(h))
 
 
-FAMILIES: dict[str, type] = {"gpt2": GPT2, "llama": Llama, "mistral": Llama, "qwen2": Llama}
+# The step classes by name; which families use which is each one's ``step`` field in
+# ``backends/families.py``.
+STEPS: dict[str, type[GPT2] | type[Llama]] = {"gpt2": GPT2, "llama": Llama}
+
+
+def step_class(config: Any) -> type[GPT2] | type[Llama]:
+    """The compiled step's class for an HF text config (``FamilyError`` for a family
+    without one; ``family_reason`` says so first)."""
+    return STEPS[lookup(config.model_type, STEP)]
 
 
 def hf_model_of(backend: Any) -> Any:
@@ -183,13 +205,9 @@ def hf_model_of(backend: Any) -> Any:
 def family_reason(model: nn.Module, length: int) -> str | None:
     """Why the compiled step cannot run ``model`` for ``length`` positions, or None."""
     config = model.config.get_text_config()  # type: ignore[union-attr,operator]
-    kind = config.model_type
-    if kind not in FAMILIES:
-        return f"model_type {kind!r} has no compiled step (have: {', '.join(sorted(FAMILIES))})"
-    if kind == "gpt2" and (config.reorder_and_upcast_attn or config.add_cross_attention):
-        return "GPT-2 with reorder_and_upcast_attn or cross-attention"
-    if kind != "gpt2" and getattr(config, "pretraining_tp", 1) != 1:
-        return "pretraining_tp > 1"
+    why = refusal(config.model_type, STEP) or step_class(config).unsupported(config)
+    if why is not None:
+        return why
     window = getattr(config, "sliding_window", None)
     if window and getattr(config, "use_sliding_window", True) and length > window:
         return f"sliding-window attention ({window}) over {length} positions"

@@ -10,7 +10,7 @@ import torch
 from steerlab.backends.cache import KVCache
 from steerlab.core.request import Request, Sampling
 from steerlab.engine.compiled.batch import StaticBatch
-from steerlab.engine.compiled.families import FAMILIES, Family, hf_model_of
+from steerlab.engine.compiled.families import Family, hf_model_of, step_class
 from steerlab.engine.compiled.fit import call_reason, model_reason, steer_reason
 from steerlab.engine.compiled.runner import StepRunner, bucket
 from steerlab.engine.progress import last
@@ -90,7 +90,7 @@ class CompiledStep:
         if key not in self._runners:
             if self._family is None:
                 assert self.model is not None
-                self._family = FAMILIES[self.model.config.get_text_config().model_type](self.model)
+                self._family = step_class(self.model.config.get_text_config())(self.model)
             dtype = self.model.get_input_embeddings().weight.dtype
             self._runners[key] = StepRunner(self._family, *key, self.engine.d_model, dtype,
                                             self.device, self.mode, self.compiler)  # fmt: skip

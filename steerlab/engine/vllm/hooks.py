@@ -1,4 +1,4 @@
-"""Hooks on vLLM's own modules, one per site a call steers, following ``sites.LAYOUTS``.
+"""Hooks on vLLM's own modules, one per site a call steers, following the family's ``VLLMLayout``.
 
 Every hook calls ``apply(site, act)`` with the residual-stream value at its site,
 ``[tokens, d_model]``, and writes back what it returns (None: unchanged). In the ``pair``
