@@ -20,7 +20,8 @@ from steerlab.backends.tl import CoordinatesWarning
 from steerlab.chat import ChatSession
 from steerlab.core import Ablate, Add, Cap, Clamp, LoReFT, Rotate, Steer, SteerError
 from steerlab.core.activations import Activations
-from steerlab.core.reads import Condition, Monitor, all_of, any_of
+from steerlab.core.monitors import Monitor
+from steerlab.core.reads import Condition, all_of, any_of
 from steerlab.core.results import Generation, MonitorTrace, Step
 from steerlab.core.sites import SiteError
 from steerlab.features import SAE, FeatureActivations, load_sae

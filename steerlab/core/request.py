@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 import torch
 
 from steerlab.core.errors import SamplingError
+from steerlab.core.monitors import Monitor
 from steerlab.core.ops import Operation, SteerError
 from steerlab.core.positions import Positions
-from steerlab.core.reads import Gate, Monitor
+from steerlab.core.reads import Gate
 from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Steer, steer_data, vector_fingerprint
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from steerlab.core.reads import nan_padded
+from steerlab.core.monitors import nan_padded
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from steerlab.core.monitors import Monitor, as_monitors
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
-from steerlab.core.reads import Monitor, as_monitors
 from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.core.scalars import as_int
 from steerlab.core.steer import Steer, check_steer, warn_other_model

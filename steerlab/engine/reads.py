@@ -23,7 +23,8 @@ from dataclasses import replace
 import torch
 
 from steerlab.backends.base import Backend
-from steerlab.core.reads import Condition, Gate, Monitor, prompt_score, reported_gate
+from steerlab.core.monitors import Monitor
+from steerlab.core.reads import Condition, Gate, prompt_score, reported_gate
 from steerlab.core.request import Readout, Request
 from steerlab.core.sites import Site
 from steerlab.engine.context import ForwardContext

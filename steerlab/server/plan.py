@@ -18,9 +18,10 @@ import torch
 
 from steerlab.core.directions import direction_of
 from steerlab.core.errors import ContextError, SamplingError
+from steerlab.core.monitors import Monitor
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError
-from steerlab.core.reads import Condition, Gate, Monitor
+from steerlab.core.reads import Condition, Gate
 from steerlab.core.reft import LoReFT
 from steerlab.core.request import OPTIONS, Request, Sampling, fresh_seed
 from steerlab.core.rows import Rows, checked_monitors, lay_out, lay_out_ids

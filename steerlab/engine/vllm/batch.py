@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from steerlab.core.monitors import Monitor, monitor_from_data
 from steerlab.core.ops import Add, Operation
 from steerlab.core.positions import position_mask
-from steerlab.core.reads import Gate, Monitor, monitor_from_data
+from steerlab.core.reads import Gate
 from steerlab.core.steer import steer_from_data
 
 DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args

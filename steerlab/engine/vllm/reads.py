@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from steerlab.core.reads import Condition, Gate, Monitor, prompt_score, reported_gate
+from steerlab.core.monitors import Monitor
+from steerlab.core.reads import Condition, Gate, prompt_score, reported_gate
 from steerlab.engine.vllm.batch import ForwardBatch, RowPlan, SiteSteer
 
 
