@@ -19,6 +19,17 @@ _FILL = {"width": "100%", "max_width": "40em"}
 _COLUMN = {"flex": "1 1 250px", "min_width": "230px", "margin": "0 8px 0 0"}
 _ROW = {"flex_flow": "row wrap", "align_items": "center"}
 ALWAYS, NO_MONITOR = "(always)", "(none)"
+POSITIONS = [("all", "all"), ("prompt", "prompt"), ("generated", "generated")] + [
+    (f"from token {k}", k) for k in (1, 2, 4, 8, 16)
+]
+# CAST's cosine is blind to the sign: cos(-h, tanh(-Ph)) = cos(h, tanh(Ph)), as tanh is odd.
+CONDITION_TIP = (
+    "steer only prompts whose mean residual scores above (or below) the threshold on CAST's "
+    "cosine cos(h, tanh(Ph)), P the projection onto this vector's axis. The cosine says how "
+    "much of h lies along that axis, either way: a prompt opposite the vector scores as high "
+    "as one along it. For a signed read along the direction, use "
+    "sl.Condition(site, v, score='projection') (h·v/|v|) in code."
+)
 
 
 @dataclass
@@ -151,8 +162,7 @@ def build_controls(
         ),
         alpha=slider(widgets.FloatSlider, "alpha", alpha, *alpha_range, 0.5, readout_format=".1f"),
         positions=widgets.Dropdown(
-            options=[("all", "all"), ("prompt", "prompt"), ("generated", "generated")]
-            + [(f"from token {k}", k) for k in (1, 2, 4, 8, 16)],
+            options=POSITIONS,
             value="all",
             description="positions",
             style=_STYLE,
@@ -185,8 +195,7 @@ def build_controls(
             options=[(ALWAYS, "")] + [(n, n) for n in vector_names],
             value="",
             description="steer only when",
-            tooltip="steer only prompts that read as this vector (CAST): cosine of the "
-            "prompt's mean residual with it",
+            tooltip=CONDITION_TIP,
             style={"description_width": "8.5em"},
             layout=widgets.Layout(width="18em"),
         ),  # fmt: skip

@@ -27,7 +27,7 @@ from steerlab.features import SAE
 from steerlab.model import SteerableModel
 from steerlab.vectors import SteeringVector
 from steerlab.widgets.completions import completions_button
-from steerlab.widgets.controls import build_controls, hook_kinds
+from steerlab.widgets.controls import POSITIONS, build_controls, hook_kinds
 from steerlab.widgets.debounce import Debouncer
 from steerlab.widgets.figure import pair_norms_figure, token_strip
 from steerlab.widgets.runner import (
@@ -47,6 +47,7 @@ PANE_BORDER, STALE_BORDER = "1px solid #ddd", "1px dashed #b00020"
 STALE_NOTE = "⚠ not current: the last run failed; this is the previous result"
 CLAMP_SITE_TIP = "a clamp acts at the SAE's own site"
 TRAINED_SITE_TIP = "a trained LoReFT acts at the site it was trained at"
+TRAINED_POSITIONS_TIP = "a trained LoReFT acts on the positions it was trained on"
 HINT = (
     "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
     "regenerates beside the baseline.</i>"
@@ -230,6 +231,8 @@ class SteeringPanel:
         self._latest = 0
         self._muted = False  # True while add_vector swaps the dropdown's options
         self._closed = False
+        # (layer, hook, positions) as the user left them when a steer locked them
+        self._unlocked: tuple[int, str, Any] | None = None
         self._run_lock = threading.Lock()
         self._debouncer = Debouncer(self._run, debounce)
         self._sync_site_controls()
@@ -386,29 +389,51 @@ class SteeringPanel:
             self._muted = False
 
     def _sync_site_controls(self) -> None:
-        """In clamp mode, put the layer and hook point at the SAE's site and disable them
-        (a clamp reads the SAE's own encoding); otherwise enable them. Part of the change
-        that switched the mode, not a run of its own."""
+        """Lock the controls the chosen steer fixes itself, showing its own values: in clamp
+        mode the layer and hook point (a clamp reads the SAE's own encoding); for a trained
+        LoReFT those and the positions it was trained on. Leaving a lock puts back what the
+        user had chosen before it. Part of the change that switched the mode, not a run of
+        its own."""
         controls = self.controls
-        clamping = (self.sae is not None and controls.vector.value == FEATURE
-                    and controls.feature_op.value == "clamp")  # fmt: skip
         trained = self.vectors.get(controls.vector.value)
         trained = trained if isinstance(trained, LoReFT) else None
+        clamping = (self.sae is not None and controls.vector.value == FEATURE
+                    and controls.feature_op.value == "clamp")  # fmt: skip
+        own = trained.site if trained is not None else self.sae.site if clamping else None  # type: ignore[union-attr]
         muted, self._muted = self._muted, True
         try:
-            if clamping or trained is not None:
-                own = trained.site if trained is not None else self.sae.site  # type: ignore[union-attr]
+            if own is not None and self._unlocked is None:
+                self._unlocked = (controls.layer.value, controls.hook.value,
+                                  controls.positions.value)  # fmt: skip
+            if own is not None:
                 site = Site.parse(own)
                 if site.layer is not None:
                     controls.layer.value = site.layer
                 controls.hook.value = site.kind
+            self._sync_positions(trained)
+            if own is None and self._unlocked is not None:
+                controls.layer.value, controls.hook.value, _ = self._unlocked
+                self._unlocked = None
         finally:
             self._muted = muted
         tip = TRAINED_SITE_TIP if trained is not None else CLAMP_SITE_TIP
-        clamping = clamping or trained is not None
         for control in (controls.layer, controls.hook):
-            control.disabled = clamping
-            control.tooltip = tip if clamping else None
+            control.disabled = own is not None
+            control.tooltip = tip if own is not None else None
+
+    def _sync_positions(self, trained: LoReFT | None) -> None:
+        """A trained LoReFT's positions, as the one locked entry; else the usual choices, at
+        the user's own choice from before any lock."""
+        dropdown = self.controls.positions
+        if trained is not None:
+            label = f"{trained.positions} (trained)"
+            dropdown.options = [(label, trained.positions)]
+            dropdown.value = trained.positions
+        elif dropdown.disabled:
+            dropdown.options = POSITIONS
+            dropdown.value = "all" if self._unlocked is None else self._unlocked[2]
+        dropdown.disabled = trained is not None
+        dropdown.tooltip = TRAINED_POSITIONS_TIP if trained is not None else None
 
     def _is_current(self, request: PanelRequest) -> bool:
         return request.request_id == self._latest

@@ -224,6 +224,10 @@ def _plan(
         if site != vector.site:
             raise SteerError(f"{request.vector!r} is a trained LoReFT: it steers at "
                              f"{vector.site} only, not {site}.")  # fmt: skip
+        if request.positions != vector.positions:
+            raise SteerError(f"{request.vector!r} is a trained LoReFT: it acts on the positions "
+                             f"it was trained on, {vector.positions!r}, not "
+                             f"{request.positions!r}.")  # fmt: skip
         (trained,) = vector.steers()
         steer = replace(trained, alpha=tuple(a * vector.scale for a in alphas))
         return PanelSteer(steer, None, f"{request.vector} (trained)")
