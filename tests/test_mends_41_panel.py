@@ -168,3 +168,9 @@ def test_make_lab_starts_the_default_kernel_without_a_dialog(tmp_path):
     (lab,) = [line for line in (REPO / "Makefile").read_text().splitlines()
               if line.startswith("lab:")]  # fmt: skip
     assert "lab-settings" in lab.split()
+
+
+def test_the_readme_links_every_screenshot_and_figure_in_docs_images():
+    linked = set(re.findall(r"\(docs/images/([\w.]+\.png)\)", README.read_text()))
+    shipped = {p.name for p in (REPO / "docs" / "images").glob("*.png")}
+    assert linked == shipped, (sorted(shipped - linked), sorted(linked - shipped))

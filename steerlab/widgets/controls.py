@@ -15,7 +15,7 @@ _WIDE = widgets.Layout(width="100%")
 _STYLE = {"description_width": "6.5em"}
 # Each control fills its column and the columns wrap under each other on a narrow screen,
 # so nothing is clipped beside JupyterLab's file browser.
-_FILL = {"width": "100%", "max_width": "40em"}
+_FILL = {"width": "auto", "max_width": "40em"}
 _COLUMN = {"flex": "1 1 250px", "min_width": "230px", "margin": "0 8px 0 0"}
 _ROW = {"flex_flow": "row wrap", "align_items": "center"}
 ALWAYS, NO_MONITOR = "(always)", "(none)"
@@ -50,7 +50,7 @@ class Controls:
     feature: widgets.IntText  # used when the vector is the SAE's feature
     feature_op: widgets.ToggleButtons
     condition: widgets.Dropdown  # "steer only when": a vector name, "" for always
-    condition_layer: widgets.IntSlider
+    condition_layer: widgets.Dropdown
     threshold: widgets.FloatText
     compare: widgets.ToggleButtons
     monitor: widgets.Dropdown  # "" for no monitor strip
@@ -197,18 +197,16 @@ def build_controls(
             description="steer only when",
             tooltip=CONDITION_TIP,
             style={"description_width": "8.5em"},
-            layout=widgets.Layout(width="18em"),
+            layout=widgets.Layout(width="16em"),
         ),  # fmt: skip
-        condition_layer=widgets.IntSlider(
+        # A dropdown, not a slider: the row stays one line beside JupyterLab's file browser.
+        condition_layer=widgets.Dropdown(
+            options=list(range(n_layers)),
             value=max(layer - 1, 0),  # resid_post of layer L-1 comes before the steer at L
-            min=0,
-            max=n_layers - 1,
-            step=1,
             description="at layer",
             tooltip=f"the condition reads blocks.{{layer}}.{CONDITION_KIND}",
-            continuous_update=False,
-            style={"description_width": "4.5em"},
-            layout=widgets.Layout(width="17em"),
+            style={"description_width": "4em"},
+            layout=widgets.Layout(width="8.5em"),
         ),  # fmt: skip
         compare=widgets.ToggleButtons(
             options=[("above", "above"), ("below", "below")],
@@ -216,12 +214,12 @@ def build_controls(
             tooltips=["fires when the score is above the threshold", "… below the threshold"],
             style={"button_width": "5em"},
         ),  # fmt: skip
+        # No label: the row reads "steer only when v at layer 1 [above|below] 0.1".
         threshold=widgets.FloatText(
             value=0.0,
             step=0.01,
-            description="threshold",
-            style={"description_width": "5.5em"},
-            layout=widgets.Layout(width="12em"),
+            tooltip="the threshold the prompt's score is compared with",
+            layout=widgets.Layout(width="5.5em"),
         ),  # fmt: skip
         monitor=widgets.Dropdown(
             options=[(NO_MONITOR, "")] + [(n, n) for n in vector_names],

@@ -48,6 +48,12 @@ STALE_NOTE = "⚠ not current: the last run failed; this is the previous result"
 CLAMP_SITE_TIP = "a clamp acts at the SAE's own site"
 TRAINED_SITE_TIP = "a trained LoReFT acts at the site it was trained at"
 TRAINED_POSITIONS_TIP = "a trained LoReFT acts on the positions it was trained on"
+# The panes and their titles at a text's line height, not a widget row's 28 px (five lines
+# of a long steered title took 140 px).
+PANEL_CSS = (
+    "<style>.steerlab-panel :is(.steerlab-pane-title, .steerlab-pane) .widget-html-content "
+    "{ line-height: 1.45; }</style>"
+)
 HINT = (
     "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
     "regenerates beside the baseline.</i>"
@@ -112,7 +118,9 @@ class SteeringPanel:
 
     "Steer only when" gates the steered row with a CAST condition (``sl.Condition``): the
     chosen vector's direction, the prompt's mean cosine at ``blocks.{L}.hook_resid_post``,
-    above or below a threshold. A label beside it says whether the prompt fired it and on
+    above or below a threshold. CAST's cosine is blind to the vector's sign (a prompt
+    opposite it scores as high as one along it); ``sl.Condition(..., score="projection")``
+    is the signed read, in code. A label beside it says whether the prompt fired it and on
     what score. A row that does not fire is the unsteered row. The baseline row has alpha
     0, so a condition leaves it unchanged, and changing the condition reruns the steered
     row alone. A bad combination (a condition after a steer that touches the prompt) is an
@@ -552,7 +560,7 @@ class SteeringPanel:
         op = getattr(plan.steer.op, "name", "") or type(plan.steer.op).__name__.lower()
         return (
             f"<b>steered</b> · {request.site} · positions {request.positions} · "
-            f"vector {vector} · {op} · α = {format_alpha(request.alpha)}{_only_when(request)}"
+            f"vector {vector} · {op} · {_alpha(request.alpha)}{_only_when(request)}"
         )
 
     # --- SAE features -------------------------------------------------------------------
@@ -701,6 +709,8 @@ class SteeringPanel:
         self.baseline_title = widgets.HTML("<b>baseline</b> · no steering")
         self.steered_title = widgets.HTML("<b>steered</b>")
         self.steered_title.add_class("steerlab-steered-title")
+        for title in (self.baseline_title, self.steered_title):
+            title.add_class("steerlab-pane-title")
         self.hint = widgets.HTML(HINT)
         self.hint.add_class("steerlab-hint")
         self.error_box = widgets.HTML("")
@@ -717,14 +727,16 @@ class SteeringPanel:
         )
         self.figure_view = widgets.Output(layout=widgets.Layout(width="100%"))
         self.figure_view.add_class("steerlab-figure")
-        column = widgets.Layout(flex="1 1 250px", min_width="230px", margin="0 8px 0 0")
-        panes = widgets.HBox(
-            [
-                widgets.VBox([self.baseline_title, self.baseline_pane], layout=column),
-                widgets.VBox([self.steered_title, self.steered_pane], layout=column),
-            ],
-            layout=widgets.Layout(flex_flow="row wrap"),
-        )
+        # Titles in one grid row and panes in the next, so that both panes start level
+        # however many lines the steered title takes; the baseline title sits on its pane.
+        self.baseline_title.layout.align_self = "flex-end"
+        css = widgets.HTML(PANEL_CSS, layout=widgets.Layout(display="none"))  # no grid cell
+        panes = widgets.GridBox(
+            [self.baseline_title, self.steered_title, self.baseline_pane, self.steered_pane, css],
+            layout=widgets.Layout(grid_template_columns="minmax(0, 1fr) minmax(0, 1fr)",
+                                  grid_gap="0 8px", width="100%"),
+        )  # fmt: skip
+        panes.add_class("steerlab-panes")
         wrap = widgets.Layout(flex_flow="row wrap")
         exports = widgets.HBox(
             [
@@ -871,6 +883,11 @@ def plotly_output(figure: go.Figure, text: str) -> tuple[dict[str, Any], ...]:
     spec["config"] = {"responsive": False, "displaylogo": False}
     return ({"output_type": "display_data", "data": {PLOTLY_MIME: spec, "text/plain": text},
              "metadata": {}},)  # fmt: skip
+
+
+def _alpha(alpha: float) -> str:
+    """The title's alpha, as "α = 4", kept on one line wherever the title wraps."""
+    return f"<span style='white-space:nowrap'>α = {format_alpha(alpha)}</span>"
 
 
 def _only_when(request: PanelRequest) -> str:
