@@ -174,3 +174,41 @@ def test_the_readme_links_every_screenshot_and_figure_in_docs_images():
     linked = set(re.findall(r"\(docs/images/([\w.]+\.png)\)", README.read_text()))
     shipped = {p.name for p in (REPO / "docs" / "images").glob("*.png")}
     assert linked == shipped, (sorted(shipped - linked), sorted(linked - shipped))
+
+
+def test_the_monitor_strip_is_the_engines_readout_for_kept_and_replaced_vectors(lm):
+    """The strip's rows are ``out.monitors`` of the same steer through ``lm.generate``: for a
+    three-site vector (read at its own sites only), and for a monitor vector replaced
+    under the same name (the kept baseline's readout of the old one is not reused)."""
+    g = torch.Generator().manual_seed(5)
+    sites = [f"blocks.{i}.hook_resid_pre" for i in range(3)]
+    three = sl.SteeringVector({s: torch.randn(lm.d_model, generator=g) for s in sites})
+    first, second = (torch.randn(lm.d_model, generator=g) for _ in range(2))
+    panel = SteeringPanel(lm, {"three": three, "m": first}, prompt=PROMPT, layer=1, alpha=3.0,
+                          max_new_tokens=NEW, debounce=0)  # fmt: skip
+    try:
+        for monitor in ("m", "three", "m"):
+            panel.controls.monitor.value = monitor
+            if monitor == "m" and panel.vectors["m"] is first:
+                panel.add_vector("m", second, select=False)
+                panel.controls.alpha.value = 5.0  # a run: the baseline reads the new "m"
+            site, alpha = "blocks.1.hook_resid_pre", panel.controls.alpha.value
+            reads = {"r": (site, panel.vectors[monitor] if monitor == "m" else
+                           three.directions[site])}  # fmt: skip
+            want = (
+                lm.generate(
+                    PROMPT,
+                    sl.Steer(site, three, alpha=[0.0, alpha]),
+                    max_new_tokens=NEW,
+                    monitor=reads,
+                )
+                .monitors["r"]
+                .generated
+            )
+            assert panel.error is None
+            got = panel.monitor_strip.data[0].z
+            for row in (0, 1):
+                assert list(got[row]) == pytest.approx(want[row].tolist(), abs=1e-5)
+        assert lm.hook_count() == 0
+    finally:
+        panel.close()

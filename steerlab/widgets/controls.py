@@ -191,7 +191,16 @@ def build_controls(
             style={"button_width": "6em", "description_width": "6.5em"},
             description="feature op",
         ),  # fmt: skip
-        condition=widgets.Dropdown(
+        **_condition_controls(vector_names, n_layers, layer),
+    )
+
+
+def _condition_controls(vector_names: Sequence[str], n_layers: int,
+                        layer: int) -> dict[str, widgets.Widget]:  # fmt: skip
+    """The "steer only when" row's widgets and the monitor dropdown: no condition, no
+    monitor, and the condition reading the layer before ``layer`` (before the steer)."""
+    return {
+        "condition": widgets.Dropdown(
             options=[(ALWAYS, "")] + [(n, n) for n in vector_names],
             value="",
             description="steer only when",
@@ -200,7 +209,7 @@ def build_controls(
             layout=widgets.Layout(width="16em"),
         ),  # fmt: skip
         # A dropdown, not a slider: the row stays one line beside JupyterLab's file browser.
-        condition_layer=widgets.Dropdown(
+        "condition_layer": widgets.Dropdown(
             options=list(range(n_layers)),
             value=max(layer - 1, 0),  # resid_post of layer L-1 comes before the steer at L
             description="at layer",
@@ -208,24 +217,24 @@ def build_controls(
             style={"description_width": "4em"},
             layout=widgets.Layout(width="8.5em"),
         ),  # fmt: skip
-        compare=widgets.ToggleButtons(
+        "compare": widgets.ToggleButtons(
             options=[("above", "above"), ("below", "below")],
             value="above",
             tooltips=["fires when the score is above the threshold", "… below the threshold"],
             style={"button_width": "5em"},
         ),  # fmt: skip
         # No label: the row reads "steer only when v at layer 1 [above|below] 0.1".
-        threshold=widgets.FloatText(
+        "threshold": widgets.FloatText(
             value=0.0,
             step=0.01,
             tooltip="the threshold the prompt's score is compared with",
             layout=widgets.Layout(width="5.5em"),
         ),  # fmt: skip
-        monitor=widgets.Dropdown(
+        "monitor": widgets.Dropdown(
             options=[(NO_MONITOR, "")] + [(n, n) for n in vector_names],
             value="",
             description="monitor",
             tooltip="show this vector's projection h·v/|v| at the steering site, per token",
             style=_STYLE,
         ),
-    )
+    }
