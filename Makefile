@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.steerlab-installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup lab lab-copy test test-fast lint bench browser toy toy-sae clean test-vllm bench-vllm test-tl4
+.PHONY: setup lab lab-copy lab-settings test test-fast lint bench browser toy toy-sae clean test-vllm bench-vllm test-tl4
 
 setup: $(STAMP) browser
 
@@ -41,14 +41,19 @@ lab-copy:
 
 # JupyterLab 4 asks "Would you like to get notified about official Jupyter news?" in a pop-up
 # over the first notebook (the live panel included) until its fetchNews setting is set, even
-# with --LabApp.news_url=None. The venv's lab gets it as a default (the user can still change
-# it in Settings), with update checks off too.
+# with --LabApp.news_url=None; and a notebook can open on a "Select Kernel" dialog (3 runs in 6
+# in the browser test) unless autoStartDefaultKernel is on. The venv's lab gets these as
+# defaults (the user can still change them in Settings), with update checks off too, the same
+# settings as tests/browser/conftest.py's LAB_SETTINGS. The file is rewritten when this
+# Makefile changes, so an older venv gets new defaults too.
 LAB_DEFAULTS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
-$(LAB_DEFAULTS):
+$(LAB_DEFAULTS): Makefile
 	mkdir -p $(dir $@)
-	echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+	echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}, "@jupyterlab/notebook-extension:tracker": {"autoStartDefaultKernel": true}}' > $@
 
-lab: setup lab-copy $(LAB_DEFAULTS)
+lab-settings: $(LAB_DEFAULTS)
+
+lab: setup lab-copy lab-settings
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab \
 		--ServerApp.root_dir="$(CURDIR)/$(LAB_DIR)" --LabApp.default_url=/lab/tree/tutorials \
 		'--ContentsManager.hide_globs=$(LAB_HIDDEN)' $(if $(filter 0,$(shell id -u)),--allow-root)

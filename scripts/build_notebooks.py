@@ -30,6 +30,7 @@ PLOTLY_JSON = "application/vnd.plotly.v1+json"
 # Interactive JSON plus a static PNG fallback in one output (plotly reads PLOTLY_RENDERER).
 BUILD_ENV = {"PLOTLY_RENDERER": "plotly_mimetype+png"}
 COLUMN_CELLS = 12  # a heatmap wider than this is exported at page width
+COLUMN_BARS = 6  # and a bar chart with more horizontal bars than this
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = sorted([*REPO.glob("tutorials/*.ipynb"), *REPO.glob("notebooks/*.ipynb")])
@@ -59,8 +60,8 @@ def export_figures(path: Path, folder: Path) -> list[Path]:
     """Export every plotly figure stored in ``path`` as a print-size PNG in ``folder``.
 
     Files are named ``{notebook}_fig{k}.png`` in order. A figure with subplots, wider than
-    it is tall by more than 2:1, or a heatmap over more than 12 columns gets the page width
-    (7 in); the rest one column (3.4 in).
+    it is tall by more than 2:1, a heatmap over more than 12 columns or more than 6 horizontal
+    bars gets the page width (7 in); the rest one column (3.4 in).
     """
     sys.path.insert(0, str(REPO))
     import plotly.graph_objects as go
@@ -81,7 +82,11 @@ def export_figures(path: Path, folder: Path) -> list[Path]:
         axes = [key for key in fig.layout.to_plotly_json() if key.startswith("xaxis")]
         wide = (fig.layout.height or 500) * 2 < (fig.layout.width or 700)
         cells = max((len(row) for t in fig.data if t.type == "heatmap" for row in t.z), default=0)
-        width = "page" if len(axes) > 1 or wide or cells > COLUMN_CELLS else "column"
+        # horizontal bars, one per method: at column width only every other label fits
+        bars = max((len(t.y) for t in fig.data if t.type == "bar" and t.orientation == "h"),
+                   default=0)  # fmt: skip
+        page = len(axes) > 1 or wide or cells > COLUMN_CELLS or bars > COLUMN_BARS
+        width = "page" if page else "column"
         written.append(export(fig, folder / f"{path.stem}_fig{k}.png", width=width))
     return written
 

@@ -59,6 +59,7 @@ def shoot(page, lab, out: Path) -> None:
         page.wait_for_timeout(1500)
         # the picker at the top of the screen: the completions and the strip under it
         panel.locator(".steerlab-feature-picker").evaluate("e => e.scrollIntoView(true)")
+        page.mouse.move(1, 1)  # off the strip, whose plotly toolbar shows on hover
         page.wait_for_timeout(500)
         page.screenshot(path=str(out / f"feature_panel_{width}.png"))
         print(out / f"feature_panel_{width}.png")

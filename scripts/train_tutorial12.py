@@ -6,8 +6,8 @@
 Tutorial 12 ranks eight methods on the toy's two concepts. Four of them train (BiPO, RePS,
 LoReFT, RePS-LoReFT), which on a 2-core CPU takes minutes, longer than a tutorial under
 nbval may run; this script trains them on ``steerlab.toy.concept_data``, the data the tutorial shows,
-with the benchmark's own defaults (``sl.evals.methods.BUILT_IN``; BiPO with tutorial 11's
-settings, below), and saves each as safetensors. CPU training is deterministic: the same seed writes
+with the benchmark's own defaults (``sl.evals.methods.BUILT_IN``; BiPO's are tutorial 11's
+settings), and saves each as safetensors. CPU training is deterministic: the same seed writes
 the same tensors.
 """
 
@@ -24,9 +24,6 @@ from steerlab.toy import concept_data
 OUT = Path(__file__).resolve().parents[1] / "tutorials" / "trained"
 SITE = "blocks.2.hook_resid_pre"
 TRAINED = ("bipo", "reps", "reft", "reps_reft")
-# BiPO's own defaults (lr 5e-4, from the paper's 7B runs) barely move a vector on the toy; these
-# are tutorial 11's settings, which do. The other three use the benchmark's defaults.
-BIPO = dict(epochs=10, lr=2e-2, batch_size=16, seed=0)
 
 
 def path(concept: str, method: str) -> Path:
@@ -40,10 +37,7 @@ def main(methods: list[str]) -> None:
         data = concept_data(concept, lm=lm)
         for method in methods or TRAINED:
             start = time.perf_counter()
-            if method == "bipo":
-                steer, _ = sl.train.bipo(lm, list(data.pairs), site=SITE, **BIPO, progress=False)
-            else:
-                steer = BUILT_IN[method].make(lm, data, SITE)
+            steer = BUILT_IN[method].make(lm, data, SITE)  # BiPO's defaults: tutorial 11's
             steer.save(path(concept, method))
             print(f"{concept} {method}: {time.perf_counter() - start:.1f} s")
 

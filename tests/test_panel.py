@@ -189,7 +189,7 @@ def test_export_completions_and_display(lm, vec, tmp_path):
     assert "5.0," in (tmp_path / f"{stem}_001.json").read_text()
     text = (tmp_path / f"{stem}_003.txt").read_text()
     assert "alpha: 5\n" in text and panel.steered_text in text
-    assert "α = 5 " not in panel.steered_title.value and panel.steered_title.value.endswith("α = 5")
+    assert panel.steered_title.value.endswith(">α = 5</span>")  # kept on one line, no noise
     assert panel.figure.layout.meta["steerlab_panel"]["alpha"] == 5.0
     assert panel.rendered is not None and panel.rendered.alpha == 5.0
     bundle = panel._repr_mimebundle_()
@@ -309,7 +309,8 @@ def test_the_title_says_what_steers_and_a_lent_vector_warns_once(lm, vec):
         warnings.simplefilter("always")
         panel = make_panel(lm, {"happy": sv}, layer=2)
         assert panel.steered_title.value == (
-            "<b>steered</b> · blocks.2.hook_resid_pre · positions all · vector happy · add · α = 4"
+            "<b>steered</b> · blocks.2.hook_resid_pre · positions all · vector happy · add · "
+            "<span style='white-space:nowrap'>α = 4</span>"
         )
         assert not [w for w in caught if "extracted at" in str(w.message)]
         panel.controls.layer.value = 1

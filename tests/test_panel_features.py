@@ -49,7 +49,8 @@ def test_add_and_clamp_equal_the_same_steers_through_generate(lm, sae):
     add = lm.generate(PROMPT, sl.Steer(sae.site, sae.feature(499), alpha=[0.0, 16.0]),
                       max_new_tokens=NEW)  # fmt: skip
     assert [panel.baseline_text, panel.steered_text] == add.text
-    assert "vector feature 499 of steerlab-tiny-sae · add · α = 16" in panel.steered_title.value
+    assert ("vector feature 499 of steerlab-tiny-sae · add · <span style='white-space:nowrap'>"
+            "α = 16</span>") in panel.steered_title.value  # fmt: skip
 
     panel.controls.feature_op.value = "clamp"
     panel.controls.alpha.value = 18.0

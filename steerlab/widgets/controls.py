@@ -15,10 +15,21 @@ _WIDE = widgets.Layout(width="100%")
 _STYLE = {"description_width": "6.5em"}
 # Each control fills its column and the columns wrap under each other on a narrow screen,
 # so nothing is clipped beside JupyterLab's file browser.
-_FILL = {"width": "100%", "max_width": "40em"}
+_FILL = {"width": "auto", "max_width": "40em"}
 _COLUMN = {"flex": "1 1 250px", "min_width": "230px", "margin": "0 8px 0 0"}
 _ROW = {"flex_flow": "row wrap", "align_items": "center"}
 ALWAYS, NO_MONITOR = "(always)", "(none)"
+POSITIONS = [("all", "all"), ("prompt", "prompt"), ("generated", "generated")] + [
+    (f"from token {k}", k) for k in (1, 2, 4, 8, 16)
+]
+# CAST's cosine is blind to the sign: cos(-h, tanh(-Ph)) = cos(h, tanh(Ph)), as tanh is odd.
+CONDITION_TIP = (
+    "steer only prompts whose mean residual scores above (or below) the threshold on CAST's "
+    "cosine cos(h, tanh(Ph)), P the projection onto this vector's axis. The cosine says how "
+    "much of h lies along that axis, either way: a prompt opposite the vector scores as high "
+    "as one along it. For a signed read along the direction, use "
+    "sl.Condition(site, v, score='projection') (h·v/|v|) in code."
+)
 
 
 @dataclass
@@ -39,7 +50,7 @@ class Controls:
     feature: widgets.IntText  # used when the vector is the SAE's feature
     feature_op: widgets.ToggleButtons
     condition: widgets.Dropdown  # "steer only when": a vector name, "" for always
-    condition_layer: widgets.IntSlider
+    condition_layer: widgets.Dropdown
     threshold: widgets.FloatText
     compare: widgets.ToggleButtons
     monitor: widgets.Dropdown  # "" for no monitor strip
@@ -151,8 +162,7 @@ def build_controls(
         ),
         alpha=slider(widgets.FloatSlider, "alpha", alpha, *alpha_range, 0.5, readout_format=".1f"),
         positions=widgets.Dropdown(
-            options=[("all", "all"), ("prompt", "prompt"), ("generated", "generated")]
-            + [(f"from token {k}", k) for k in (1, 2, 4, 8, 16)],
+            options=POSITIONS,
             value="all",
             description="positions",
             style=_STYLE,
@@ -181,44 +191,50 @@ def build_controls(
             style={"button_width": "6em", "description_width": "6.5em"},
             description="feature op",
         ),  # fmt: skip
-        condition=widgets.Dropdown(
+        **_condition_controls(vector_names, n_layers, layer),
+    )
+
+
+def _condition_controls(vector_names: Sequence[str], n_layers: int,
+                        layer: int) -> dict[str, widgets.Widget]:  # fmt: skip
+    """The "steer only when" row's widgets and the monitor dropdown: no condition, no
+    monitor, and the condition reading the layer before ``layer`` (before the steer)."""
+    return {
+        "condition": widgets.Dropdown(
             options=[(ALWAYS, "")] + [(n, n) for n in vector_names],
             value="",
             description="steer only when",
-            tooltip="steer only prompts that read as this vector (CAST): cosine of the "
-            "prompt's mean residual with it",
+            tooltip=CONDITION_TIP,
             style={"description_width": "8.5em"},
-            layout=widgets.Layout(width="18em"),
+            layout=widgets.Layout(width="16em"),
         ),  # fmt: skip
-        condition_layer=widgets.IntSlider(
+        # A dropdown, not a slider: the row stays one line beside JupyterLab's file browser.
+        "condition_layer": widgets.Dropdown(
+            options=list(range(n_layers)),
             value=max(layer - 1, 0),  # resid_post of layer L-1 comes before the steer at L
-            min=0,
-            max=n_layers - 1,
-            step=1,
             description="at layer",
             tooltip=f"the condition reads blocks.{{layer}}.{CONDITION_KIND}",
-            continuous_update=False,
-            style={"description_width": "4.5em"},
-            layout=widgets.Layout(width="17em"),
+            style={"description_width": "4em"},
+            layout=widgets.Layout(width="8.5em"),
         ),  # fmt: skip
-        compare=widgets.ToggleButtons(
+        "compare": widgets.ToggleButtons(
             options=[("above", "above"), ("below", "below")],
             value="above",
             tooltips=["fires when the score is above the threshold", "… below the threshold"],
             style={"button_width": "5em"},
         ),  # fmt: skip
-        threshold=widgets.FloatText(
+        # No label: the row reads "steer only when v at layer 1 [above|below] 0.1".
+        "threshold": widgets.FloatText(
             value=0.0,
             step=0.01,
-            description="threshold",
-            style={"description_width": "5.5em"},
-            layout=widgets.Layout(width="12em"),
+            tooltip="the threshold the prompt's score is compared with",
+            layout=widgets.Layout(width="5.5em"),
         ),  # fmt: skip
-        monitor=widgets.Dropdown(
+        "monitor": widgets.Dropdown(
             options=[(NO_MONITOR, "")] + [(n, n) for n in vector_names],
             value="",
             description="monitor",
             tooltip="show this vector's projection h·v/|v| at the steering site, per token",
             style=_STYLE,
         ),
-    )
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import plotly.graph_objects as go
 import torch
@@ -60,17 +61,7 @@ def pair_norms_figure(
             f"{kind}: steered − baseline",
         ),
     )
-    prompt_only = torch.zeros(1, captured, dtype=torch.bool)
-    prompt_only[:, :n_prompt] = True
-    for i, name in enumerate(kinds):
-        colour = {"color": PALETTE[i % len(PALETTE)]}
-        for row, suffix, line in ((0, "", colour), (1, " (steered)", {**colour, "dash": "dash"})):
-            one_row = {s: a[row : row + 1] for s, a in activations.items()}
-            layers, norms = mean_norms(one_row, name, prompt_only)
-            fig.add_trace(
-                go.Scatter(x=layers, y=norms, name=f"{name}{suffix}", line=line), row=1, col=1
-            )
-
+    _add_mean_norms(fig, activations, kinds, n_prompt)
     sites = sites_of_kind(activations, kind)
     norms_by_row = torch.stack(
         [activations[s.name][:, :length].float().norm(dim=-1) for s in sites], dim=1
@@ -145,3 +136,34 @@ def token_strip(
     fig.update_xaxes(title_text="generated token", showgrid=False)
     fig.update_yaxes(autorange="reversed", showgrid=False)
     return fig
+
+
+def _add_mean_norms(fig: go.Figure, activations: Mapping[str, torch.Tensor], kinds: list[str],
+                    n_prompt: int) -> None:  # fmt: skip
+    """The left chart: each kind's mean norm per layer over the prompt, baseline solid and
+    steered dashed."""
+    captured = next(iter(activations.values())).shape[1]
+    prompt_only = torch.zeros(1, captured, dtype=torch.bool)
+    prompt_only[:, :n_prompt] = True
+    for i, name in enumerate(kinds):
+        colour = {"color": PALETTE[i % len(PALETTE)]}
+        for row, suffix, line in ((0, "", colour), (1, " (steered)", {**colour, "dash": "dash"})):
+            one_row = {s: a[row : row + 1] for s, a in activations.items()}
+            layers, norms = mean_norms(one_row, name, prompt_only)
+            fig.add_trace(
+                go.Scatter(x=layers, y=norms, name=f"{name}{suffix}", line=line), row=1, col=1
+            )
+
+
+def panel_figure(baseline: dict[str, torch.Tensor], baseline_tokens: list[int],
+                 generation: Any, decode: Callable[[list[int]], str],
+                 alpha: float) -> go.Figure:  # fmt: skip
+    """The panel's figure of a run: ``pair_norms_figure`` of the kept baseline's captured
+    activations (site -> ``[1, pos, d_model]``) and the run's steered (last) row."""
+    if generation.activations is None:
+        raise RuntimeError("the generation kept no activations for the panel's figure")
+    steered = {s: a[-1:] for s, a in generation.activations.items()}
+    length = min(next(iter(baseline.values())).shape[1], next(iter(steered.values())).shape[1])
+    pair = {s: torch.cat([baseline[s][:, :length], steered[s][:, :length]]) for s in steered}
+    return pair_norms_figure(pair, generation.prompt_tokens[-1],
+                             [baseline_tokens, generation.tokens[-1]], decode, alpha)  # fmt: skip

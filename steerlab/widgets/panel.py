@@ -2,94 +2,41 @@
 
 from __future__ import annotations
 
-import html
-import json
 import threading
-import time
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import torch
 
 from steerlab.core import SteerError
 from steerlab.core.prompts import encode
-from steerlab.core.reads import score
-from steerlab.core.reft import LoReFT
 from steerlab.core.results import Generation
 from steerlab.core.sites import Site
-from steerlab.exporting import export_button
 from steerlab.features import SAE
 from steerlab.model import SteerableModel
-from steerlab.vectors import SteeringVector
-from steerlab.widgets.completions import completions_button
 from steerlab.widgets.controls import build_controls, hook_kinds
 from steerlab.widgets.debounce import Debouncer
-from steerlab.widgets.figure import pair_norms_figure, token_strip
+from steerlab.widgets.feature_strip import top_features
+from steerlab.widgets.panel_run import PanelRun
 from steerlab.widgets.runner import (
     FEATURE,
+    BaselineRun,
     PanelRequest,
-    PanelSteer,
     VectorLike,
-    baseline_key,
+    check_panel,
     check_vector,
-    monitor_direction,
-    panel_steer,
-    stream_rows,
+    default_layer,
+    format_alpha,
+    next_free_stem,
 )
-
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-PANE_BORDER, STALE_BORDER = "1px solid #ddd", "1px dashed #b00020"
-STALE_NOTE = "⚠ not current: the last run failed; this is the previous result"
-CLAMP_SITE_TIP = "a clamp acts at the SAE's own site"
-TRAINED_SITE_TIP = "a trained LoReFT acts at the site it was trained at"
-HINT = (
-    "<i>Drag the <b>alpha</b> slider (or click it and press ← →): the steered completion "
-    "regenerates beside the baseline.</i>"
-)
+from steerlab.widgets.site_lock import SiteLock
+from steerlab.widgets.trained import readable, trained_entry
+from steerlab.widgets.view import PanelView
 
 
-@dataclass(frozen=True)
-class BaselineRun:
-    """The unsteered row of a finished run, kept while nothing that feeds it changes.
-
-    ``activations`` holds the sites the run captured (every residual site, the SAE's and
-    a monitored steering site)."""
-
-    key: tuple[object, ...]
-    text: str
-    tokens: list[int]
-    activations: dict[str, torch.Tensor]  # site -> [1, pos, d_model]
-
-
-def format_alpha(alpha: float) -> str:
-    """Alpha for display: at most 4 decimals, no float noise (the exact value stays in records).
-
-    >>> format_alpha(5.0000000000000036), format_alpha(-0.25), format_alpha(1 / 3)
-    ('5', '-0.25', '0.3333')
-    """
-    return f"{round(alpha, 4) + 0.0:g}"  # + 0.0 turns -0.0 into 0.0
-
-
-def next_free_stem(stem: str) -> str:
-    """``{stem}_{n:03d}`` for the smallest n with no file of any suffix, so exports never
-    overwrite one another.
-
-    >>> next_free_stem("/nonexistent/panel_norms")
-    '/nonexistent/panel_norms_001'
-    """
-    folder, name = Path(stem).parent, Path(stem).name
-    n = 1
-    while any(folder.glob(f"{name}_{n:03d}.*")):
-        n += 1
-    return f"{stem}_{n:03d}"
-
-
-class SteeringPanel:
+class SteeringPanel(PanelRun):
     """A live panel: move a control and the baseline and steered completions regenerate.
 
     Both completions use the same seed, so they differ only by the steer. The baseline holds
@@ -111,7 +58,9 @@ class SteeringPanel:
 
     "Steer only when" gates the steered row with a CAST condition (``sl.Condition``): the
     chosen vector's direction, the prompt's mean cosine at ``blocks.{L}.hook_resid_post``,
-    above or below a threshold. A label beside it says whether the prompt fired it and on
+    above or below a threshold. CAST's cosine is blind to the vector's sign (a prompt
+    opposite it scores as high as one along it); ``sl.Condition(..., score="projection")``
+    is the signed read, in code. A label beside it says whether the prompt fired it and on
     what score. A row that does not fire is the unsteered row. The baseline row has alpha
     0, so a condition leaves it unchanged, and changing the condition reruns the steered
     row alone. A bad combination (a condition after a steer that touches the prompt) is an
@@ -120,10 +69,11 @@ class SteeringPanel:
     "monitor" shows a strip under the completions: the chosen vector's projection
     ``h·v/|v|`` at the steering site, the activation the next layer sees (after the
     steer), at the position whose forward chose each generated token, as
-    ``lm.generate(..., monitor=)`` reads it; baseline against steered. It is read from
-    the run's captured activations, so choosing a monitor does not rerun the baseline
-    (unless the cached baseline did not capture that site: a hook point other than a
-    residual one).
+    ``lm.generate(..., monitor=)`` reads it; baseline against steered. The values are the
+    engine's own readouts (``out.monitors``): a run that computes the baseline monitors
+    every vector at every residual site, so choosing a monitor later does not rerun the
+    baseline (unless the kept one did not read it: a hook point other than a residual one,
+    or a vector added or replaced since).
 
     Args:
         lm: the model to steer.
@@ -169,21 +119,7 @@ class SteeringPanel:
         feature: int | None = None,
     ) -> None:
         vectors = {} if vectors is None else vectors
-        if not vectors and sae is None:
-            raise ValueError("SteeringPanel needs at least one vector, e.g. {'joy': vec}, or sae=.")
-        for name, vector in vectors.items():
-            check_vector(name, vector)
-        if sae is not None:
-            if not isinstance(sae, SAE):
-                raise TypeError(f"sae must be an SAE (sl.load_sae); got {type(sae).__name__}.")
-            if FEATURE in vectors:
-                raise ValueError(
-                    f"{FEATURE!r} names the SAE's feature; give the vector another name."
-                )
-            if sae.d_in != lm.d_model:
-                raise ValueError(
-                    f"The SAE reads {sae.d_in} dimensions; this model has d_model={lm.d_model}."
-                )
+        check_panel(lm, vectors, sae)
         self.lm = lm
         self.sae = sae
         self.vectors = dict(vectors)
@@ -196,14 +132,14 @@ class SteeringPanel:
             vector_names=self._vector_options(),
             n_layers=lm.n_layers,
             kinds=hook_kinds(lm.sites()),
-            layer=_default_layer(lm, self.vectors, layer),
+            layer=default_layer(lm, self.vectors, layer),
             hook=hook,
             alpha=alpha,
             alpha_range=alpha_range,
             max_new_tokens=max_new_tokens,
             d_sae=1 if sae is None else sae.d_sae,
         )
-        self.controls.set_vector_names(self._directions())
+        self.controls.set_vector_names(readable(self.vectors))
         self.controls.alpha.step = alpha_step
         if feature is not None:
             if sae is None:
@@ -212,6 +148,10 @@ class SteeringPanel:
             sae.feature(feature)  # SAEError for an index out of range
             self.controls.feature.value = int(feature)
         self._fit_max_tokens()
+        self._start(export_stem, debounce)
+
+    def _start(self, export_stem: str, debounce: float) -> None:
+        """The panel's state and view, then the first run."""
         self.baseline_text = ""
         self.steered_text = ""
         self.render_count = 0
@@ -230,13 +170,27 @@ class SteeringPanel:
         self._latest = 0
         self._muted = False  # True while add_vector swaps the dropdown's options
         self._closed = False
+        self._site_lock = SiteLock(self.controls)
         self._run_lock = threading.Lock()
         self._debouncer = Debouncer(self._run, debounce)
         self._sync_site_controls()
-        self._build_view(export_stem)
+        self._show(PanelView(self.controls, features=self.sae is not None,
+                             hooks=self.lm.hook_count(), record=self.record,
+                             export_stem=self.export_stem, on_top_feature=self._on_top_feature))  # fmt: skip
         for control in self.controls.all():
             control.observe(self._on_change, names="value")
         self.refresh()
+
+    def _show(self, view: PanelView) -> None:
+        """Take ``view``'s widgets as the panel's own."""
+        self.view = view
+        self.widget, self.hint, self.error_box = view.widget, view.hint, view.error_box
+        self.hooks_label, self.status_label = view.hooks_label, view.status_label
+        self.figure, self.figure_view = view.figure, view.figure_view
+        self.baseline_pane, self.steered_pane = view.baseline_pane, view.steered_pane
+        self.baseline_title, self.steered_title = view.baseline_title, view.steered_title
+        self.strip_view, self.monitor_view = view.strip_view, view.monitor_view
+        self.fired_label, self.top_buttons = view.fired_label, view.top_buttons
 
     # --- public -------------------------------------------------------------------------
 
@@ -273,12 +227,15 @@ class SteeringPanel:
         check_vector(name, vector)
         replaced = name in self.vectors
         self.vectors[name] = vector
+        if replaced and self.baseline is not None:  # what the kept baseline read of the old one
+            kept = {k: v for k, v in self.baseline.readouts.items() if k[0] != name}
+            self.baseline = replace(self.baseline, readouts=kept)
         dropdown = self.controls.vector
         current, self._muted = dropdown.value, True
         try:  # new options reset the selection: put it back without a run
             dropdown.options = self._vector_options()
             dropdown.value = current
-            self.controls.set_vector_names(self._directions())
+            self.controls.set_vector_names(readable(self.vectors))
         finally:
             self._muted = False
         if select and dropdown.value != name:
@@ -315,17 +272,13 @@ class SteeringPanel:
         try:  # new options reset the selection: put it back without a run
             dropdown.options = self._vector_options()
             dropdown.value = dropdown.options[0] if selected else current
-            self.controls.set_vector_names(self._directions())  # its condition/monitor: off
+            self.controls.set_vector_names(readable(self.vectors))  # its condition/monitor: off
         finally:
             self._muted = False
         if selected:
             self._sync_site_controls()
         if selected or reads:
             self._debouncer.trigger(self._next_request())
-
-    def _directions(self) -> list[str]:
-        """The vectors with a direction to read (a condition, a monitor): not a LoReFT."""
-        return [n for n, v in self.vectors.items() if not isinstance(v, LoReFT)]
 
     def _vector_options(self) -> list[str]:
         return list(self.vectors) + ([FEATURE] if self.sae is not None else [])
@@ -386,161 +339,26 @@ class SteeringPanel:
             self._muted = False
 
     def _sync_site_controls(self) -> None:
-        """In clamp mode, put the layer and hook point at the SAE's site and disable them
-        (a clamp reads the SAE's own encoding); otherwise enable them. Part of the change
-        that switched the mode, not a run of its own."""
+        """Lock the site and position controls the chosen steer fixes (``SiteLock``); part
+        of the change that switched the mode, not a run of its own."""
         controls = self.controls
         clamping = (self.sae is not None and controls.vector.value == FEATURE
                     and controls.feature_op.value == "clamp")  # fmt: skip
-        trained = self.vectors.get(controls.vector.value)
-        trained = trained if isinstance(trained, LoReFT) else None
         muted, self._muted = self._muted, True
         try:
-            if clamping or trained is not None:
-                own = trained.site if trained is not None else self.sae.site  # type: ignore[union-attr]
-                site = Site.parse(own)
-                if site.layer is not None:
-                    controls.layer.value = site.layer
-                controls.hook.value = site.kind
+            self._site_lock.sync(trained_entry(self.vectors, controls.vector.value),
+                                 self.sae.site if clamping and self.sae else None)  # fmt: skip
         finally:
             self._muted = muted
-        tip = TRAINED_SITE_TIP if trained is not None else CLAMP_SITE_TIP
-        clamping = clamping or trained is not None
-        for control in (controls.layer, controls.hook):
-            control.disabled = clamping
-            control.tooltip = tip if clamping else None
-
-    def _is_current(self, request: PanelRequest) -> bool:
-        return request.request_id == self._latest
-
-    def _run(self, request: PanelRequest) -> None:
-        # One run at a time: two runs would put their hooks on the same model together.
-        with self._run_lock:
-            if self._closed or not self._is_current(request):
-                self.history.append((request.request_id, "skipped"))
-                return
-            start = time.perf_counter()
-            self._status(f"running request {request.request_id} …")
-            outcome = "interrupted"  # stays so if a KeyboardInterrupt (kernel interrupt) lands
-            try:
-                outcome = self._generate(request)
-            except Exception as error:  # anything: show it in the panel, keep the panel alive
-                outcome = "error"
-                if self._is_current(request):
-                    self._show_error(error, request)
-            finally:
-                self.history.append((request.request_id, outcome))
-                self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
-                seconds = time.perf_counter() - start
-                if outcome == "rendered":
-                    self._status(f"last run: request {request.request_id} took {seconds:.2f} s")
-                elif outcome == "interrupted":
-                    self._status(f"request {request.request_id} {outcome} after {seconds:.2f} s")
-
-    def _generate(self, request: PanelRequest) -> str:
-        key = baseline_key(request)
-        capture = [s for s in self.lm.sites() if ".hook_resid_" in s]
-        capture += [s for s in self._read_sites(request) if s not in capture]
-        cached = self.baseline if self.baseline is not None and self.baseline.key == key else None
-        if cached is not None and not set(self._read_sites(request)) <= set(cached.activations):
-            cached = None  # a monitor at a site the kept baseline did not capture
-        alphas = [request.alpha] if cached else [0.0, request.alpha]
-        plan = panel_steer(request, self.vectors, alphas, self.sae)
-        self._warn_if_lent(request, plan)
-        if self.sae is not None:
-            self._show_top_features(request.prompt)
-        if cached is None:
-            self._show_texts(request.prompt, ["", ""])
-        else:
-            self._show_texts(request.prompt, [cached.text, ""])
-        generation = None
-        stream = stream_rows(self.lm, request, plan.steer, lambda: self._is_current(request),
-                             capture)  # fmt: skip
-        for step, (texts, final) in enumerate(stream):
-            if step == 0:
-                self.hooks_label.value = f"steerlab hooks on model: {self.lm.hook_count()}"
-            if cached is None:
-                self._show_texts(request.prompt, texts)
-            else:
-                self._show_texts(request.prompt, texts, panes=(self.steered_pane,))
-            generation = final
-        if generation is None or not self._is_current(request):
-            return "cancelled"
-        if cached is None:
-            cached = self._keep_baseline(key, generation)
-        steered_text = generation.text[-1]
-        figure = self._figure(cached, generation, request)
-        figure.layout.meta = {"steerlab_panel": request.as_dict()}  # exact alpha, for exports
-        self._update_figure(figure)
-        if self.sae is not None:
-            self._show_feature_strip(cached, generation, request)
-        self._show_monitor_strip(cached, generation, request)
-        self._show_fired(request, generation)
-        self.baseline_text, self.steered_text = cached.text, steered_text
-        self.generation, self.rendered, self.error = generation, request, None
-        self.error_box.value = ""
-        self._mark_stale(baseline=False, steered=False)
-        self.steered_title.value = self._title(request, plan)
-        self.render_count += 1
-        return "rendered"
-
-    def _keep_baseline(self, key: tuple[object, ...], pair: Generation) -> BaselineRun:
-        if pair.activations is None:
-            raise RuntimeError("the generation kept no activations for the panel's figure")
-        self.baseline = BaselineRun(
-            key,
-            pair.text[0],
-            pair.tokens[0],
-            {site: acts[0:1] for site, acts in pair.activations.items()},
-        )
-        self.baseline_runs += 1
-        return self.baseline
-
-    def _warn_if_lent(self, request: PanelRequest, plan: PanelSteer) -> None:
-        if plan.lent_from is None or plan.lent_from == request.site:
-            return
-        pair = (request.vector, plan.lent_from, request.site)
-        if pair in self.lent_warned:
-            return
-        self.lent_warned.add(pair)
-        warnings.warn(
-            f"Vector {request.vector!r} was extracted at {plan.lent_from}; the panel applies "
-            f"its direction at {request.site}, where it was never measured.",
-            stacklevel=2,
-        )
-
-    def _title(self, request: PanelRequest, plan: PanelSteer) -> str:
-        """Site, positions, vector (and where it came from), op and alpha."""
-        vector = html.escape(request.vector)
-        if plan.lent_from is not None:
-            vector += (
-                f" <span class='steerlab-lent' style='color:#b35900'>"
-                f"(extracted at {plan.lent_from})</span>"
-            )
-        if request.vector == FEATURE:
-            vector = html.escape(plan.label) + vector.removeprefix(html.escape(request.vector))
-            if request.feature_op == "clamp":
-                return (
-                    f"<b>steered</b> · {request.site} · positions {request.positions} · "
-                    f"clamp {vector} to {format_alpha(request.alpha)}"
-                )
-        op = getattr(plan.steer.op, "name", "") or type(plan.steer.op).__name__.lower()
-        return (
-            f"<b>steered</b> · {request.site} · positions {request.positions} · "
-            f"vector {vector} · {op} · α = {format_alpha(request.alpha)}{_only_when(request)}"
-        )
 
     # --- SAE features -------------------------------------------------------------------
 
-    def _show_top_features(self, prompt: str, n: int = 8) -> None:
-        """Buttons for the prompt's ``n`` strongest features (by peak activation over its
-        tokens, a BOS token left out); a click picks that feature. Recomputed when the
-        prompt changes."""
+    def _show_top_features(self, prompt: str) -> None:
+        """Buttons for the prompt's strongest features; a click picks that feature.
+        Recomputed when the prompt changes."""
         if self.sae is None or prompt == self._top_prompt:
             return
-        acts = self.lm.features(prompt, self.sae, k=n)
-        skip = acts.leading_bos(0)
-        self.top_features = acts.prompt_top(0, min(n, len(self.top_buttons)), skip=skip)
+        self.top_features = top_features(self.lm, self.sae, prompt, len(self.top_buttons))
         self._top_prompt = prompt
         for k, button in enumerate(self.top_buttons):  # fixed buttons, relabelled
             shown = k < len(self.top_features)
@@ -563,97 +381,6 @@ class SteeringPanel:
         self._sync_site_controls()
         self._debouncer.trigger(self._next_request())
 
-    def _read_sites(self, request: PanelRequest) -> list[str]:
-        """Sites the strips read: the SAE's, and the steering site with a monitor."""
-        sae = [] if self.sae is None else [self.sae.site]
-        return sae + ([request.site] if request.monitor else [])
-
-    def _show_feature_strip(self, baseline: BaselineRun, generation: Generation,
-                            request: PanelRequest) -> None:  # fmt: skip
-        """The chosen feature at each generated token that was fed back, both rows."""
-        assert self.sae is not None
-        sae, site, i = self.sae, self.sae.site, request.feature
-        values, tokens = self._strip_rows(
-            baseline, generation, site, lambda h: sae.encode(h)[:, i], chosen_at=False
-        )
-        title = f"feature {i} at {site}, per generated token"
-        self.strip = token_strip(values, tokens, title=title, measure="activation")
-        self.strip_view.outputs = plotly_output(self.strip, f"feature {i} strip")
-
-    def _show_monitor_strip(self, baseline: BaselineRun, generation: Generation,
-                            request: PanelRequest) -> None:  # fmt: skip
-        """The monitored vector's projection ``h·v/|v|`` at the steering site, both rows,
-        at the position whose forward chose each generated token (``MonitorTrace``'s)."""
-        direction = monitor_direction(request, self.vectors)
-        if direction is None:
-            self.monitor_strip = None
-            self.monitor_view.outputs = ()
-            self.monitor_view.layout.display = "none"
-            return
-        values, tokens = self._strip_rows(
-            baseline, generation, request.site, lambda h: score(h, direction, "projection"),
-            chosen_at=True,
-        )  # fmt: skip
-        title = f"monitor {request.monitor}: h·v/|v| at {request.site}, per generated token"
-        self.monitor_strip = token_strip(values, tokens, title=html.escape(title),
-                                         measure="projection", signed=True)  # fmt: skip
-        self.monitor_view.outputs = plotly_output(self.monitor_strip, f"{title} strip")
-        self.monitor_view.layout.display = None
-
-    def _strip_rows(self, baseline: BaselineRun, generation: Generation, site: str,
-                    read: Any, *, chosen_at: bool) -> tuple[list[list[float]], list[list[str]]]:  # fmt: skip
-        """``read`` ([n, d_model] -> [n]) of the captured activations at ``site`` for each
-        row (baseline, steered), one value per generated token: at the token's own position
-        (the token fed back; the last token is never fed), or with ``chosen_at`` at the
-        position whose forward chose it (the last prompt token for the first)."""
-        assert generation.activations is not None
-        n_prompt = len(generation.prompt_tokens[-1])
-        start = n_prompt - 1 if chosen_at else n_prompt
-        rows = [(baseline.activations[site][0], baseline.tokens),
-                (generation.activations[site][-1], generation.tokens[-1])]  # fmt: skip
-        values, tokens = [], []
-        for acts, new in rows:
-            fed = acts[start : n_prompt + max(len(new) - 1, 0)]  # [values, d_model]
-            values.append(read(fed).float().tolist() if len(fed) else [])
-            tokens.append([self.lm.tokenizer.decode([t]) for t in new[: len(fed)]])
-        return values, tokens
-
-    def _show_fired(self, request: PanelRequest, generation: Generation) -> None:
-        """Whether the steered row's condition fired for the prompt, and on what score."""
-        fired_rows, scores = generation.fired, generation.condition_scores
-        if not request.condition or fired_rows is None or scores is None:
-            self.fired_label.value = ""
-            return
-        fired = bool(fired_rows[-1])
-        value = float(scores[-1])
-        colour = "#1b7a1b" if fired else "#777"
-        text = "fired" if fired else "did not fire"
-        self.fired_label.value = (
-            f"<span style='color:{colour}'><b>{text}</b> · score {value:.3f}</span>"
-        )
-
-    def _figure(
-        self, baseline: BaselineRun, generation: Generation, request: PanelRequest
-    ) -> go.Figure:
-        if generation.activations is None:
-            raise RuntimeError("the generation kept no activations for the panel's figure")
-        steered = {s: a[-1:] for s, a in generation.activations.items()}
-        length = min(
-            next(iter(baseline.activations.values())).shape[1],
-            next(iter(steered.values())).shape[1],
-        )
-        pair = {
-            s: torch.cat([baseline.activations[s][:, :length], steered[s][:, :length]])
-            for s in steered
-        }
-        return pair_norms_figure(
-            pair,
-            generation.prompt_tokens[-1],
-            [baseline.tokens, generation.tokens[-1]],
-            self.lm.tokenizer.decode,
-            request.alpha,
-        )
-
     def export_stem(self, kind: str) -> str:
         """A fresh path stem for an export of the rendered run: site, alpha and a counter.
 
@@ -667,155 +394,6 @@ class SteeringPanel:
         r = self.rendered
         where = "" if r is None else f"_{r.site}_a{format_alpha(r.alpha)}"
         return next_free_stem(f"{self._export_stem}_{kind}{where}")
-
-    # --- view ---------------------------------------------------------------------------
-
-    def _build_view(self, export_stem: str) -> None:
-        self.baseline_pane = _pane("steerlab-baseline")
-        self.steered_pane = _pane("steerlab-steered")
-        self.baseline_title = widgets.HTML("<b>baseline</b> · no steering")
-        self.steered_title = widgets.HTML("<b>steered</b>")
-        self.steered_title.add_class("steerlab-steered-title")
-        self.hint = widgets.HTML(HINT)
-        self.hint.add_class("steerlab-hint")
-        self.error_box = widgets.HTML("")
-        self.error_box.add_class("steerlab-error")
-        self.hooks_label = widgets.Label(f"steerlab hooks on model: {self.lm.hook_count()}")
-        self.hooks_label.add_class("steerlab-hooks")
-        self.status_label = widgets.Label("")
-        self.status_label.add_class("steerlab-status")
-        # A plain figure, updated in place and shown through an Output widget as plotly JSON:
-        # JupyterLab's plotly renderer draws it at the panel's width on any screen. (A
-        # FigureWidget drew empty axes with plotly 7.1 and anywidget 0.11 in JupyterLab 4.6.)
-        self.figure = go.Figure(
-            layout={"autosize": True, "height": 460, "margin": {"l": 60, "r": 20, "t": 50}}
-        )
-        self.figure_view = widgets.Output(layout=widgets.Layout(width="100%"))
-        self.figure_view.add_class("steerlab-figure")
-        column = widgets.Layout(flex="1 1 250px", min_width="230px", margin="0 8px 0 0")
-        panes = widgets.HBox(
-            [
-                widgets.VBox([self.baseline_title, self.baseline_pane], layout=column),
-                widgets.VBox([self.steered_title, self.steered_pane], layout=column),
-            ],
-            layout=widgets.Layout(flex_flow="row wrap"),
-        )
-        wrap = widgets.Layout(flex_flow="row wrap")
-        exports = widgets.HBox(
-            [
-                export_button(self.figure, lambda: self.export_stem("norms")),
-                completions_button(self.record, lambda: self.export_stem("completions")),
-            ],
-            layout=wrap,
-        )
-        separator = widgets.Label("│", layout=widgets.Layout(margin="0 0.8em"))
-        self.top_buttons = [widgets.Button(layout=widgets.Layout(width="auto")) for _ in range(8)]
-        for button in self.top_buttons:
-            button.add_class("steerlab-top-feature")
-            button.on_click(self._on_top_feature)
-        self.top_feature_box = widgets.HBox(self.top_buttons, layout=wrap)
-        self.top_feature_box.add_class("steerlab-top-features")
-        self.strip_view = widgets.Output(layout=widgets.Layout(width="100%"))
-        self.strip_view.add_class("steerlab-feature-strip")
-        self.monitor_view = widgets.Output(layout=widgets.Layout(width="100%", display="none"))
-        self.monitor_view.add_class("steerlab-monitor-strip")
-        self.fired_label = widgets.HTML("", layout=widgets.Layout(margin="0 0 0 1em"))
-        self.fired_label.add_class("steerlab-fired")
-        picker = None
-        if self.sae is not None:
-            picker = widgets.VBox([
-                widgets.HBox([self.controls.feature, self.controls.feature_op], layout=wrap),
-                widgets.HBox([widgets.Label("top features of this prompt:"),
-                              self.top_feature_box], layout=wrap),
-            ])  # fmt: skip
-            picker.add_class("steerlab-feature-picker")
-        self.widget = widgets.VBox(
-            [
-                self.hint,
-                self.controls.box(picker, self.fired_label),
-                self.error_box,
-                panes,
-                *([self.strip_view] if self.sae is not None else []),
-                self.monitor_view,
-                self.figure_view,
-                exports,
-                widgets.HBox([self.hooks_label, separator, self.status_label], layout=wrap),
-            ],
-            layout=widgets.Layout(width="100%", max_width="1400px"),
-        )
-        self.widget.add_class("steerlab-panel")
-
-    def _show_texts(
-        self, prompt: str, texts: list[str], panes: tuple[widgets.HTML, ...] | None = None
-    ) -> None:
-        """Write ``texts`` into ``panes`` (both by default; one steered text for one pane)."""
-        panes = (self.baseline_pane, self.steered_pane) if panes is None else panes
-        texts = texts[-len(panes) :]
-        for pane, text in zip(panes, texts, strict=True):
-            pane.value = (
-                f"<div style='white-space:pre-wrap;font-family:monospace'>"
-                f"<span style='color:#888'>{html.escape(prompt)}</span>{html.escape(text)}</div>"
-            )
-
-    def _show_error(self, error: BaseException, request: PanelRequest) -> None:
-        self.error = f"{type(error).__name__}: {error}"
-        self.fired_label.value = ""
-        self.error_box.value = (
-            f"<div style='color:#b00020;white-space:pre-wrap'>⚠ {html.escape(self.error)}</div>"
-        )
-        self._status("error")
-        if self.rendered is not None:  # panes may hold a cancelled run's partial text
-            self._show_texts(self.rendered.prompt, [self.baseline_text, self.steered_text])
-        # The baseline pane is still current when the failed change left what feeds it alone.
-        held = self.rendered is not None and baseline_key(self.rendered) == baseline_key(request)
-        self._mark_stale(baseline=not held, steered=True)
-
-    def _mark_stale(self, *, baseline: bool, steered: bool) -> None:
-        """Say on each pane whether it shows the current controls' result."""
-        panes = ((self.baseline_title, self.baseline_pane, baseline),
-                 (self.steered_title, self.steered_pane, steered))  # fmt: skip
-        for title, pane, stale in panes:
-            text = title.value.split(" <span class='steerlab-stale-note'")[0]
-            if stale:
-                text += (
-                    f" <span class='steerlab-stale-note' style='color:#b00020'>{STALE_NOTE}</span>"
-                )
-            title.value = text
-            if stale:
-                pane.add_class("steerlab-stale")
-                pane.layout.border = STALE_BORDER
-            else:
-                pane.remove_class("steerlab-stale")
-                pane.layout.border = PANE_BORDER
-
-    def _status(self, text: str) -> None:
-        self.status_label.value = text
-
-    def _update_figure(self, fresh: go.Figure) -> None:
-        """Update the traces in place (same shapes) or replace them (first run, new kinds),
-        then redraw the view."""
-        with self.figure.batch_update():
-            if len(self.figure.data) == len(fresh.data):
-                for trace, new in zip(self.figure.data, fresh.data):
-                    values = new.to_plotly_json()
-                    values.pop("type", None)
-                    trace.update(values, overwrite=True)
-            else:
-                self.figure.data = ()
-                self.figure.add_traces(list(fresh.data))
-            layout = fresh.layout.to_plotly_json()
-            for key in ("template", "annotations", "shapes"):
-                layout.pop(key, None)
-            self.figure.layout.update(layout)
-            # Lists are replaced, not merged: the "no difference" note and the prompt/generated
-            # divider come and go with alpha.
-            self.figure.layout.annotations = fresh.layout.annotations
-            self.figure.layout.shapes = fresh.layout.shapes
-        self._show_figure()
-
-    def _show_figure(self) -> None:
-        """Replace the figure view's output; safe from the debouncer's thread (no ``with``)."""
-        self.figure_view.outputs = plotly_output(self.figure, "steerlab panel figure")
 
     # --- display ------------------------------------------------------------------------
 
@@ -832,47 +410,3 @@ class SteeringPanel:
             f"SteeringPanel({self.lm.name or type(self.lm.model).__name__}, "
             f"vectors={list(self.vectors)}, {where}, renders={self.render_count})"
         )
-
-
-def plotly_output(figure: go.Figure, text: str) -> tuple[dict[str, Any], ...]:
-    """``figure`` as an Output widget's outputs: plotly JSON, drawn by JupyterLab's renderer.
-
-    Not ``responsive``: plotly's responsive mode sizes the plot from its container when it
-    first draws, and a container that has no height yet (a panel output drawn at 1024 px)
-    gave a plot 0 px tall until the window was resized. The layout's height holds, and
-    JupyterLab still resizes the plot with its output area.
-    """
-    spec = json.loads(figure.to_json())
-    spec["config"] = {"responsive": False, "displaylogo": False}
-    return ({"output_type": "display_data", "data": {PLOTLY_MIME: spec, "text/plain": text},
-             "metadata": {}},)  # fmt: skip
-
-
-def _only_when(request: PanelRequest) -> str:
-    """The title's condition clause ("" with none)."""
-    if not request.condition:
-        return ""
-    return (
-        f" · only when {html.escape(request.condition)} at {request.condition_site} "
-        f"(cosine {request.compare} {request.threshold:g})"
-    )
-
-
-def _pane(css_class: str) -> widgets.HTML:
-    pane = widgets.HTML("", layout=widgets.Layout(border=PANE_BORDER, padding="4px"))
-    pane.add_class("steerlab-pane")
-    pane.add_class(css_class)
-    return pane
-
-
-def _default_layer(lm: SteerableModel, vectors: dict[str, VectorLike], layer: int | None) -> int:
-    if layer is not None:
-        if not 0 <= layer < lm.n_layers:
-            raise ValueError(f"layer {layer} is out of range: this model has 0..{lm.n_layers - 1}.")
-        return layer
-    first = next(iter(vectors.values()))
-    sites = first.sites if isinstance(first, SteeringVector) else (
-        [first.site] if isinstance(first, LoReFT) else [])  # fmt: skip
-    if sites and (found := Site.parse(sites[0]).layer) is not None:
-        return found
-    return lm.n_layers // 2

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -16,11 +17,13 @@ from steerlab.core.steer import steers_at
 from steerlab.features import SAE
 from steerlab.model import SteerableModel
 from steerlab.vectors import SteeringVector
+from steerlab.widgets.trained import trained_steer
 
 VectorLike = SteeringVector | torch.Tensor | LoReFT  # a LoReFT: a trained steer
 FEATURE = "SAE feature"  # the vector dropdown's entry for the SAE's chosen feature
 FEATURE_OPS = ("add", "clamp")
 CONDITION_KIND = "hook_resid_post"  # the "steer only when" row reads this site kind
+Readouts = dict[tuple[str, str], list[float]]  # (vector, site) -> one value per new token
 
 
 @dataclass(frozen=True)
@@ -221,11 +224,7 @@ def _plan(
         raise SteerError(f"No vector named {request.vector!r}; the panel has {sorted(vectors)}.")
     vector, site = vectors[request.vector], request.site
     if isinstance(vector, LoReFT):  # trained at its own site and positions: alpha scales it
-        if site != vector.site:
-            raise SteerError(f"{request.vector!r} is a trained LoReFT: it steers at "
-                             f"{vector.site} only, not {site}.")  # fmt: skip
-        (trained,) = vector.steers()
-        steer = replace(trained, alpha=tuple(a * vector.scale for a in alphas))
+        steer = trained_steer(request.vector, vector, site, request.positions, alphas)
         return PanelSteer(steer, None, f"{request.vector} (trained)")
     (steer,) = steers_at(vector, site, list(alphas), request.positions)
     if isinstance(vector, SteeringVector) and site not in vector.directions:
@@ -252,6 +251,44 @@ def _feature_steer(request: PanelRequest, sae: SAE, alphas: Sequence[float]) -> 
     return replace(_plan(request, vectors, alphas, None), label=label)
 
 
+@dataclass(frozen=True)
+class BaselineRun:
+    """The unsteered row of a finished run, kept while nothing that feeds it changes.
+
+    ``activations`` holds the sites the run captured (every residual site and the SAE's);
+    ``readouts`` what the engine's monitors read on the row: every readable vector at each
+    residual site (and at the steering site, with a monitor on)."""
+
+    key: tuple[object, ...]
+    text: str
+    tokens: list[int]
+    activations: dict[str, torch.Tensor]  # site -> [1, pos, d_model]
+    readouts: Readouts = field(default_factory=dict)  # (vector, site) -> per new token
+
+
+def format_alpha(alpha: float) -> str:
+    """Alpha for display: at most 4 decimals, no float noise (the exact value stays in records).
+
+    >>> format_alpha(5.0000000000000036), format_alpha(-0.25), format_alpha(1 / 3)
+    ('5', '-0.25', '0.3333')
+    """
+    return f"{round(alpha, 4) + 0.0:g}"  # + 0.0 turns -0.0 into 0.0
+
+
+def next_free_stem(stem: str) -> str:
+    """``{stem}_{n:03d}`` for the smallest n with no file of any suffix, so exports never
+    overwrite one another.
+
+    >>> next_free_stem("/nonexistent/panel_norms")
+    '/nonexistent/panel_norms_001'
+    """
+    folder, name = Path(stem).parent, Path(stem).name
+    n = 1
+    while any(folder.glob(f"{name}_{n:03d}.*")):
+        n += 1
+    return f"{stem}_{n:03d}"
+
+
 QUEUE_S = 60.0  # a panel run queues this long behind another call on the model, then fails
 
 
@@ -261,12 +298,14 @@ def stream_rows(
     steer: Steer,
     is_current: Callable[[], bool],
     capture: Sequence[str] = (),
+    monitor: Mapping[str, tuple[str, torch.Tensor]] | None = None,
 ) -> Iterator[tuple[list[str], Generation | None]]:
     """Yield ``(texts so far, None)`` per token (one per row of ``steer``), then the result.
 
     Stops as soon as ``is_current()`` is false; the stream is closed on the way out, which
     takes its hooks off the model. Yields nothing more after a stop. ``capture`` names sites
-    whose activations the final generation keeps, over the prompt and the new tokens.
+    whose activations the final generation keeps, over the prompt and the new tokens;
+    ``monitor`` the engine's monitors (``lm.stream``'s ``monitor=``).
     """
     steps = lm.stream(
         request.prompt,
@@ -277,6 +316,7 @@ def stream_rows(
         top_p=request.top_p,
         seed=request.seed,
         capture=capture,
+        monitor=dict(monitor) if monitor else None,
         wait=QUEUE_S,
     )
     last = None
@@ -292,3 +332,34 @@ def stream_rows(
             close()
     if last is not None:
         yield last.text, last.result()
+
+
+def default_layer(lm: SteerableModel, vectors: dict[str, VectorLike], layer: int | None) -> int:
+    if layer is not None:
+        if not 0 <= layer < lm.n_layers:
+            raise ValueError(f"layer {layer} is out of range: this model has 0..{lm.n_layers - 1}.")
+        return layer
+    first = next(iter(vectors.values()))
+    sites = first.sites if isinstance(first, SteeringVector) else (
+        [first.site] if isinstance(first, LoReFT) else [])  # fmt: skip
+    if sites and (found := Site.parse(sites[0]).layer) is not None:
+        return found
+    return lm.n_layers // 2
+
+
+def check_panel(lm: SteerableModel, vectors: Mapping[str, VectorLike], sae: SAE | None) -> None:
+    """Refuse what the panel cannot offer, before any widget exists."""
+    if not vectors and sae is None:
+        raise ValueError("SteeringPanel needs at least one vector, e.g. {'joy': vec}, or sae=.")
+    for name, vector in vectors.items():
+        check_vector(name, vector)
+    if sae is None:
+        return
+    if not isinstance(sae, SAE):
+        raise TypeError(f"sae must be an SAE (sl.load_sae); got {type(sae).__name__}.")
+    if FEATURE in vectors:
+        raise ValueError(f"{FEATURE!r} names the SAE's feature; give the vector another name.")
+    if sae.d_in != lm.d_model:
+        raise ValueError(
+            f"The SAE reads {sae.d_in} dimensions; this model has d_model={lm.d_model}."
+        )
