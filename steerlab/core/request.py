@@ -14,7 +14,7 @@ import os
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -27,6 +27,19 @@ from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Steer, steer_data, vector_fingerprint
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SteerKey(NamedTuple):
+    """A steer less its alpha: what the rows sharing one steer have in common, and what
+    every engine groups them by. ``vector`` is the tensor in-process (compared, like any
+    tensor in a key, by identity) or its content key where tensors travel by key (vLLM's
+    workers)."""
+
+    site: str
+    vector: torch.Tensor | str
+    positions: Positions
+    op: Operation
+    when: Gate | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +61,11 @@ class RowSteer:
         """Plain data; the vector inline, or by ``vector_key`` where vectors travel once."""
         return steer_data(self.site, self.vector, self.alpha, self.positions, self.op,
                           vector_key=vector_key, when=self.when)  # fmt: skip
+
+    @property
+    def key(self) -> SteerKey:
+        """This steer less its alpha (``SteerKey``)."""
+        return SteerKey(self.site, self.vector, self.positions, self.op, self.when)
 
     def fingerprint(self) -> str:
         """The steer minus its alpha: site, vector content, positions, op and condition."""

@@ -17,7 +17,7 @@ from steerlab.backends.base import Backend
 from steerlab.core.ops import Operation, operand
 from steerlab.core.positions import Positions, position_mask, prompt_span
 from steerlab.core.reads import Gate
-from steerlab.core.request import RowSteer
+from steerlab.core.request import RowSteer, SteerKey
 from steerlab.core.sites import Site
 from steerlab.core.steer import check_steer
 from steerlab.engine.context import ForwardContext
@@ -49,10 +49,10 @@ def check_row_steers(backend: Backend, rows: Sequence[Sequence[RowSteer]]) -> No
 
 def group_steers(rows: Sequence[Sequence[RowSteer]]) -> list[AttachedSteer]:
     """Distinct steers over all rows, in forward order; steers with all alphas 0 are dropped."""
-    groups: dict[tuple, tuple[RowSteer, list[float]]] = {}
+    groups: dict[SteerKey, tuple[RowSteer, list[float]]] = {}
     for r, steers in enumerate(rows):
         for steer in steers:
-            key = (steer.site, id(steer.vector), steer.positions, steer.op, steer.when)
+            key = steer.key
             if key not in groups:
                 groups[key] = (steer, [0.0] * len(rows))
             groups[key][1][r] = steer.alpha

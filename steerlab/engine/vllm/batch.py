@@ -20,6 +20,7 @@ from steerlab.core.monitors import Monitor, monitor_from_data
 from steerlab.core.ops import Add, Operation
 from steerlab.core.positions import position_mask
 from steerlab.core.reads import Gate
+from steerlab.core.request import SteerKey
 from steerlab.core.steer import steer_from_data
 
 DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args
@@ -27,23 +28,23 @@ DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_a
 
 @dataclass(frozen=True)
 class RowPlan:
-    """One request's steers, parsed once: ``(steer key, alpha)`` each, the key being
-    ``(site, vector key, positions, op, gate)``; and what the request reads: its monitors,
+    """One request's steers, parsed once: ``(SteerKey, alpha)`` each, the key's vector
+    being the vector's content key; and what the request reads: its monitors,
     and the first position its conditions read from (``Request.reads_from``)."""
 
     row: str  # steerlab's id for the request (vLLM may rename its own)
-    steers: tuple[tuple[tuple, float], ...]
+    steers: tuple[tuple[SteerKey, float], ...]
     monitors: tuple[Monitor, ...] = ()
     reads_from: int = 0
 
     @property
     def gates(self) -> list[Gate]:
         """The distinct gates of this request's steers, in order."""
-        return list(dict.fromkeys(key[4] for key, _ in self.steers if key[4] is not None))
+        return list(dict.fromkeys(key.when for key, _ in self.steers if key.when is not None))
 
     @property
     def reads(self) -> bool:
-        return bool(self.monitors) or any(key[4] is not None for key, _ in self.steers)
+        return bool(self.monitors) or any(key.when is not None for key, _ in self.steers)
 
 
 def parse_plan(extra_args: dict[str, Any] | None,
@@ -57,7 +58,7 @@ def parse_plan(extra_args: dict[str, Any] | None,
     steers = []
     for item in data["steers"]:
         s = steer_from_data(item, tensors)
-        steers.append(((s.site, s.vector, s.positions, s.op, s.when), float(s.alpha)))  # type: ignore[arg-type]
+        steers.append((SteerKey(s.site, s.vector, s.positions, s.op, s.when), float(s.alpha)))  # type: ignore[arg-type]
     monitors = tuple(monitor_from_data(m, tensors or {}) for m in data.get("monitors", ()))
     return RowPlan(str(data["row"]), tuple(steers), monitors, int(data.get("reads_from", 0)))
 
@@ -131,14 +132,14 @@ class Composition:
     def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None]) -> Composition:
         n = len(req_ids)
         row_ids = [p.row if (p := plans.get(rid)) is not None else None for rid in req_ids]
-        chains: dict[str, dict[tuple, list[tuple[int, tuple[float, ...]]]]] = {}
+        chains: dict[str, dict[tuple[SteerKey, ...], list[tuple[int, tuple[float, ...]]]]] = {}
         for i, rid in enumerate(req_ids):
             plan = plans.get(rid)
             if plan is None:
                 continue
-            by_site: dict[str, list[tuple[tuple, float]]] = {}
+            by_site: dict[str, list[tuple[SteerKey, float]]] = {}
             for key, alpha in plan.steers:
-                by_site.setdefault(key[0], []).append((key, alpha))
+                by_site.setdefault(key.site, []).append((key, alpha))
             for site, steers in by_site.items():
                 chain = tuple(key for key, _ in steers)
                 chains.setdefault(site, {}).setdefault(chain, []).append(
@@ -150,30 +151,37 @@ class Composition:
         return cls(tuple(req_ids), appliers, row_ids, every, reads)
 
 
-def _site(site: str, chains: dict[tuple, list[tuple[int, tuple[float, ...]]]],
+def _vector_key(key: SteerKey) -> str:
+    """A worker's steer key names its vector by content key (``parse_plan``)."""
+    assert isinstance(key.vector, str), "a worker's steers carry vector keys"
+    return key.vector
+
+
+def _site(site: str, chains: dict[tuple[SteerKey, ...], list[tuple[int, tuple[float, ...]]]],
           n: int) -> list[_Applier]:  # fmt: skip
     """One site's ops: each distinct order of steers for its own requests, and single Add
     steers fused per positions rule. Different orders touch different tokens."""
     out: list[_Applier] = []
-    fusable: dict[Any, list[tuple[tuple, list[tuple[int, float]]]]] = {}
+    fusable: dict[Any, list[tuple[SteerKey, list[tuple[int, float]]]]] = {}
     for chain, members in chains.items():
-        if len(chain) == 1 and type(chain[0][3]) is Add and chain[0][4] is None:
-            fusable.setdefault(chain[0][2], []).append(
+        if len(chain) == 1 and type(chain[0].op) is Add and chain[0].when is None:
+            fusable.setdefault(chain[0].positions, []).append(
                 (chain[0], [(i, alphas[0]) for i, alphas in members]))  # fmt: skip
             continue
         for k, key in enumerate(chain):
             per_request = np.zeros(n, dtype=np.float32)
             for i, alphas in members:
                 per_request[i] = alphas[k]
-            out.append(_Applier(site, (key[1],), key[3], key[2], per_request, None, key[4]))
+            out.append(_Applier(site, (_vector_key(key),), key.op, key.positions, per_request,
+                                None, key.when))  # fmt: skip
     for where, group in fusable.items():
         per_request = np.zeros(n, dtype=np.float32)
         index = np.zeros(n, dtype=np.int64)
         for v, (_, singles) in enumerate(group):
             for i, alpha in singles:
                 per_request[i], index[i] = alpha, v
-        keys = tuple(key[1] for key, _ in group)
-        out.append(_Applier(site, keys, group[0][0][3], where, per_request,
+        keys = tuple(_vector_key(key) for key, _ in group)
+        out.append(_Applier(site, keys, group[0][0].op, where, per_request,
                             index if len(keys) > 1 else None))  # fmt: skip
     return out
 

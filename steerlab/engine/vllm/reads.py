@@ -96,7 +96,7 @@ class RowReads:
     def report(self) -> dict:
         """Plain data for the engine: the decision the row reports (``reported_gate``),
         whether it was made, and each monitor's ``[positions, values]``."""
-        gate = reported_gate(key[4] for key, _ in self.plan.steers)
+        gate = reported_gate(key.when for key, _ in self.plan.steers)
         decided = None if gate is None else self.decision(gate)
         traces = {}
         for name, parts in self.traces.items():
