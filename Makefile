@@ -58,8 +58,15 @@ lab: setup lab-copy lab-settings
 		--ServerApp.root_dir="$(CURDIR)/$(LAB_DIR)" --LabApp.default_url=/lab/tree/tutorials \
 		'--ContentsManager.hide_globs=$(LAB_HIDDEN)' $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# The notebooks run where a user runs them: in a fresh lab copy (make lab-copy), with the
+# kernels' settings (tutorials/conftest.py); the copies are the tracked notebooks byte for
+# byte (tests/test_lab_copy.py), so nbval checks the tracked outputs there.
+TEST_LAB := test-output/lab
 test: setup
-	$(PYTEST) -q -rs -p no:cacheprovider tests tutorials notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
+	rm -rf $(TEST_LAB)
+	$(MAKE) -s lab-copy LAB_DIR=$(TEST_LAB)
+	cp tutorials/conftest.py $(TEST_LAB)/tutorials/conftest.py
+	$(PYTEST) -q -rs -p no:cacheprovider tests $(TEST_LAB)/tutorials $(TEST_LAB)/notebooks --nbval-lax --nbval-sanitize-with tutorials/sanitize.cfg --durations=15
 	$(PYTEST) -q -p no:cacheprovider --doctest-modules steerlab
 
 # The core, the engines (eager), the server and vectors: tests/conftest.py's FAST_MODULES
