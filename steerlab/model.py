@@ -161,7 +161,10 @@ class SteerableModel:
         monitor: Any = None,
         **options: Any,
     ) -> str:
-        """Which path a call would take, compiled or eager, and why.
+        """Which path a call would take, and why: ``scored`` (rows that only score their
+        prompts), ``compiled`` (after ``compile()``, a call that fits the compiled step) or
+        ``eager`` (with the shared prefix when rows repeat one prompt); the one choice the
+        engine acts on (``engine/local/path.py``).
 
         Takes engine ``Request`` rows, or the prompts and steer of a ``generate`` call;
         ``options`` are ``cache``, ``keep_cache``, ``capture`` and ``use_cache``.
