@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from steerlab.core.directions import direction_of
+from steerlab.core.directions import check_read_direction, direction_of, read_wire_form
 from steerlab.core.errors import SteerError
 from steerlab.core.ops import (
     TensorKey,
@@ -22,7 +22,6 @@ from steerlab.core.ops import (
     is_zero,
     unit,
 )
-from steerlab.core.sites import resolve
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,15 +59,11 @@ class Monitor(TensorValue):
         return h.to(wide) @ unit(self.on(h.device)["direction"], wide)
 
     def check(self, sites: Sequence[str], d_model: int) -> None:
-        resolve(self.site, list(sites))
-        if self.direction.shape[0] != d_model:
-            raise SteerError(f"Monitor {self.name!r} has {self.direction.shape[0]} values; "
-                             f"this model has d_model={d_model}.", "monitor")  # fmt: skip
+        check_read_direction(self.site, self.direction, sites, d_model,
+                             f"Monitor {self.name!r}", "monitor")  # fmt: skip
 
     def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
-        data = self.fields_data(tensor_key)
-        data["vector"] = data.pop("direction")
-        return data
+        return read_wire_form(self.fields_data(tensor_key))
 
     def __repr__(self) -> str:
         return f"Monitor({self.name!r} at {self.site})"

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from steerlab.core.directions import direction_of
+from steerlab.core.directions import check_read_direction, direction_of, read_wire_form
 from steerlab.core.errors import SteerError
 from steerlab.core.ops import (
     TensorKey,
@@ -35,7 +35,7 @@ from steerlab.core.ops import (
     unit,
 )
 from steerlab.core.scalars import as_real
-from steerlab.core.sites import Site, resolve
+from steerlab.core.sites import Site
 
 COMPARES = ("above", "below")
 READS = ("mean", "last", "token")
@@ -168,16 +168,12 @@ class Condition(TensorValue):
 
     def check(self, sites: Sequence[str], d_model: int) -> None:
         """Against a model: a site it has, a direction of its width."""
-        resolve(self.site, list(sites))
-        if self.direction.shape[0] != d_model:
-            raise SteerError(f"Condition direction at {self.site} has {self.direction.shape[0]} "
-                             f"values; this model has d_model={d_model}.", "vector")  # fmt: skip
+        check_read_direction(self.site, self.direction, sites, d_model,
+                             f"Condition direction at {self.site}", "vector")  # fmt: skip
 
     def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
         """The wire form: ``{"site", "vector", "threshold", "compare", "read", "score"}``."""
-        data = self.fields_data(tensor_key)
-        data["vector"] = data.pop("direction")
-        return data
+        return read_wire_form(self.fields_data(tensor_key))
 
     def __repr__(self) -> str:
         return (f"Condition({self.site}: {self.read} {self.score} {self.compare} "

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 import torch
 
 from steerlab.plots import _data
+from steerlab.plots._token_heatmap import token_heatmap
 
 
 def top_dims(acts: torch.Tensor, k: int) -> list[int]:
@@ -67,20 +68,7 @@ def activation_heatmap(
         dims = [str(d) for d in keep]  # categories, so the ranked order is kept
         x_title = f"dimension (top {len(keep)} by mean |activation|)"
 
-    heat = go.Heatmap(
-        z=z.tolist(),
-        x=dims,
-        y=list(range(len(positions))),
-        colorscale="RdBu_r",
-        zmid=0,
-        colorbar={"title": {"text": "activation"}},
-        customdata=[[label] * len(dims) for label in labels],
-        hovertemplate="token %{customdata}, dim %{x}<br>%{z:.3f}<extra></extra>",
-    )
-    fig = go.Figure(heat)
+    fig = token_heatmap(z.tolist(), dims, labels, column="dim", colorscale="RdBu_r", zmid=0)
     fig.update_layout(title_text=site + (f" (prompt {row})" if real.shape[0] > 1 else ""))
     fig.update_xaxes(title_text=x_title, type="category" if top_k is not None else None)
-    ticks = {**_data.token_ticks(labels, max_ticks=32, max_chars=10), "tickangle": 0}
-    # First token at the top, as it is read.
-    fig.update_yaxes(title_text="token", autorange="reversed", **ticks)
     return fig

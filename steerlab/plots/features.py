@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from steerlab.plots._data import display_token, token_ticks
+from steerlab.plots._token_heatmap import token_heatmap
 from steerlab.plots.theme import PALETTE
 
 if TYPE_CHECKING:
@@ -52,17 +53,7 @@ def features(
     labels = [display_token(acts.str_tokens[row][p]) for p in positions]
     z = acts.columns(top)[row, positions].float().cpu()  # [pos, n]
     names = [str(i) for i in top]  # categories, so the ranked order is kept
-    heat = go.Heatmap(
-        z=z.tolist(),
-        x=names,
-        y=list(range(len(positions))),
-        colorscale="Viridis",
-        zmin=0,
-        colorbar={"title": {"text": "activation"}},
-        customdata=[[label] * len(names) for label in labels],
-        hovertemplate="token %{customdata}, feature %{x}<br>%{z:.3f}<extra></extra>",
-    )
-    fig = go.Figure(heat)
+    fig = token_heatmap(z.tolist(), names, labels, column="feature", colorscale="Viridis", zmin=0)
     default = f"SAE features at {acts.sae.site}" + (
         f" (prompt {row})" if acts.attention_mask.shape[0] > 1 else ""
     )
@@ -70,8 +61,6 @@ def features(
     left_out = ", BOS left out" if skip else ""
     fig.update_xaxes(title_text=f"feature (top {len(top)} by peak activation{left_out})",
                      type="category")  # fmt: skip
-    ticks = {**token_ticks(labels, max_ticks=32, max_chars=10), "tickangle": 0}
-    fig.update_yaxes(title_text="token", autorange="reversed", **ticks)  # read top to bottom
     return fig
 
 

@@ -98,12 +98,8 @@ BatchBody = Annotated[BatchRequest, Depends(body_of(BatchRequest))]
 
 @router.post("/v1/completions")
 async def completions(body: CompletionBody, request: Request) -> Response:
-    state = _state(request)
-    preset = state.check_model(body.model)
-    plan = await run_in_threadpool(plan_completion, body, state.models.lm, state.store,
-                                   state.limits, _beta(state, body), preset)  # fmt: skip
+    state, plan, job, events = await _start(plan_completion, body, request)
     tokenizer = state.models.lm.tokenizer
-    job, events = _submit(state, plan, body.stream, request)
     if not body.stream:
         done = await _finish(job, events, request)
         return await _json(responses.completion, plan, done, state.name, body.n, body.logprobs,
@@ -115,13 +111,9 @@ async def completions(body: CompletionBody, request: Request) -> Response:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatBody, request: Request) -> Response:
-    state = _state(request)
-    preset = state.check_model(body.model)
-    plan = await run_in_threadpool(plan_chat, body, state.models.lm, state.store, state.limits,
-                                   _beta(state, body), preset)  # fmt: skip
+    state, plan, job, events = await _start(plan_chat, body, request)
     tokenizer = state.models.lm.tokenizer
     top = (body.top_logprobs or 0) if body.logprobs else None
-    job, events = _submit(state, plan, body.stream, request)
     if not body.stream:
         done = await _finish(job, events, request)
         return await _json(responses.chat, plan, done, state.name, body.n, top, tokenizer)
@@ -131,11 +123,7 @@ async def chat_completions(body: ChatBody, request: Request) -> Response:
 
 @router.post("/v1/batch")
 async def batch(body: BatchBody, request: Request) -> Response:
-    state = _state(request)
-    preset = state.check_model(body.model)
-    plan = await run_in_threadpool(plan_batch, body, state.models.lm, state.store, state.limits,
-                                   _beta(state, body), preset)  # fmt: skip
-    job, events = _submit(state, plan, body.stream, request)
+    state, plan, job, events = await _start(plan_batch, body, request)
     if not body.stream:
         done = await _finish(job, events, request)
         return await _json(responses.batch, plan, done, state.name, body.logprobs)
@@ -178,6 +166,18 @@ async def list_vectors(request: Request) -> dict[str, Any]:
 async def delete_vector(name: str, request: Request) -> dict[str, Any]:
     _state(request).store.remove(name)
     return {"id": name, "object": "vector", "deleted": True}
+
+
+async def _start(planner: Callable[..., Plan], body: Any,
+                 request: Request) -> tuple[ServerState, Plan, Job, asyncio.Queue[Event]]:  # fmt: skip
+    """What every generating endpoint does first: check the model ``body`` names, plan it
+    with ``planner`` in a worker thread (planning tokenizes) and queue its job."""
+    state = _state(request)
+    preset = state.check_model(body.model)
+    plan = await run_in_threadpool(planner, body, state.models.lm, state.store, state.limits,
+                                   _beta(state, body), preset)  # fmt: skip
+    job, events = _submit(state, plan, body.stream, request)
+    return state, plan, job, events
 
 
 def _submit(state: ServerState, plan: Plan, stream: bool,

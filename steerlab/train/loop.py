@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,6 +196,24 @@ def batches(n: int, size: int, generator: torch.Generator) -> list[list[int]]:
     """One epoch's shuffled index batches (the seed decides the order)."""
     order = torch.randperm(n, generator=generator).tolist()
     return [order[i : i + size] for i in range(0, n, size)]
+
+
+def step_count(n: int, batch_size: int, epochs: int) -> int:
+    """Optimizer steps in ``epochs`` passes over ``n`` items, a step per batch (the last batch
+    of an epoch may be short).
+
+    >>> step_count(10, 4, 2)
+    6
+    """
+    return epochs * -(-n // batch_size)
+
+
+def decaying_adamw(params: Iterable[torch.Tensor], lr: float,
+                   steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:  # fmt: skip
+    """AxBench's optimizer for RePS: AdamW without weight decay, its learning rate falling
+    linearly from ``lr`` towards 0 over ``steps`` (step the schedule after each step)."""
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
 
 
 def timed(history: History) -> Callable[[], None]:

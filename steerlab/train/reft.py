@@ -34,9 +34,11 @@ from steerlab.train.loop import (
     batches,
     check_site,
     continuation_logprobs,
+    decaying_adamw,
     frozen_call,
     local_engine,
     progress_bar,
+    step_count,
     take_step,
     timed,
 )
@@ -149,7 +151,7 @@ def reft(
         optimizer = torch.optim.AdamW(
             module.parameters(), lr=lr, weight_decay=0.0
         )  # decay breaks R
-        steps = epochs * -(-len(rows) // batch_size)
+        steps = step_count(len(rows), batch_size, epochs)
         with progress_bar(steps, "reft", progress) as bar:
             for epoch in range(epochs):
                 for index in batches(len(rows), batch_size, generator):
@@ -190,9 +192,8 @@ def _reft_reps(lm: Any, engine: Any, site: str, pairs: list[Preference], rank: i
         attach_edit(engine, check_site(engine, site), call, positions,
                     lambda: module if state["on"] else None)  # fmt: skip
         data.reference(engine, call)
-        optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
-        steps = epochs * -(-len(pairs) // batch_size)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
+        steps = step_count(len(pairs), batch_size, epochs)
+        optimizer, schedule = decaying_adamw(module.parameters(), lr, steps)
         with progress_bar(steps, "reft (reps)", progress) as bar:
             for epoch in range(epochs):
                 for index in batches(len(pairs), batch_size, generator):

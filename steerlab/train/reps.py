@@ -26,27 +26,23 @@ import torch.nn.functional as F
 from steerlab.core.concepts import Preference
 from steerlab.core.directions import direction_of
 from steerlab.core.errors import SteerError
-from steerlab.train.data import (
-    Row,
-    check_factors,
-    check_items,
-    check_rows_fit,
-    check_settings,
-    rows_of,
-)
+from steerlab.train.data import Row, check_factors, check_items, check_settings
 from steerlab.train.loop import (
     History,
     attach_edit,
     batches,
     check_site,
     continuation_logprobs,
+    decaying_adamw,
     frozen_call,
     local_engine,
     progress_bar,
+    step_count,
     take_step,
     timed,
     trained_vector,
 )
+from steerlab.train.pairs import PairRows
 from steerlab.vectors.vector import SteeringVector
 
 TRAINING_FACTORS = tuple(range(2, 21, 2))  # AxBench's RePS training grid for a vector
@@ -139,9 +135,8 @@ def reps(
     with frozen_call(engine, "train reps") as call:
         attach_edit(engine, at, call, "all", lambda: edit if state["alpha"] is not None else None)
         data.reference(engine, call)
-        optimizer = torch.optim.AdamW([v, b], lr=lr, weight_decay=0.0)
-        steps = epochs * -(-len(pairs) // batch_size)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
+        steps = step_count(len(pairs), batch_size, epochs)
+        optimizer, schedule = decaying_adamw([v, b], lr, steps)
         with progress_bar(steps, "reps", progress) as bar:
             for epoch in range(epochs):
                 for index in batches(len(pairs), batch_size, generator):
@@ -180,7 +175,7 @@ def _initial(init: Any, site: str, d_model: int, seed: int) -> torch.Tensor:
     return start
 
 
-class PairData:
+class PairData(PairRows):
     """Preference pairs as training rows, and RePS's loss over a batch of them.
 
     A batch's rows are the chosen and rejected replies steered, then (``suppress``) the
@@ -189,20 +184,9 @@ class PairData:
     """
 
     def __init__(self, tokenizer: Any, pairs: Sequence[Preference]) -> None:
-        self.chosen = [rows_of(tokenizer, p.prompt, p.chosen) for p in pairs]
-        self.rejected = [rows_of(tokenizer, p.prompt, p.rejected) for p in pairs]
+        super().__init__(tokenizer, pairs)
         self.len_c = torch.tensor([float(len(r.continuation)) for r in self.chosen])
         self.len_r = torch.tensor([float(len(r.continuation)) for r in self.rejected])
-
-    def check_fit(self, n_ctx: int | None) -> None:
-        check_rows_fit(n_ctx, self.chosen, "pairs' chosen")
-        check_rows_fit(n_ctx, self.rejected, "pairs' rejected")
-
-    def reference(self, engine: Any, call: Any) -> None:
-        """log p₀ of every reply under the unsteered model (no edit is active)."""
-        with torch.no_grad():
-            self.ref_c = continuation_logprobs(engine, call, self.chosen, grad=False)[0]
-            self.ref_r = continuation_logprobs(engine, call, self.rejected, grad=False)[0]
 
     def rows(self, index: list[int], grid: torch.Tensor, generator: torch.Generator,
              suppress: bool) -> tuple[list[Row], torch.Tensor]:  # fmt: skip
