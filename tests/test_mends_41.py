@@ -132,3 +132,21 @@ def test_a_training_example_longer_than_the_window_is_refused_before_any_compute
         with pytest.raises(ValueError, match=r"pairs' chosen\[0\]'s tokens"):
             train(toy_lm, pairs, site=SITE, epochs=1, progress=False)
     assert toy_lm.hook_count() == 0
+
+
+def test_bipos_held_out_pairs_longer_than_the_window_are_refused_before_any_compute(
+    toy_lm, monkeypatch
+):
+    # held-out pairs are scored after training steps: one too long for the window must be
+    # refused with the training pairs, before any forward (not after the first epoch)
+    from steerlab.engine.batch import Batch
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward ran before the held-out pairs were checked")
+
+    monkeypatch.setattr(Batch, "forward", no_forward)
+    long = " ".join(["the sea"] * 300)
+    held = [sl.Preference("Once upon a time", long, SAD)]
+    with pytest.raises(ValueError, match=r"held_out's chosen\[0\]'s tokens"):
+        sl.train.bipo(toy_lm, PAIRS, site=SITE, held_out=held, epochs=1, progress=False)
+    assert toy_lm.hook_count() == 0

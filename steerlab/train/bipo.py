@@ -91,6 +91,7 @@ def bipo(
     at = check_site(engine, site)
     data, held_data = PairRows(lm.tokenizer, pairs), PairRows(lm.tokenizer, held)
     data.check_fit(engine.n_ctx)
+    held_data.check_fit(engine.n_ctx, "held_out's")
     generator = torch.Generator().manual_seed(seed)
     v = torch.nn.Parameter(torch.zeros(engine.d_model))
     state: dict[str, float] = {"d": 0.0}  # the steer's sign now; 0: unsteered (π)

@@ -23,9 +23,9 @@ class PairRows:
         self.chosen = [rows_of(tokenizer, p.prompt, p.chosen) for p in pairs]
         self.rejected = [rows_of(tokenizer, p.prompt, p.rejected) for p in pairs]
 
-    def check_fit(self, n_ctx: int | None) -> None:
-        check_rows_fit(n_ctx, self.chosen, "pairs' chosen")
-        check_rows_fit(n_ctx, self.rejected, "pairs' rejected")
+    def check_fit(self, n_ctx: int | None, whose: str = "pairs'") -> None:
+        check_rows_fit(n_ctx, self.chosen, f"{whose} chosen")
+        check_rows_fit(n_ctx, self.rejected, f"{whose} rejected")
 
     def logprobs(self, engine: Any, call: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(chosen, rejected)`` ``[n]``: each reply's summed log-probability, no gradient,
