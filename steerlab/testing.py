@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from steerlab.backends.base import kept
 from steerlab.core.tagging import tag
 
 _SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -173,7 +174,8 @@ class FakeBackend:
         return set()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any, *,
-                positions: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:  # fmt: skip
+                positions: torch.Tensor | None = None, last_only: bool = False,
+                keep: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         assert positions is not None, "the loop always hands positions over"
         self.forwards.append(tuple(input_ids.shape))
         self.positions.append(positions.clone())
@@ -182,4 +184,4 @@ class FakeBackend:
         target = (input_ids + positions) % _VOCAB  # [batch, new]
         resid = self.model.resid(torch.nn.functional.one_hot(target, _VOCAB).float() * 5)
         logits = resid + 0.01 * torch.arange(_VOCAB)  # ties break the same way everywhere
-        return logits[:, -1:] if last_only else logits
+        return kept(logits, last_only, keep)
