@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from steerlab.backends.base import kept
+from steerlab.core.positions import kept
 from steerlab.core.tagging import tag
 
 _SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")

@@ -64,19 +64,6 @@ class Backend(Protocol):
         ...
 
 
-def kept(logits: torch.Tensor, last_only: bool, keep: torch.Tensor | None) -> torch.Tensor:
-    """The logits a backend's ``forward`` returns: ``[batch, pos, vocab]`` cut to the last
-    position (``last_only``), or the positions ``keep`` marks, packed row by row.
-
-    >>> logits = torch.arange(12.0).reshape(2, 3, 2)
-    >>> kept(logits, False, torch.tensor([[False, True, True], [False, False, True]])).tolist()
-    [[2.0, 3.0], [4.0, 5.0], [10.0, 11.0]]
-    """
-    if keep is not None:
-        return logits[keep.to(logits.device)]
-    return logits[:, -1:] if last_only else logits
-
-
 def resid_mid_hooks(fn: ActivationFn) -> tuple[ActivationFn, ActivationFn]:
     """Steer ``resid_mid`` where no module outputs it: ``(on block input, on attention out)``.
 

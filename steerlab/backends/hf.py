@@ -18,7 +18,6 @@ from torch.utils.hooks import RemovableHandle
 from steerlab.backends.base import (
     ActivationFn,
     config_eos,
-    kept,
     position_ids,
     resid_mid_hooks,
 )
@@ -26,6 +25,7 @@ from steerlab.backends.cache import DynamicCacheOps
 from steerlab.backends.families import HF, Layout, lookup, table
 from steerlab.backends.head import plain_head, unembed, wide
 from steerlab.core.errors import FamilyError
+from steerlab.core.positions import kept
 from steerlab.core.sites import BLOCK_KINDS, EMBED, WHY_ABSENT, Site, SiteError, all_sites
 from steerlab.core.tagging import tag
 

@@ -16,11 +16,11 @@ from torch.utils.hooks import RemovableHandle
 from steerlab.backends.base import (
     ActivationFn,
     config_eos,
-    kept,
     position_ids,
     resid_mid_hooks,
 )
 from steerlab.backends.cache import DynamicCacheOps, LensCacheOps
+from steerlab.core.positions import kept
 from steerlab.core.sites import Site, all_sites
 from steerlab.core.tagging import tag
 

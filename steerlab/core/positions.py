@@ -11,6 +11,8 @@ import numbers
 import re
 from typing import Any, Literal
 
+import torch
+
 from steerlab.core.errors import SteerError
 
 Positions = Literal["all", "prompt", "generated"] | int | str  # str: a span, "first:3+last:3"
@@ -160,3 +162,16 @@ def position_mask(
     if prompt_len is None:
         raise SteerError(f"positions {positions!r} needs each row's prompt length.")
     return in_span(*span, pos, prompt_len)
+
+
+def kept(logits: torch.Tensor, last_only: bool, keep: torch.Tensor | None) -> torch.Tensor:
+    """The logits a backend's ``forward`` returns: ``[batch, pos, vocab]`` cut to the last
+    position (``last_only``), or the positions ``keep`` marks, packed row by row.
+
+    >>> logits = torch.arange(12.0).reshape(2, 3, 2)
+    >>> kept(logits, False, torch.tensor([[False, True, True], [False, False, True]])).tolist()
+    [[2.0, 3.0], [4.0, 5.0], [10.0, 11.0]]
+    """
+    if keep is not None:
+        return logits[keep.to(logits.device)]
+    return logits[:, -1:] if last_only else logits
