@@ -18,9 +18,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from steerlab.core.doors import takes_options
 from steerlab.core.monitors import as_monitors
 from steerlab.core.prompts import Prompt, normalise
-from steerlab.core.request import Readout, Sampling, takes_options
+from steerlab.core.request import Readout, Sampling
 from steerlab.core.results import Generation, Step, read_fields
 from steerlab.core.rows import SteerArg, as_steers
 

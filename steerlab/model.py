@@ -12,9 +12,10 @@ import torch
 from steerlab.backends.base import Backend, hf_config
 from steerlab.backends.cache import KVCache
 from steerlab.core.activations import Activations
+from steerlab.core.doors import takes_options
 from steerlab.core.identity import config_sha256 as model_config_sha256
 from steerlab.core.prompts import Prompt
-from steerlab.core.request import Request, Sampling, takes_options
+from steerlab.core.request import Request, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers, checked_monitors, lay_out
 from steerlab.core.sites import resolve, site_names

@@ -29,9 +29,10 @@ from steerlab.chat.encoding import as_messages, render
 from steerlab.chat.key import CacheKey, touches
 from steerlab.chat.plan import Conversation, Plan, plan_turn, too_long
 from steerlab.chat.turns import TurnLog, TurnStats
+from steerlab.core.doors import takes_options
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Message, PromptError, check_text
-from steerlab.core.request import Request, RowSteer, Sampling, takes_options
+from steerlab.core.request import Request, RowSteer, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
 from steerlab.core.sites import site_names

@@ -9,12 +9,10 @@ parameters, and refuses a custom operation with a message that says why.
 from __future__ import annotations
 
 import difflib
-import inspect
 import os
-import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,8 +23,6 @@ from steerlab.core.positions import Positions
 from steerlab.core.reads import Gate
 from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Steer, steer_data, vector_fingerprint
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class SteerKey(NamedTuple):
@@ -337,32 +333,6 @@ OPTION_NAMES = tuple(o.name for o in OPTIONS)
 def fresh_seed() -> int:
     """A random seed from the OS, leaving torch's (and everyone's) global RNG alone."""
     return int.from_bytes(os.urandom(4), "big") % 2**31
-
-
-def takes_options(func: F) -> F:
-    """Show the generation options in ``func(..., **options)``'s signature and docstring.
-
-    ``OPTIONS`` become keyword-only parameters (after the positional ones, before ``func``'s
-    own keywords) in ``__signature__``, so notebooks tab-complete them and ``help`` lists
-    them, and ``{options}`` in the docstring becomes one ``name: doc`` line each. ``func``
-    builds its ``Sampling`` with ``Sampling.of(options)``.
-    """
-    sig = inspect.signature(func)
-    params = list(sig.parameters.values())
-    if not params or params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
-        raise TypeError(f"{func.__qualname__} must end with **options")
-    positional = [p for p in params[:-1] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-    own = [p for p in params[:-1] if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    shown = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
-                               annotation=o.annotation) for o in OPTIONS]  # fmt: skip
-    func.__signature__ = sig.replace(parameters=[*positional, *shown, *own])  # type: ignore[attr-defined]
-    if func.__doc__ and "{options}" in func.__doc__:
-        line = next(x for x in func.__doc__.splitlines() if "{options}" in x)
-        indent = line[: len(line) - len(line.lstrip())]
-        lines = [textwrap.fill(f"{o.name}: {o.doc}", 92, initial_indent=indent,
-                               subsequent_indent=indent + "    ") for o in OPTIONS]  # fmt: skip
-        func.__doc__ = func.__doc__.replace(line, "\n".join(lines))
-    return func
 
 
 def _is_int(value: object) -> bool:
