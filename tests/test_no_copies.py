@@ -58,3 +58,9 @@ def test_step_count_is_the_number_of_batches_training_takes(n, size, epochs):
     generator = torch.Generator().manual_seed(0)
     taken = sum(len(batches(n, size, generator)) for _ in range(epochs))
     assert step_count(n, size, epochs) == taken
+
+
+def test_no_module_is_over_500_lines():
+    long = [f"{p.relative_to(PACKAGE)} ({n} lines)" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 500]  # fmt: skip
+    assert long == []
