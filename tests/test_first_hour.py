@@ -139,8 +139,10 @@ def test_make_lab_turns_off_the_news_pop_up():
     text = MAKEFILE.read_text()
     target = re.search(r"^LAB_DEFAULTS\s*:=\s*(\S+)$", text, re.M)
     assert target and target[1].endswith("etc/jupyter/labconfig/default_setting_overrides.json")
-    assert "$(LAB_DEFAULTS)" in text.split("\nlab: ")[1].split("\n")[0]
-    recipe = text.split("$(LAB_DEFAULTS):\n")[1].split("\n\n")[0]
+    lab = text.split("\nlab: ")[1].split("\n")[0].split()  # directly, or through lab-settings
+    settings = text.split("\nlab-settings: ")[1].split("\n")[0].split()
+    assert "$(LAB_DEFAULTS)" in lab or ("lab-settings" in lab and "$(LAB_DEFAULTS)" in settings)
+    recipe = re.split(r"^\$\(LAB_DEFAULTS\):.*\n", text, flags=re.M)[1].split("\n\n")[0]
     echo = next(line for line in recipe.splitlines() if "echo" in line)
     written = json.loads(shlex.split(echo.split("echo", 1)[1].split(">")[0])[0])
     notification = written["@jupyterlab/apputils-extension:notification"]
