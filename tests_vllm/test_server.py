@@ -206,13 +206,15 @@ def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
         def __init__(self, config):
             apps.append((config.app, {"host": config.host, "port": config.port}))
 
-        def run(self):
+        def run(self, sockets=None):
             pass
 
     argv = ["serve", MODEL, "--backend", "vllm", "--tensor-parallel-size", "1",
             "--max-model-len", "128", "--api-key", KEY]  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:  # the real Server again for serve_in_background
-        patch.setattr("uvicorn.Server", Server)
+        # `steerlab serve` binds its port before loading the model, then runs uvicorn on that
+        # socket through connections.BoundServer
+        patch.setattr("steerlab.server.connections.BoundServer", Server)
         assert cli.main(argv) == 0
     assert loads == [(MODEL, {"backend": "vllm", "device": None, "dtype": None,
                               "tensor_parallel_size": 1, "max_model_len": 128})]  # fmt: skip
