@@ -68,14 +68,33 @@ def measure(lm: sl.SteerableModel, window_ms: float) -> tuple[float, float]:
     return statistics.median(alone), statistics.median(beside)
 
 
-def main() -> None:
+def section() -> list[str]:
+    """The measurement as RESULTS.md rows: alone and beside the stalled uploads, per window."""
     torch.set_num_threads(1)  # a 2-token completion gains nothing from more; shared cores
     # make threaded kernels' timings swing by hundreds of milliseconds
     lm = sl.load("steerlab-tiny", backend="hf")
+    rows = []
     for window in WINDOWS_MS:
         alone, beside = measure(lm, window)
-        print(f"window {window:g} ms: alone {alone * 1000:.1f} ms, beside {STALLED} stalled "
-              f"uploads {beside * 1000:.1f} ms (+{(beside - alone) * 1000:.1f} ms)")  # fmt: skip
+        rows.append(f"| {window:g} ms | {alone * 1000:.1f} | {beside * 1000:.1f} | "
+                    f"+{(beside - alone) * 1000:.1f} | <= +10 ms |")  # fmt: skip
+    return [
+        "## Server: one client beside stalled uploads",
+        "",
+        f"`benchmarks/bench_stalled_uploads.py`: steerlab-tiny served on loopback; a client's "
+        f"2-token `/v1/completions` alone, then while {STALLED} clients hold connections open "
+        f"after their headers and half their body, alternating for {ROUNDS} rounds of "
+        f"{PER_PHASE} requests; medians, 1 torch thread. A request is announced to the "
+        "batching window only once its body has arrived, so a stalled upload holds no batch.",
+        "",
+        "| batching window | alone (ms) | beside stalled (ms) | difference | target |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def main() -> None:
+    print("\n".join(section()))
 
 
 if __name__ == "__main__":

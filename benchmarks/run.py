@@ -113,6 +113,12 @@ def train_throughput_section() -> list[str]:
     return bench_train_reft.section(epochs=3 if QUICK else 10)
 
 
+def stalled_uploads_section() -> list[str]:
+    import bench_stalled_uploads
+
+    return bench_stalled_uploads.section()
+
+
 def profile_section() -> list[str]:
     import profile_compiled
 
@@ -140,6 +146,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str]], bool]] = [
     ("scoring (lm-eval)", scoring_section, True),
     ("SAE features", features_section, True),
     ("server", server_section, True),
+    ("server: stalled uploads", stalled_uploads_section, True),
     ("evaluation: steerability", bench_evals.main, False),
     ("evaluation: the benchmark protocol", benchmark_section, True),
     ("chat sessions", bench_chat.main, False),
