@@ -101,6 +101,7 @@ def _pyreft_python() -> str | None:
     return os.environ.get("STEERLAB_PYREFT_PYTHON")
 
 
+@pytest.mark.pyreft
 @pytest.mark.skipif(_pyreft_python() is None,
                     reason="pyreft is not installed here (it pins transformers 4.45.1): set "
                            "STEERLAB_PYREFT_PYTHON to a Python that has it")  # fmt: skip
