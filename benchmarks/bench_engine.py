@@ -101,10 +101,10 @@ def run(backends: bool = True) -> list[dict[str, object]]:
 
 def _ragged(lm: sl.SteerableModel, steer: sl.Steer, compact: bool) -> None:
     """Eight rows, four of which stop after 8 tokens: with and without dropping them."""
-    from steerlab.engine import Request, RowSteer, Sampling
+    from steerlab.engine import Request, Sampling, Steer
 
     ids = tuple(lm.tokenizer(PROMPT)["input_ids"])
-    row_steer = (RowSteer.of(steer, steer.alpha[0]),)
+    row_steer = (Steer.of(steer, steer.alpha[0]),)
     requests = [
         Request(
             ids, row_steer, Sampling(max_new_tokens=8 if i % 2 else NEW, stop_at_eos=False), str(i)

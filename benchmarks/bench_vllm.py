@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import steerlab as sl
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 
 REPEATS = 7
 N_REQUESTS, N_STEERS = 64, 8
@@ -43,7 +43,7 @@ def requests(lm: sl.SteerableModel, new: int, steered: bool) -> list[Request]:
     rows = []
     for i in range(N_REQUESTS):
         ids = tuple(lm.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"])
-        steer = RowSteer(site, vectors[i % N_STEERS], 1.0 + i / 16, "all", sl.Add())
+        steer = Steer(site, vectors[i % N_STEERS], 1.0 + i / 16, "all", sl.Add())
         rows.append(Request(ids, (steer,) if steered else (), sampling, f"row{i}"))
     return rows
 

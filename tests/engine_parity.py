@@ -18,7 +18,7 @@ from reference import RefPenalties, RefSAE, RefSteer, greedy
 
 import steerlab as sl
 from steerlab.core.errors import ContextError
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 
 PROMPTS = ["Once upon a time", "The happy fox"]
 NEW = 8
@@ -90,8 +90,8 @@ class Case:
     def toward(self) -> torch.Tensor:
         return direction(self.seed + 100)
 
-    def row_steer(self) -> RowSteer:
-        return RowSteer(self.site, self.vector(), self.alpha, self.positions,
+    def row_steer(self) -> Steer:
+        return Steer(self.site, self.vector(), self.alpha, self.positions,
                         self.steerlab_op())  # fmt: skip
 
     def ref(self) -> RefSteer:

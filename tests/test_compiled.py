@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import steerlab as sl
-from steerlab.core.request import Request, RowSteer
+from steerlab.core.request import Request, Steer
 from steerlab.engine.compiled.fit import model_reason
 from steerlab.testing import save_tiny
 
@@ -132,7 +132,7 @@ def test_fallbacks_say_why(pair) -> None:
     assert "keep_cache" in fast.explain("Hi", steer, keep_cache=True)
     twice = [steer, sl.Steer("blocks.1.hook_resid_pre", -v)]
     assert "two steers at one site" in fast.explain("Hi", twice)
-    custom = RowSteer("blocks.1.hook_resid_pre", v, 1.0, "all", lambda a, d, al: a)
+    custom = Steer("blocks.1.hook_resid_pre", v, 1.0, "all", lambda a, d, al: a)
     assert "custom operation" in fast.explain(Request((0, 5, 6), (custom,)))
     assert "'hooked' backend" in (model_reason("hooked", None, 10, None) or "")
     assert eager.explain("Hi").startswith("eager: the model is not compiled")

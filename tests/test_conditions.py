@@ -24,7 +24,7 @@ from reference import cast_greedy
 
 import steerlab as sl
 from steerlab.core.ops import SteerError
-from steerlab.engine import RowSteer
+from steerlab.engine import Steer
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +407,7 @@ def test_a_chat_turn_decides_on_its_own_tokens_and_keeps_each_decision(lm):
     assert second.fired.tolist() == [True] and second.tokens != base_second.tokens
     torch.testing.assert_close(second.condition_scores, torch.tensor([scores[1]]))
     assert chat.stats[-1].reused > 0  # the history came from the cache, not a recompute
-    name = f"{RowSteer.of(steer, 6.0).fingerprint()}@6.0"
+    name = f"{Steer.of(steer, 6.0).fingerprint()}@6.0"
     marked = sum(name in m for m in chat.cache_key.touches)
     assert 0 < marked <= len(second.tokens[0]) + 1  # turn 2's reply (and its EOS); not turn 1's
     assert twin.say(messages[1], max_new_tokens=8).tokens == second.tokens  # the fork decides alike
@@ -437,7 +437,7 @@ def test_scoring_a_prompt_with_a_condition_or_monitor_reads_each_whole_prompt(lm
     steer = sl.Steer("blocks.2.hook_resid_pre", direction(91), 4.0, when=c)
     shared = "Once upon a time, there was a little fox who"
     prompts = [shared + " ran.", shared + " sang by the sea.", shared + " slept."]
-    rows = [Request(tuple(ids(lm, p)), tuple(sl.engine.RowSteer.of(s, 4.0) for s in [steer]),
+    rows = [Request(tuple(ids(lm, p)), tuple(sl.Steer.of(s, 4.0) for s in [steer]),
                     Sampling(max_new_tokens=0, prompt_logprobs=0), stream=str(i))
             for i, p in enumerate(prompts)]  # fmt: skip
     together = lm.engine.run(rows)

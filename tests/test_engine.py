@@ -11,7 +11,7 @@ import torch
 from helpers import BACKENDS, PROMPTS, load_tiny
 
 import steerlab as sl
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 
 SITE = "blocks.1.hook_resid_pre"
 
@@ -64,12 +64,12 @@ def test_mixed_requests_each_equal_their_own_run(tiny_dirs, backend, direction):
     other = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(5))
     enc = [tuple(lm.tokenizer(p)["input_ids"]) for p in PROMPTS]
     requests = [
-        Request(enc[0], (RowSteer(SITE, direction, 4.0, "all", sl.Add()),), Sampling(max_new_tokens=6)),
+        Request(enc[0], (Steer(SITE, direction, 4.0, "all", sl.Add()),), Sampling(max_new_tokens=6)),
         Request(enc[1], (), Sampling(max_new_tokens=12, temperature=0.9, seed=4), "a"),
-        Request(enc[2], (RowSteer("blocks.0.hook_resid_post", other, 1.0, "prompt", sl.Ablate()),),
+        Request(enc[2], (Steer("blocks.0.hook_resid_post", other, 1.0, "prompt", sl.Ablate()),),
                 Sampling(max_new_tokens=9, temperature=1.3, top_k=7, seed=1), "b"),
-        Request(enc[0], (RowSteer(SITE, other, -3.0, "generated", sl.Clamp(2.0)),
-                         RowSteer("blocks.0.hook_mlp_out", direction, 2.0, 2, sl.Add())),
+        Request(enc[0], (Steer(SITE, other, -3.0, "generated", sl.Clamp(2.0)),
+                         Steer("blocks.0.hook_mlp_out", direction, 2.0, 2, sl.Add())),
                 Sampling(max_new_tokens=10, top_p=0.8, temperature=1.0, seed=9, stop=("e",)), "c"),
     ]  # fmt: skip
     mixed = lm.engine.run(requests)
@@ -84,7 +84,7 @@ def test_generate_is_the_mixed_engine_with_one_steer_on_every_row(lm, direction)
     out = lm.generate(PROMPTS[:2], steer, max_new_tokens=6, stop_at_eos=False, seed=0)
     enc = [tuple(lm.tokenizer(p)["input_ids"]) for p in PROMPTS[:2]]
     requests = [
-        Request(enc[p], (RowSteer(SITE, direction, a, "all", sl.Add()),),
+        Request(enc[p], (Steer(SITE, direction, a, "all", sl.Add()),),
                 Sampling(max_new_tokens=6, stop_at_eos=False), f"0|{PROMPTS[p]!r}")
         for p in (0, 1) for a in (0.0, 5.0)
     ]  # fmt: skip

@@ -7,7 +7,7 @@ import pytest
 import torch
 from reference import RefSteer, logprobs
 
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, Sampling
 from steerlab.core.steer import Steer
 from steerlab.engine.scoring import score_prompts
 from steerlab.vectors.scoring import completion_logprobs
@@ -34,7 +34,7 @@ def test_prompts_of_different_lengths_score_as_transformers_does(toy_lm, toy_hf)
 
 def test_steered_scores_and_generating_rows_share_one_call(toy_lm, toy_hf):
     v = torch.randn(128, generator=torch.Generator().manual_seed(11))
-    steer = RowSteer.of(Steer(SITE, v, 3.0), 3.0)
+    steer = Steer.of(Steer(SITE, v, 3.0), 3.0)
     ids = _ids(toy_lm, "The happy fox ran")
     scored = Request(tuple(ids), (steer,), Sampling(max_new_tokens=0, prompt_logprobs=0))
     both = Request(tuple(ids), (steer,), Sampling(max_new_tokens=3, logprobs=2, prompt_logprobs=1))
@@ -87,7 +87,7 @@ def test_forward_keeps_only_the_last_positions_asked_for_as_transformers_compute
     # HF backend multiplies the head only there. Against plain transformers, steered, with
     # rows of different lengths (so the shorter is left-padded).
     v = torch.randn(128, generator=torch.Generator().manual_seed(5))
-    steer = RowSteer.of(Steer(SITE, v, 2.0), 2.0)
+    steer = Steer.of(Steer(SITE, v, 2.0), 2.0)
     prompts = [_ids(toy_lm, "Once upon a time the fox ran"), _ids(toy_lm, "The sea")]
     last = [4, 1]
     packed = toy_lm.engine.forward([Request(tuple(p), (steer,)) for p in prompts], last=last)[0]

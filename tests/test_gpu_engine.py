@@ -10,7 +10,7 @@ import torch
 from helpers import PROMPTS
 
 import steerlab as sl
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,9 +45,9 @@ def test_steered_continuation_and_mixed_rows_match_the_cpu(models, which):
 
     enc = [tuple(cpu.tokenizer(p)["input_ids"]) for p in PROMPTS]
     requests = [
-        Request(enc[0], (RowSteer(SITE, direction, 2.0, "all", sl.Add()),), Sampling(max_new_tokens=5)),
+        Request(enc[0], (Steer(SITE, direction, 2.0, "all", sl.Add()),), Sampling(max_new_tokens=5)),
         Request(enc[1], (), Sampling(max_new_tokens=9)),
-        Request(enc[2], (RowSteer(SITE, direction, 1.0, "prompt", sl.Ablate()),), Sampling(max_new_tokens=7)),
+        Request(enc[2], (Steer(SITE, direction, 1.0, "prompt", sl.Ablate()),), Sampling(max_new_tokens=7)),
     ]  # fmt: skip
     assert [c.tokens for c in lm.engine.run(requests)] == [
         c.tokens for c in cpu.engine.run(requests)

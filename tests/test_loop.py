@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import steerlab as sl
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 from steerlab.testing import FakeBackend, char_tokenizer
 
 VOCAB = FakeBackend.d_model
@@ -106,17 +106,17 @@ def test_mixed_steers_and_sampling_per_row_equal_each_row_alone(fake):
     enc = lambda p: tuple(lm.tokenizer(p)["input_ids"])  # noqa: E731
     v1, v2 = torch.eye(VOCAB)[10] * 6, torch.eye(VOCAB)[20] * 6
     requests = [
-        Request(enc("ab"), (RowSteer(SITE, v1, 1.0, "all", sl.Add()),), Sampling(max_new_tokens=5)),
+        Request(enc("ab"), (Steer(SITE, v1, 1.0, "all", sl.Add()),), Sampling(max_new_tokens=5)),
         Request(enc("hello"), (), Sampling(max_new_tokens=9, temperature=1.0, seed=3), "s1"),
         Request(
             enc("ab"),
-            (RowSteer(SITE, v2, 2.0, "generated", sl.Add()),),
+            (Steer(SITE, v2, 2.0, "generated", sl.Add()),),
             Sampling(max_new_tokens=7, temperature=0.7, top_k=5, seed=1),
             "s2",
         ),
         Request(
             enc("xyz"),
-            (RowSteer(SITE, v1, 1.0, "prompt", sl.Clamp(3.0)),),
+            (Steer(SITE, v1, 1.0, "prompt", sl.Clamp(3.0)),),
             Sampling(max_new_tokens=6, top_p=0.5, temperature=2.0, stop=("q",)),
             "s3",
         ),

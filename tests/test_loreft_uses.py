@@ -11,7 +11,7 @@ import torch
 from reference import RefSteer, greedy, logprobs
 
 import steerlab as sl
-from steerlab.core.request import RowSteer
+from steerlab.core.request import Steer
 
 SITE = "blocks.2.hook_resid_post"
 SPAN = "first:3+last:3"
@@ -107,7 +107,7 @@ def test_chat_with_a_loreft_equals_hooks_and_its_key_holds_w_and_b(toy_lm, toy_h
         assert reply.tokens[0] == want
     assert chat.stats[-1].reused == 0  # the first 3 tokens changed steer: nothing reusable
     (a,), (b_,) = reft.steers(), other.steers()
-    assert RowSteer.of(a, 1.0).fingerprint() != RowSteer.of(b_, 1.0).fingerprint()
+    assert Steer.of(a, 1.0).fingerprint() != Steer.of(b_, 1.0).fingerprint()
     assert toy_lm.hook_count() == 0
 
 

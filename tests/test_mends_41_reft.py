@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 import steerlab as sl
 from steerlab.core.errors import ModelMismatchWarning, SiteError
-from steerlab.core.request import Request, RowSteer
+from steerlab.core.request import Request, Steer
 from steerlab.testing import char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,7 +274,7 @@ def test_vllm_send_copies_a_loreft_vector_that_is_a_view_of_its_R():
     sent: list[bytes] = []
     engine = SimpleNamespace(_sent=set(), rpc=lambda name, data: sent.append(data))
     reft = _reft()
-    row = Request((0, 1), steers=tuple(RowSteer.of(s, 1.0) for s in reft.steers()))
+    row = Request((0, 1), steers=tuple(Steer.of(s, 1.0) for s in reft.steers()))
     VLLMEngine.send_vectors(engine, [row])  # type: ignore[arg-type]
     from safetensors.torch import load
 

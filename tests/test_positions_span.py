@@ -14,7 +14,7 @@ import torch
 import steerlab as sl
 from steerlab.chat.key import touches
 from steerlab.core.positions import position_form, position_mask, prompt_span
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, Sampling, Steer
 from steerlab.engine.local import prefix
 from steerlab.engine.vllm.params import cache_salt, expected_tokens
 
@@ -76,7 +76,7 @@ def test_rows_sharing_a_prompt_see_the_whole_prompts_length(toy_lm, positions):
     assert len(set(map(tuple, alone.tokens))) > 2  # the steer changes the text
     shared = prefix.group_size(
         [
-            Request((5, 6, 7), (RowSteer(SITE, torch.ones(128), a, positions, sl.Add()),))
+            Request((5, 6, 7), (Steer(SITE, torch.ones(128), a, positions, sl.Add()),))
             for a in ALPHAS
         ]  # fmt: skip
     )
@@ -84,7 +84,7 @@ def test_rows_sharing_a_prompt_see_the_whole_prompts_length(toy_lm, positions):
 
 
 def test_the_chat_key_marks_the_turns_prompt_span():
-    steer = RowSteer(SITE, torch.ones(4), 1.0, "first:1+last:2", sl.Add())
+    steer = Steer(SITE, torch.ones(4), 1.0, "first:1+last:2", sl.Add())
     flags = [False] * 6 + [True] * 2  # a six-token prompt, then two generated tokens
     marks = touches([steer], flags, prompt_len=6)
     assert [bool(m) for m in marks] == [True, False, False, False, True, True, False, False]
@@ -94,7 +94,7 @@ def test_the_chat_key_marks_the_turns_prompt_span():
 
 def test_vllms_salt_and_count_follow_the_prompt_length():
     def request(prompt):
-        steer = RowSteer(SITE, torch.ones(4), 2.0, "last:2", sl.Add())
+        steer = Steer(SITE, torch.ones(4), 2.0, "last:2", sl.Add())
         return Request(prompt, (steer,), Sampling(max_new_tokens=4), "s")
 
     assert cache_salt(request((5, 6, 7)), "") != cache_salt(request((5, 6, 7, 8)), "")

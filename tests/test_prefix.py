@@ -7,7 +7,7 @@ import torch
 from test_sessions import Counter
 
 import steerlab as sl
-from steerlab.core.request import Request, RowSteer
+from steerlab.core.request import Request, Steer
 from steerlab.engine.local import prefix
 
 ALPHAS = [0.0, 2.0, -2.0, 4.0]
@@ -44,7 +44,7 @@ def test_a_shared_prompt_is_fed_once_and_changes_nothing(lm, direction, position
 
 def test_rows_share_only_where_exact(direction):
     def rows(positions, alphas, prompt=(5, 6, 7, 8)):
-        return [Request(prompt, (RowSteer("blocks.0.hook_resid_pre", direction, a, positions,
+        return [Request(prompt, (Steer("blocks.0.hook_resid_pre", direction, a, positions,
                                            sl.Add()),)) for a in alphas]  # fmt: skip
 
     assert prefix.group_size(rows("generated", [0, 1, 2])) == 3

@@ -12,7 +12,7 @@ import torch
 from server_helpers import HEADERS, post, served
 
 import steerlab as sl
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.scheduler import Done, Job, Scheduler
 from steerlab.testing import FakeBackend, char_tokenizer
 
@@ -28,7 +28,7 @@ def _request(lm, text: str, alpha: float = 0.0, op=None, n: int = 6) -> Request:
     ids = tuple(lm.tokenizer(text)["input_ids"])
     vector = torch.zeros(lm.d_model)
     vector[7] = 1.0
-    steers = (RowSteer(SITE, vector, alpha, "all", op or sl.Add()),) if alpha else ()
+    steers = (Steer(SITE, vector, alpha, "all", op or sl.Add()),) if alpha else ()
     return Request(ids, steers, Sampling(max_new_tokens=n, stop_at_eos=False), stream=text)
 
 

@@ -9,7 +9,7 @@ import torch
 from reference import RefSteer, logprobs
 
 import steerlab as sl
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, Sampling
 from steerlab.core.steer import Steer
 
 SITE = "blocks.2.hook_resid_post"
@@ -17,7 +17,7 @@ CONTEXTS = ["Once upon a time the little fox", "The sea was calm and the boat", 
 CHOICES = [" ran away.", " smiled.", " cried a lot that day.", " went home"]
 
 
-def _rows(lm: sl.SteerableModel, steers: tuple[RowSteer, ...] = ()) -> list[Request]:
+def _rows(lm: sl.SteerableModel, steers: tuple[Steer, ...] = ()) -> list[Request]:
     sampling = Sampling(max_new_tokens=1, temperature=0.0, prompt_logprobs=1)
     rows = []
     for context in CONTEXTS:
@@ -77,13 +77,13 @@ def test_shared_contexts_are_fed_once(toy_hf):
 def test_steered_rows_share_only_with_the_same_steer(toy_hf):
     lm = sl.load("steerlab-tiny", backend="hf")
     v = torch.randn(128, generator=torch.Generator().manual_seed(5))
-    steer = RowSteer.of(Steer(SITE, v, 1.0), 4.0)
+    steer = Steer.of(Steer(SITE, v, 1.0), 4.0)
     plain, steered = _rows(lm), _rows(lm, (steer,))
     mixed = [r for pair in zip(plain, steered) for r in pair]
     done = lm.engine.run(mixed)
     _check(done[0::2], plain, toy_hf, [])
     _check(done[1::2], steered, toy_hf, [RefSteer(SITE, v, 4.0)])
-    half = RowSteer.of(Steer(SITE, v, 1.0), 2.0)
+    half = Steer.of(Steer(SITE, v, 1.0), 2.0)
     again = _rows(lm, (half,))[:2]  # stored under alpha 4 and 0, never reused at alpha 2
     _check(lm.engine.run(again), again, toy_hf, [RefSteer(SITE, v, 2.0)])
 

@@ -13,7 +13,7 @@ import torch
 
 import steerlab as sl
 from steerlab.core.request import TokenScore
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.scoring import token_scores
 from steerlab.engine.vllm.batch import Layouts, lay_out_forward, parse_plan
 from steerlab.engine.vllm.params import cache_salt, expected_tokens, request_seed, to_vllm
@@ -24,12 +24,12 @@ from steerlab.model import SteerableModel
 V = torch.arange(4, dtype=torch.float32) + 1
 
 
-def _req(*steers: RowSteer, prompt=(5, 6, 7), stream="s") -> Request:
+def _req(*steers: Steer, prompt=(5, 6, 7), stream="s") -> Request:
     return Request(prompt, steers, Sampling(max_new_tokens=4), stream)
 
 
-def _steer(alpha=2.0, positions="all", op=None, site="blocks.1.hook_resid_pre") -> RowSteer:
-    return RowSteer(site, V, alpha, positions, op or sl.Add())
+def _steer(alpha=2.0, positions="all", op=None, site="blocks.1.hook_resid_pre") -> Steer:
+    return Steer(site, V, alpha, positions, op or sl.Add())
 
 
 def test_scores_map_to_vllms_raw_logprobs_capped_at_the_vocabulary():
@@ -103,7 +103,7 @@ def test_steers_travel_by_vector_key_with_their_op_as_data():
     assert vr.prompt["prompt_token_ids"] == [5, 6, 7] and "cache_salt" in vr.prompt
     assert vr.sampling["stop_token_ids"] == [1] and vr.sampling["ignore_eos"]
     plan = parse_plan(vr.sampling["extra_args"])
-    assert plan is not None and plan.row == "row-1"
+    assert plan is not None and plan.names == ("row-1",)
 
 
 def test_rows_of_one_prompt_share_a_seed():
@@ -132,7 +132,7 @@ def test_a_flattened_batch_gets_per_token_alphas_by_position_rule():
     assert x_steer.rows == [("X", 2)] and z_steer.rows == [("Z", 1)]
 
 
-def _plans(*rows: tuple[RowSteer, ...], prefix: str = "r") -> dict:
+def _plans(*rows: tuple[Steer, ...], prefix: str = "r") -> dict:
     return {f"{prefix}{i}": parse_plan(to_vllm(_req(*steers), f"R{i}", revision="",
                                         eos_ids=set()).sampling["extra_args"]) if steers else None
             for i, steers in enumerate(rows)}  # fmt: skip
@@ -144,7 +144,7 @@ def _worker_apply(plans: dict, site: str, act: torch.Tensor, vectors: dict) -> t
 
     worker = SteerWorker()
     state = worker._steerlab()
-    state.vectors.update({RowSteer(site, v, 1.0, "all", sl.Add()).vector_key: v
+    state.vectors.update({Steer(site, v, 1.0, "all", sl.Add()).vector_key: v
                           for v in vectors.values()})  # fmt: skip
     n = len(plans)
     state.batch = lay_out_forward(list(plans), list(range(n + 1)), torch.full((n,), 9), plans,
@@ -162,7 +162,7 @@ def test_add_steers_of_different_requests_fuse_into_one_op_and_stay_exact():
     gen = torch.Generator().manual_seed(0)
     vs = {k: torch.randn(4, generator=gen) for k in range(3)}
     site = "blocks.1.hook_resid_pre"
-    rows = [(RowSteer(site, vs[k % 3], 0.5 + k, "all", sl.Add()),) for k in range(5)] + [()]
+    rows = [(Steer(site, vs[k % 3], 0.5 + k, "all", sl.Add()),) for k in range(5)] + [()]
     plans = _plans(*rows)
     batch = lay_out_forward(list(plans), list(range(7)), torch.full((6,), 9), plans, {})
     (fused,) = batch.by_site[site]
@@ -179,8 +179,8 @@ def test_each_request_keeps_its_own_order_of_steers_at_a_site():
     v, w = torch.randn(4, generator=gen), torch.randn(4, generator=gen)
     site = "blocks.1.hook_resid_pre"
     add, ablate = (
-        RowSteer(site, v, 2.0, "all", sl.Add()),
-        RowSteer(site, w, 1.0, "all", sl.Ablate()),
+        Steer(site, v, 2.0, "all", sl.Add()),
+        Steer(site, w, 1.0, "all", sl.Ablate()),
     )
     plans = _plans((add, ablate), (ablate, add))
     act = torch.randn(2, 4, generator=gen)
@@ -201,13 +201,13 @@ def test_each_request_keeps_its_own_order_of_steers_at_a_site():
 
 def test_layouts_are_reused_while_a_steady_decode_holds():
     site = "blocks.1.hook_resid_pre"
-    plans = _plans((RowSteer(site, V, 1.0, "all", sl.Add()),), ())
+    plans = _plans((Steer(site, V, 1.0, "all", sl.Add()),), ())
     layouts, lens = Layouts(), lambda: dict.fromkeys(plans, 3)
     first = layouts.forward(["r0", "r1"], [0, 1, 2], torch.tensor([5, 7]), plans, lens)
     assert layouts.forward(["r0", "r1"], [0, 1, 2], torch.tensor([6, 8]), plans, lens) is first
     assert layouts.forward(["r0"], [0, 1], torch.tensor([7]), plans, lens) is not first
     # A per-position rule is laid out again at every step (request ids are never reused).
-    gen = _plans((RowSteer(site, V, 1.0, "generated", sl.Add()),), prefix="g")
+    gen = _plans((Steer(site, V, 1.0, "generated", sl.Add()),), prefix="g")
     lens = lambda: {"g0": 3}  # noqa: E731
     a = layouts.forward(["g0"], [0, 1], torch.tensor([2]), gen, lens)
     b = layouts.forward(["g0"], [0, 1], torch.tensor([3]), gen, lens)
@@ -282,7 +282,7 @@ def test_a_folder_of_pickled_weights_is_refused_on_vllm_too(tmp_path):
 
 
 def _gated_request(when, monitors=(), prompt=(5, 6, 7, 8, 9), alpha=2.0) -> Request:
-    steer = RowSteer("blocks.2.hook_resid_pre", V, alpha, "generated", sl.Add(), when)
+    steer = Steer("blocks.2.hook_resid_pre", V, alpha, "generated", sl.Add(), when)
     return Request(prompt, (steer,), Sampling(max_new_tokens=4), "s", monitors=monitors)
 
 
@@ -299,8 +299,8 @@ def test_rows_that_read_travel_with_their_tensors_and_never_share_cached_blocks(
     assert len(salts) == 2  # a salt of its own each time: no prefix-cache reads
     extra = to_vllm(request, "r", revision="", eos_ids=set()).sampling["extra_args"]
     plan = parse_plan(extra, row_tensors(request))
-    assert plan is not None and plan.gates == [c] and plan.monitors == (m,)
-    assert torch.equal(plan.monitors[0].direction, m.direction)
+    assert plan is not None and plan.gates() == [c] and plan.monitors == ((m,),)
+    assert torch.equal(plan.monitors[0][0].direction, m.direction)
     plain = Request((5, 6), (), Sampling(max_new_tokens=2), "s")
     assert "cache_salt" not in to_vllm(plain, "p", revision="", eos_ids=set()).prompt
 
@@ -350,7 +350,7 @@ def test_a_worker_sums_a_prompt_fed_in_chunks_once_and_gates_by_the_decision():
         out = worker._steerlab_apply("blocks.2.hook_resid_pre", x)
         steered[positions[0]] = (x if out is None else out)[: 2 * n]
     assert not state.errors
-    reports = {r.plan.row: r.report() for r in state.reads.rows.values()}
+    reports = {r.name: r.report() for r in state.reads.rows.values()}
     for rid, want_fired in (("a", True), ("b", False)):
         want = score(acts[rid][:5].mean(0, keepdim=True), c, "projection")
         got = reports[rid.upper()]
@@ -370,7 +370,7 @@ def test_a_gap_in_the_prompt_fails_the_row_and_a_late_decision_is_an_error():
     from steerlab.engine.vllm.worker import SteerWorker
 
     cond = sl.Condition("blocks.1.hook_resid_pre", V)
-    request = Request((5, 6, 7, 8, 9), (RowSteer("blocks.2.hook_resid_pre", V, 2.0, "all",
+    request = Request((5, 6, 7, 8, 9), (Steer("blocks.2.hook_resid_pre", V, 2.0, "all",
                                                  sl.Add(), cond),), Sampling(max_new_tokens=2), "s")  # fmt: skip
     worker = SteerWorker()
     state = worker._steerlab()
@@ -396,7 +396,7 @@ def test_what_vllm_cannot_decide_exactly_is_refused_with_why():
     cond = sl.Condition("blocks.1.hook_resid_pre", V)
 
     def gated(positions) -> Request:
-        steer = RowSteer("blocks.2.hook_resid_pre", V, 2.0, positions, sl.Add(), cond)
+        steer = Steer("blocks.2.hook_resid_pre", V, 2.0, positions, sl.Add(), cond)
         return Request(tuple(range(10)), (steer,), Sampling(), "s")
 
     # With chunked prefill on, any prompt may be split: a steer on prompt tokens is refused.
@@ -407,7 +407,7 @@ def test_what_vllm_cannot_decide_exactly_is_refused_with_why():
         assert why is not None and "enable_chunked_prefill" in why
         assert reads_reason([gated(positions)], stages=1, chunks_prompts=False) is None
     per_token = sl.Condition("blocks.1.hook_resid_pre", V, read="token")
-    token_steer = RowSteer("blocks.2.hook_resid_pre", V, 2.0, "all", sl.Add(), per_token)
+    token_steer = Steer("blocks.2.hook_resid_pre", V, 2.0, "all", sl.Add(), per_token)
     assert reads_reason([Request((1, 2), (token_steer,), Sampling(), "s")], stages=1,
                         chunks_prompts=True) is None  # fmt: skip
     assert "pipeline stages" in reads_reason([gated("generated")], stages=2, chunks_prompts=False)
@@ -423,7 +423,7 @@ def test_a_condition_with_nothing_to_read_never_fires_as_on_the_local_engine():
     from steerlab.engine.vllm.reads import RowReads
 
     cond = sl.Condition("blocks.1.hook_resid_pre", V)
-    request = Request((5, 6, 7), (RowSteer("blocks.2.hook_resid_pre", V, 2.0, "generated",
+    request = Request((5, 6, 7), (Steer("blocks.2.hook_resid_pre", V, 2.0, "generated",
                                            sl.Add(), cond),), Sampling(), "s", reads_from=3)  # fmt: skip
     extra = to_vllm(request, "A", revision="", eos_ids=set()).sampling["extra_args"]
     reads = RowReads(parse_plan(extra, row_tensors(request)), prompt_len=3)

@@ -13,7 +13,7 @@ from reference import RefSteer, greedy, peaky_folder
 from transformers import AutoModelForCausalLM
 
 import steerlab as sl
-from steerlab.engine import Request, RowSteer, Sampling
+from steerlab.engine import Request, Sampling, Steer
 
 NEW = 10
 OPS = {"add": sl.Add(), "ablate": sl.Ablate(), "clamp": sl.Clamp(3.0)}
@@ -48,7 +48,7 @@ def test_every_site_kind_in_one_batch_equals_hf(family):
     for i, steers in enumerate(ROWS):
         ids = tuple(lm.tokenizer(prompts[i % len(prompts)])["input_ids"])
         vectors = [_vec(10 * i + k) for k in range(len(steers))]
-        row = tuple(RowSteer(site, v, 1.0, where, OPS[op])
+        row = tuple(Steer(site, v, 1.0, where, OPS[op])
                     for (site, op, where), v in zip(steers, vectors))  # fmt: skip
         requests.append(Request(ids, row, Sampling(max_new_tokens=NEW), f"r{i}"))
         refs.append([RefSteer(site, v, 1.0, where, op, 3.0)

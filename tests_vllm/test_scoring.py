@@ -12,7 +12,7 @@ from server_helpers import post, served
 
 import steerlab as sl
 from steerlab.core.errors import ContextError
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, Sampling, Steer
 from steerlab.engine.scoring import score_prompts
 from steerlab.engine.vllm import decoding as vllm_decoding
 from steerlab.engine.vllm import params as vllm_params
@@ -53,7 +53,7 @@ def _gap(got: list, want: list) -> float:
 @pytest.mark.parametrize("positions", [None, "all", "prompt"])
 def test_prompt_scores_equal_the_local_engine_and_transformers(lm, local, hf, positions):
     prompts = [_ids(lm, t) for t in TEXTS]
-    steers = () if positions is None else (RowSteer(SITE, _vec(), 4.0, positions, sl.Add()),)
+    steers = () if positions is None else (Steer(SITE, _vec(), 4.0, positions, sl.Add()),)
     ref = [] if positions is None else [RefSteer(SITE, _vec(), 4.0, positions)]
     got = score_prompts(lm.engine, prompts, top=3, steers=steers)
     want = score_prompts(local.engine, prompts, top=3, steers=steers)
@@ -72,7 +72,7 @@ def test_prompt_scores_equal_the_local_engine_and_transformers(lm, local, hf, po
 
 def test_sampled_and_prompt_scores_in_one_call_equal_the_local_engine(lm, local, hf):
     ids = tuple(_ids(lm, "The happy fox ran"))
-    steer = RowSteer(SITE, _vec(1), 3.0, "all", sl.Add())
+    steer = Steer(SITE, _vec(1), 3.0, "all", sl.Add())
     requests = [
         Request(ids, (steer,), Sampling(max_new_tokens=6, logprobs=4, prompt_logprobs=2)),
         Request(ids, (steer,), Sampling(max_new_tokens=0, prompt_logprobs=0)),  # scores only
@@ -128,7 +128,7 @@ def test_a_scored_prompt_is_never_served_from_the_prefix_cache(lm, hf, monkeypat
     are cached), still scores every position from its own forward. Were the cache read,
     vLLM would report stale buffers (the last scored prompt's, once): that fails the call."""
     ids = (_ids(lm, "The sea was calm and the sky was blue. " * 3) * 2)[:70]
-    steer = RowSteer(SITE, _vec(2), 5.0, "all", sl.Add())
+    steer = Steer(SITE, _vec(2), 5.0, "all", sl.Add())
     lm.engine.run([Request(tuple(ids), (steer,), Sampling(max_new_tokens=2))])
     lm.engine.run([Request(tuple(ids), (), Sampling(max_new_tokens=2))])
     for steers, ref in (((), []), ((steer,), [RefSteer(SITE, _vec(2), 5.0, "all")])):

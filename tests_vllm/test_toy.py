@@ -11,7 +11,7 @@ from reference import RefSteer, greedy
 
 import steerlab as sl
 from steerlab.core.prompts import PromptError
-from steerlab.engine import CallInFlightError, Request, RowSteer, Sampling
+from steerlab.engine import CallInFlightError, Request, Sampling, Steer
 from steerlab.engine.vllm import SteerHookError
 from steerlab.engine.vllm import params as vllm_params
 from steerlab.engine.vllm.load import _check_eager
@@ -65,9 +65,9 @@ ROWS = [
 ]
 
 
-def _row_steer(s: RefSteer) -> RowSteer:
+def _row_steer(s: RefSteer) -> Steer:
     op = {"add": sl.Add(), "ablate": sl.Ablate(), "clamp": sl.Clamp(s.value)}[s.op]
-    return RowSteer(s.site, s.vector, s.alpha, s.positions, op)
+    return Steer(s.site, s.vector, s.alpha, s.positions, op)
 
 
 def test_mixed_steers_in_one_batch_equal_hf(lm, hf):
@@ -103,10 +103,10 @@ def test_stream_matches_generate_and_closing_early_releases(lm):
 
 def test_requests_added_to_a_running_call_equal_hf(lm, hf):
     v, w = _vec(17, 0.4), _vec(18, 0.4)
-    first = Request(_ids(lm, PROMPTS[0]), (RowSteer("blocks.1.hook_resid_pre", v, 2.0, "all",
+    first = Request(_ids(lm, PROMPTS[0]), (Steer("blocks.1.hook_resid_pre", v, 2.0, "all",
                                                     sl.Add()),), Sampling(max_new_tokens=NEW))  # fmt: skip
     joining = [
-        Request(_ids(lm, PROMPTS[1]), (RowSteer("blocks.3.hook_mlp_out", w, 3.0, "generated",
+        Request(_ids(lm, PROMPTS[1]), (Steer("blocks.3.hook_mlp_out", w, 3.0, "generated",
                                                 sl.Add()),), Sampling(max_new_tokens=8)),
         Request(_ids(lm, PROMPTS[3]), (), Sampling(max_new_tokens=8)),
     ]  # fmt: skip
@@ -128,7 +128,7 @@ def test_requests_added_to_a_running_call_equal_hf(lm, hf):
 
 
 def test_a_failed_add_leaves_the_call_whole(lm, hf, monkeypatch):
-    first = Request(_ids(lm, PROMPTS[0]), (RowSteer("blocks.1.hook_resid_pre", _vec(19, 0.4),
+    first = Request(_ids(lm, PROMPTS[0]), (Steer("blocks.1.hook_resid_pre", _vec(19, 0.4),
                                                     2.0, "all", sl.Add()),), Sampling(max_new_tokens=NEW))  # fmt: skip
     steps = lm.engine.stream([first])
     next(steps)
@@ -208,7 +208,7 @@ def test_hooks_that_never_ran_fail_the_call(lm, monkeypatch):
 
 def test_a_hook_error_fails_the_request(lm):
     v = _vec(15)
-    lm.engine._sent.add(RowSteer("hook_embed", v, 1.0, "all", sl.Add()).vector_key)
+    lm.engine._sent.add(Steer("hook_embed", v, 1.0, "all", sl.Add()).vector_key)
     with pytest.raises(SteerHookError, match="never sent"):
         lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", v, alpha=2.0),
                     max_new_tokens=4)  # fmt: skip
@@ -235,7 +235,7 @@ def _reports(lm, monkeypatch, fail_at_finish: bool = False) -> list[tuple[list, 
 def _staggered(lm) -> list[Request]:
     """8 steered rows (one site) that end at different steps, and 2 unsteered ones."""
     ids = _ids(lm, PROMPTS[0])
-    steer = (RowSteer("blocks.1.hook_resid_pre", _vec(16, 0.4), 2.0, "all", sl.Add()),)
+    steer = (Steer("blocks.1.hook_resid_pre", _vec(16, 0.4), 2.0, "all", sl.Add()),)
     rows = [Request(ids, steer, Sampling(max_new_tokens=2 + k, stop_at_eos=False), f"s{k}")
             for k in range(8)]  # fmt: skip
     return rows + [Request(ids, (), Sampling(max_new_tokens=3), f"u{k}") for k in range(2)]

@@ -32,18 +32,18 @@ from dataclasses import dataclass
 import torch
 
 from steerlab.core.positions import position_mask
-from steerlab.core.request import RowSteer
+from steerlab.core.steer import Steer
 
 Touches = tuple[str, ...]  # the steers that touched one position, as "fingerprint@alpha"
 
 
-def touches(steers: Sequence[RowSteer], generated: Sequence[bool],
+def touches(steers: Sequence[Steer], generated: Sequence[bool],
             start: int = 0, prompt_len: int | None = None,
             fired: Sequence[frozenset[str]] = ()) -> list[Touches]:  # fmt: skip
     """Per position from ``start`` on, which of ``steers`` touch it, in the order applied.
 
     A steer with a prompt condition (``when=``, read once per turn) touches a position
-    only where its turn's condition fired: ``fired[i]`` holds the ``fingerprint@alpha`` of the conditioned steers that fired
+    only where its turn's condition fired: ``fired[i]`` holds the marks (``Steer.mark``) of the conditioned steers that fired
     in the turn of position ``i`` (none past its end). So the key holds each turn's decision.
 
     Args:
@@ -59,10 +59,10 @@ def touches(steers: Sequence[RowSteer], generated: Sequence[bool],
     flags = torch.tensor(list(generated), dtype=torch.bool)[None]  # [1, seq]
     pos = torch.arange(flags.shape[1])[None]  # [1, seq]
     n_prompt = flags.shape[1] if prompt_len is None else prompt_len
-    masks = [(f"{s.fingerprint()}@{s.alpha!r}",
+    masks = [(s.mark(),
               position_mask(s.positions, pos, flags, n_prompt)[0])
-             for s in steers if s.alpha != 0]  # fmt: skip
-    gated = {f"{s.fingerprint()}@{s.alpha!r}" for s in steers
+             for s in steers if s.alpha[0] != 0]  # fmt: skip
+    gated = {s.mark() for s in steers
              if s.when is not None and not s.when.per_token}  # fmt: skip
 
     def decided(name: str, i: int) -> bool:

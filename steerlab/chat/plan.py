@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from steerlab.chat.encoding import check_roles, common_prefix, render
 from steerlab.chat.key import CacheKey, touches
 from steerlab.core.prompts import Message
-from steerlab.core.request import RowSteer
+from steerlab.core.steer import Steer
 from steerlab.core.window import check_window, fits
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Plan:
 
 
 def plan_turn(lm: SteerableModel, conversation: Conversation, new: list[Message],
-              steers: tuple[RowSteer, ...], cached: CacheKey | None, max_new_tokens: int,
+              steers: tuple[Steer, ...], cached: CacheKey | None, max_new_tokens: int,
               overflow: str) -> Plan:  # fmt: skip
     """Everything about a turn that can fail, and what it will feed; nothing runs.
 

@@ -32,7 +32,7 @@ from steerlab.chat.turns import TurnLog, TurnStats
 from steerlab.core.doors import takes_options
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Message, PromptError, check_text
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
 from steerlab.core.sites import site_names
@@ -130,8 +130,8 @@ class ChatSession:
                 )
         self._steers = steers
 
-    def _row_steers(self) -> tuple[RowSteer, ...]:
-        return tuple(RowSteer.of(s, s.alpha[0]) for s in self._steers)
+    def _row_steers(self) -> tuple[Steer, ...]:
+        return tuple(Steer.of(s, s.alpha[0]) for s in self._steers)
 
     # -- turns ---------------------------------------------------------------------------
 
@@ -183,7 +183,7 @@ class ChatSession:
         """Refuse a turn that would feed again a position an earlier turn's condition fired
         on: one call decides once, so it could not replay that turn's decision."""
         start = plan.conversation.exchanges[-1][1]  # where this turn's own tokens begin
-        gated = {f"{s.fingerprint()}@{s.alpha!r}" for s in self._row_steers()
+        gated = {s.mark() for s in self._row_steers()
                  if s.when is not None and not s.when.per_token}  # fmt: skip
         fired = plan.conversation.fired_for(plan.target)
         if any(gated & fired[i] for i in range(plan.reuse, min(start, len(fired)))):

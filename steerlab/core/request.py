@@ -1,9 +1,9 @@
 """What crosses the engine seam: requests and results as plain data.
 
-A ``Request`` is one row: prompt token ids, the steers on that row (each with its one
-alpha), and its own sampling settings. Nothing in it is a Python closure, so an engine
-in another process (vLLM) can take it: ``RowSteer.to_data`` gives the op as a name and
-parameters, and refuses a custom operation with a message that says why.
+A ``Request`` is one row: prompt token ids, the steers on that row (each a ``Steer`` with
+its one alpha, ``Steer.of``), and its own sampling settings. An engine compiles a call's
+requests once into its plan (``engine/plan.py``), which is what crosses into a worker
+process as data.
 """
 
 from __future__ import annotations
@@ -12,65 +12,13 @@ import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, NamedTuple
-
-import torch
+from typing import Any
 
 from steerlab.core.errors import SamplingError
 from steerlab.core.monitors import Monitor
-from steerlab.core.ops import Operation, SteerError
-from steerlab.core.positions import Positions
-from steerlab.core.reads import Gate
+from steerlab.core.ops import SteerError
 from steerlab.core.scalars import as_int, as_real
-from steerlab.core.steer import Steer, steer_data, vector_fingerprint
-
-
-class SteerKey(NamedTuple):
-    """A steer less its alpha: what the rows sharing one steer have in common, and what
-    every engine groups them by. ``vector`` is the tensor in-process (compared, like any
-    tensor in a key, by identity) or its content key where tensors travel by key (vLLM's
-    workers)."""
-
-    site: str
-    vector: torch.Tensor | str
-    positions: Positions
-    op: Operation
-    when: Gate | None
-
-
-@dataclass(frozen=True, eq=False)
-class RowSteer:
-    """One steer on one row: site, vector, the row's alpha, positions and operation."""
-
-    site: str
-    vector: torch.Tensor  # [d_model]
-    alpha: float
-    positions: Positions
-    op: Operation
-    when: Gate | None = None  # the condition that gates this steer on this row
-
-    @classmethod
-    def of(cls, steer: Steer, alpha: float) -> RowSteer:
-        return cls(steer.site, steer.vector, float(alpha), steer.positions, steer.op, steer.when)
-
-    def to_data(self, *, vector_key: str | None = None) -> dict[str, Any]:
-        """Plain data; the vector inline, or by ``vector_key`` where vectors travel once."""
-        return steer_data(self.site, self.vector, self.alpha, self.positions, self.op,
-                          vector_key=vector_key, when=self.when)  # fmt: skip
-
-    @property
-    def key(self) -> SteerKey:
-        """This steer less its alpha (``SteerKey``)."""
-        return SteerKey(self.site, self.vector, self.positions, self.op, self.when)
-
-    def fingerprint(self) -> str:
-        """The steer minus its alpha: site, vector content, positions, op and condition."""
-        return Steer(self.site, self.vector, 1.0, self.positions, self.op,
-                     when=self.when).fingerprint()  # fmt: skip
-
-    @property
-    def vector_key(self) -> str:
-        return vector_fingerprint(self.vector)
+from steerlab.core.steer import Steer
 
 
 @dataclass(frozen=True)
@@ -378,7 +326,7 @@ class Request:
 
     Attributes:
         prompt: token ids to feed (after the cache row, when a cache is continued).
-        steers: the steers on this row, each with this row's alpha.
+        steers: the steers on this row, each with this row's one alpha (``Steer.of``).
         sampling: this row's decoding settings.
         stream: rows with the same ``sampling.seed`` and ``stream`` draw the same random
             numbers (a prompt's baseline and steered rows); make it unique otherwise.
@@ -393,7 +341,7 @@ class Request:
     """
 
     prompt: tuple[int, ...]
-    steers: tuple[RowSteer, ...] = ()
+    steers: tuple[Steer, ...] = ()
     sampling: Sampling = field(default_factory=Sampling)
     stream: str = ""
     generated: tuple[bool, ...] = ()
@@ -419,8 +367,9 @@ class Request:
         if as_int(self.reads_from) is None or self.reads_from < 0:
             raise ValueError(f"Request.reads_from must be an int >= 0; got {self.reads_from!r}.")
         for steer in self.steers:
-            if not isinstance(steer, RowSteer):
-                raise SteerError(f"Request.steers takes RowSteer values; got {steer!r}.")
+            if not isinstance(steer, Steer) or len(steer.alpha) != 1:
+                raise SteerError("Request.steers takes Steer values with one alpha each "
+                                 f"(Steer.of(steer, alpha)); got {steer!r}.")  # fmt: skip
 
 
 @dataclass(frozen=True)

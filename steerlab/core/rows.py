@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from steerlab.core.monitors import Monitor, as_monitors
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, Sampling
 from steerlab.core.scalars import as_int
 from steerlab.core.steer import Steer, check_steer, warn_other_model
 from steerlab.core.window import check_text_window, check_window
@@ -100,7 +100,7 @@ class Rows:
         return [
             Request(
                 tuple(ids),
-                tuple(RowSteer.of(s, a) for s, a in zip(self.steers, alphas)),
+                tuple(Steer.of(s, a) for s, a in zip(self.steers, alphas)),
                 sampling,
                 streams[p],
                 monitors=tuple(monitors),

@@ -176,7 +176,7 @@ def non_finite(step: int, row: int, request: Request) -> NonFiniteError:
     """The error for a row whose logits are NaN or inf, naming its steers (every engine)."""
     steers = request.steers
     what = (
-        "; ".join(f"{type(s.op).__name__} at {s.site} with alpha={s.alpha:g}" for s in steers)
+        "; ".join(f"{type(s.op).__name__} at {s.site} with alpha={s.alpha[0]:g}" for s in steers)
         if steers
         else "no steer: the model's own logits"
     )

@@ -12,7 +12,7 @@ import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -204,6 +204,19 @@ def check_steer(site: str, vector: torch.Tensor, sites: Sequence[str], d_model: 
     check_gate_order(when, site, touches_prompt=touches_prompt(positions))
 
 
+class SteerKey(NamedTuple):
+    """A steer less its alpha: what the rows sharing one steer have in common, and what
+    every engine's plan groups them by. ``vector`` is the tensor in-process (compared, like
+    any tensor in a key, by identity) or its content key where tensors travel by key (vLLM's
+    workers)."""
+
+    site: str
+    vector: torch.Tensor | str
+    positions: Positions
+    op: Operation
+    when: Gate | None
+
+
 @dataclass(frozen=True, eq=False)
 class Steer:
     """One intervention: ``op`` applied at ``site`` with ``vector`` and strength ``alpha``.
@@ -232,9 +245,9 @@ class Steer:
         alpha: float | Sequence[float] | torch.Tensor = 1.0,
         positions: Positions = "all",
         op: Operation | None = None,
+        when: Gate | None = None,
         *,
         made_for: ModelId | str | None = None,
-        when: Gate | None = None,
     ) -> None:
         """``made_for`` names the model the direction was made on; by default the vector's
         provenance says (``dataclasses.replace`` passes it on). ``when`` is a condition
@@ -296,6 +309,32 @@ class Steer:
     def steers(self) -> list[Steer]:
         return [self]
 
+    @classmethod
+    def of(cls, steer: Steer, alpha: float) -> Steer:
+        """``steer`` at the one strength ``alpha``: what one row of a request carries
+        (``Request.steers``). Nothing is checked again: ``steer`` was."""
+        one = object.__new__(cls)
+        for name in ("site", "vector", "positions", "op", "made_for", "when"):
+            object.__setattr__(one, name, getattr(steer, name))
+        object.__setattr__(one, "alpha", (float(alpha),))
+        return one
+
+    @property
+    def key(self) -> SteerKey:
+        """This steer less its alphas (``SteerKey``)."""
+        return SteerKey(self.site, self.vector, self.positions, self.op, self.when)
+
+    @property
+    def vector_key(self) -> str:
+        """The vector's content key (``vector_fingerprint``)."""
+        return vector_fingerprint(self.vector)
+
+    def mark(self) -> str:
+        """A one-alpha steer as ``fingerprint@alpha``: THE mark of what a row's steer did,
+        for every cache key (a chat's, a scored prompt's, a shared prefix's, vLLM's salt)."""
+        assert len(self.alpha) == 1, "a row's steer carries one alpha"
+        return steer_mark(self.fingerprint(), self.alpha[0])
+
     def to_data(self, *, vector_key: str | None = None) -> dict[str, Any]:
         """This steer in the wire format (``steer_data``), every alpha included."""
         return steer_data(self.site, self.vector, list(self.alpha), self.positions, self.op,
@@ -307,14 +346,26 @@ class Steer:
 
         Custom operations have no data form; they fingerprint by identity.
         """
-        try:
-            op = repr(sorted(op_to_data(self.op, tensor_fingerprint).items()))
-        except SteerError:
-            op = f"custom:{id(self.op)}"
-        text = f"{self.site}|{vector_fingerprint(self.vector)}|{self.positions}|{op}"
-        if self.when is not None:
-            text += f"|{sorted(self.when.to_data(tensor_fingerprint).items())!r}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return steer_fingerprint(self.site, self.vector, self.positions, self.op, self.when)
+
+
+def steer_mark(fingerprint: str, alpha: float) -> str:
+    """``fingerprint@alpha``: what a steer at one alpha did (``Steer.mark``)."""
+    return f"{fingerprint}@{alpha!r}"
+
+
+def steer_fingerprint(site: str, vector: torch.Tensor, positions: Positions, op: Operation,
+                      when: Gate | None) -> str:  # fmt: skip
+    """THE fingerprint of a steer less its alphas (``Steer.fingerprint``, and an engine
+    plan's steers): site, vector content, positions, op and condition, as a short hash."""
+    try:
+        op_text = repr(sorted(op_to_data(op, tensor_fingerprint).items()))
+    except SteerError:
+        op_text = f"custom:{id(op)}"
+    text = f"{site}|{vector_fingerprint(vector)}|{positions}|{op_text}"
+    if when is not None:
+        text += f"|{sorted(when.to_data(tensor_fingerprint).items())!r}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def at_alphas(steers: Sequence[Steer], alphas: Sequence[float]) -> list[Steer]:

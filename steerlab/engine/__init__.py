@@ -4,7 +4,8 @@
 """
 
 from steerlab.backends.cache import KVCache
-from steerlab.core.request import Completion, Request, RowSteer, Sampling
+from steerlab.core.request import Completion, Request, Sampling
+from steerlab.core.steer import Steer
 from steerlab.engine.guard import CallInFlightError
 
-__all__ = ["CallInFlightError", "Completion", "KVCache", "Request", "RowSteer", "Sampling"]
+__all__ = ["CallInFlightError", "Completion", "KVCache", "Request", "Sampling", "Steer"]

@@ -1,12 +1,13 @@
 """The reads of one call: conditions decided at prefill, per-token gates, and monitors.
 
-``CallReads`` holds, per call row, what a call's conditions and monitors read through hooks
-on the backend (the same hooks for the eager loop and the compiled step's eager prefill):
+``CallReads`` is the local engines' adapter over the call's ``GateState`` (``engine/gate.py``,
+the conditions' state every engine keeps) and its monitors, read through hooks on the
+backend (the same hooks for the eager loop and the compiled step's eager prefill):
 
-- a prompt condition (``read="mean"`` or ``"last"``) sums the activations at its site over
-  every token the call feeds before its first new token, pads excluded; its decision is
-  made from them the first time a steer asks after they changed, so a steer later in the
-  prefill forward already sees it, and it holds for the rest of the call;
+- a prompt condition (``read="mean"`` or ``"last"``) reads the activations at its site at
+  every token the call feeds before its first new token; its decision is made from them
+  the first time a steer asks after they changed, so a steer later in the prefill forward
+  already sees it, and it holds for the rest of the call;
 - a per-token condition scores each position of the forward running now;
 - a monitor records ``h·v/|v|`` at its site, after the steers there: at every prompt token,
   and at the last position of each forward (the one that chooses the next token).
@@ -17,37 +18,26 @@ where it belongs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
-
 import torch
 
 from steerlab.backends.base import Backend
 from steerlab.core.monitors import Monitor
-from steerlab.core.reads import Condition, Gate, prompt_score, reported_gate
-from steerlab.core.request import Readout, Request
+from steerlab.core.reads import Condition, Gate
+from steerlab.core.request import Readout
 from steerlab.core.sites import Site
 from steerlab.engine.context import ForwardContext
+from steerlab.engine.gate import GateState
 from steerlab.engine.guard import Call
+from steerlab.engine.plan import Plan
 
 
 class CallReads:
-    """Condition sums and decisions, and monitor traces, for every row of one call."""
+    """Condition state and decisions, and monitor traces, for every row of one call."""
 
-    def __init__(self, requests: Sequence[Request]) -> None:
-        self.n = len(requests)
-        self.gates: list[Gate] = list(dict.fromkeys(
-            s.when for r in requests for s in r.steers if s.when is not None))  # fmt: skip
-        self.leaves: list[Condition] = list(dict.fromkeys(
-            c for g in self.gates for c in g.leaves()))  # fmt: skip
-        self.monitors: list[Monitor] = list(dict.fromkeys(m for r in requests for m in r.monitors))
-        self.requests = list(requests)
-        self.reads_from = torch.tensor([r.reads_from for r in requests])  # [rows]
-        self.sums: dict[Condition, torch.Tensor] = {}  # [rows, d] float32
-        self.counts: dict[Condition, torch.Tensor] = {}  # [rows]
-        self.lasts: dict[Condition, torch.Tensor] = {}  # [rows, d] float32
-        self.token: dict[Condition, torch.Tensor] = {}  # [batch, seq]: this forward's scores
-        self.decided: dict[Gate, tuple[torch.Tensor, torch.Tensor]] = {}
+    def __init__(self, plan: Plan) -> None:
+        self.plan, self.n = plan, plan.rows
+        self.state = GateState(plan.gates(), plan.reads_from)
+        self.monitors: list[Monitor] = plan.all_monitors()
         # per monitor, per forward: (rows, pos, values [batch, seq], prefill)
         self.reads: dict[Monitor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]] = {
             m: [] for m in self.monitors}  # fmt: skip
@@ -55,14 +45,14 @@ class CallReads:
         self._seen: dict[Monitor, int] = {}  # forwards assembled, per monitor
 
     def __bool__(self) -> bool:
-        return bool(self.gates or self.monitors)
+        return bool(self.state or self.monitors)
 
     # --- hooks ---------------------------------------------------------------------------
 
     def attach_conditions(self, backend: Backend, call: Call) -> None:
         """Hook every condition's site (before the steers: it reads what they are given)."""
-        for site in dict.fromkeys(c.site for c in self.leaves):
-            here = [c for c in self.leaves if c.site == site]
+        for site in dict.fromkeys(c.site for c in self.state.leaves):
+            here = [c for c in self.state.leaves if c.site == site]
             backend.attach(Site.parse(site), self._reader(here, call))
 
     def attach_monitors(self, backend: Backend, call: Call) -> None:
@@ -76,29 +66,12 @@ class CallReads:
             act: torch.Tensor, context: ForwardContext, placed: tuple[torch.Tensor, ...]
         ) -> None:
             rows, pos, _ = placed
-            batch, seq, d = act.shape
-            for c in conditions:
-                if c.per_token:
-                    self.token[c] = c.scores(act.reshape(-1, d)).reshape(batch, seq)
-                elif context.prefill:
-                    self._add(c, act, rows, pos)
+            for c in conditions:  # the prompt's reads are the prefill's; a token's, any
+                if c.per_token or context.prefill:
+                    self.state.update(c, act, rows[:, None].expand_as(pos), pos)
             return None
 
         return call.hook(read)
-
-    def _add(self, c: Condition, act: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> None:
-        d = act.shape[-1]
-        if c not in self.sums:
-            self.sums[c] = torch.zeros(self.n, d, device=act.device)
-            self.counts[c] = torch.zeros(self.n, device=act.device)
-            self.lasts[c] = torch.zeros(self.n, d, device=act.device)
-        first = self.reads_from.to(pos.device)[rows][:, None]  # [batch, 1]
-        real = ((pos >= 0) & (pos >= first)).to(torch.float32)  # [batch, seq]
-        wide = act.to(torch.float32)
-        self.sums[c].index_add_(0, rows, (wide * real[..., None]).sum(1))
-        self.counts[c].index_add_(0, rows, real.sum(1))
-        self.lasts[c][rows] = wide[:, -1]  # left-padded: every row's last column is real
-        self.decided.clear()
 
     def _recorder(self, monitors: list[Monitor], call: Call):  # noqa: ANN202
         def record(
@@ -135,58 +108,32 @@ class CallReads:
     # --- decisions -----------------------------------------------------------------------
 
     def decision(self, gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(fired [rows] bool, score [rows])`` of a prompt gate, from the sums so far."""
-        if gate not in self.decided:
-            scores = {c: self._score(c) for c in gate.leaves()}
-            self.decided[gate] = gate.decide(scores)
-        return self.decided[gate]
-
-    def _score(self, c: Condition) -> torch.Tensor:
-        if c not in self.sums:  # nothing fed yet: no row fires
-            return torch.full((self.n,), float("nan"))
-        return prompt_score(c, self.sums[c], self.counts[c], self.lasts[c])
+        """``(fired [rows] bool, score [rows])`` of a prompt gate, from the reads so far."""
+        fired, score, _ = self.state.decided(gate)
+        return fired, score
 
     def gate(self, gate: Gate, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Where ``gate`` lets its steer act in the forward running now, ``[batch, seq]``:
-        per position for a per-token gate, per row for a prompt gate (never before a row's
-        ``reads_from``)."""
-        if gate.per_token:  # a function of this forward's activations alone
-            fired, _ = gate.decide(self.token)
-            return fired
-        first = self.reads_from.to(pos.device)[rows][:, None]  # [batch, 1]
-        fired, _ = self.decision(gate)
-        return fired.to(rows.device)[rows][:, None] & (pos >= first)
+        """Where ``gate`` lets its steer act in the forward running now, ``[batch, seq]``
+        (``GateState.where``)."""
+        return self.state.where(gate, rows, pos)
 
     def fired_steers(self, row: int) -> frozenset[str]:
-        """The conditioned steers of ``row`` whose prompt gate fired, as ``fingerprint@alpha``
-        (the marks a chat's cache key gives the positions they touched)."""
+        """The conditioned steers of ``row`` whose prompt gate fired, as their marks
+        (``Steer.mark``: what a chat's cache key gives the positions they touched)."""
         return frozenset(
-            f"{s.fingerprint()}@{s.alpha!r}" for s in self.requests[row].steers
-            if s.when is not None and not s.when.per_token and s.alpha != 0
-            and bool(self.decision(s.when)[0][row])
+            s.mark(alpha) for s, alpha in self.plan.of_row(row)
+            if s.gate is not None and not s.gate.per_token and alpha != 0
+            and bool(self.decision(s.gate)[0][row])
         )  # fmt: skip
 
     def spread(self, k: int) -> None:
-        """After a shared prefix fed only the first row of each run of ``k``: every row of a
-        run takes its first row's sums (the rows' own last tokens follow)."""
-        leaders = torch.arange(self.n) // k * k
-        for c in self.sums:
-            at = leaders.to(self.sums[c].device)
-            self.sums[c], self.counts[c] = self.sums[c][at], self.counts[c][at]
-            self.lasts[c] = self.lasts[c][at]
-        self.decided.clear()
+        """After a shared prefix fed only the first row of each run of ``k`` (``GateState.spread``)."""
+        self.state.spread(k)
 
-    def gated(self, requests: Sequence[Request]) -> list[Request]:
-        """The requests with each prompt-gated steer's alpha set to 0 on rows whose gate did
+    def gated(self) -> Plan:
+        """The call's plan with each prompt-gated steer's alpha 0 on rows whose gate did
         not fire: what a table-driven step (the compiled one) decodes with after prefill."""
-        out = []
-        for r, request in enumerate(requests):
-            steers = tuple(
-                s if s.when is None or bool(self.decision(s.when)[0][r]) else replace(s, alpha=0.0)
-                for s in request.steers
-            )  # fmt: skip
-            out.append(replace(request, steers=steers))
-        return out
+        return self.plan.gated(lambda gate: self.decision(gate)[0])
 
     # --- results -------------------------------------------------------------------------
 
@@ -194,12 +141,12 @@ class CallReads:
         """Row ``r``'s decision (of its first prompt-gated steer), its score, and its
         monitors' readouts (``kept`` new tokens)."""
         fired = score = None
-        gate = reported_gate(s.when for s in self.requests[r].steers)
+        gate = self.plan.reported(r)
         if gate is not None:
             decided, scores = self.decision(gate)
             fired, score = bool(decided[r]), float(scores[r])
         readouts = {}
-        for m in self.requests[r].monitors:
+        for m in self.plan.monitors[r]:
             if m not in self._assembled or len(self.reads[m]) != self._seen.get(m):
                 self._assembled[m], self._seen[m] = self._traces(m), len(self.reads[m])
             prompt, chosen = self._assembled[m]

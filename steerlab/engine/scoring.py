@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from steerlab.core.request import Request, RowSteer, Sampling, TokenScore
+from steerlab.core.request import Request, Sampling, TokenScore
 from steerlab.core.sampling import check_finite
+from steerlab.core.steer import Steer
 
 # A logit bias that makes greedy decoding pick its token: the largest a request may carry.
 FORCE = 100.0
@@ -74,7 +75,7 @@ def score_prompts(
     prompts: Sequence[Sequence[int]],
     *,
     top: int = 0,
-    steers: Sequence[RowSteer] = (),
+    steers: Sequence[Steer] = (),
     wait: float = 0.0,
 ) -> list[list[TokenScore | None]]:
     """Score each prompt's tokens under the model (steered by ``steers``); nothing is sampled.
@@ -95,7 +96,7 @@ def score_continuations(
     pairs: Sequence[tuple[Sequence[int], int]],
     *,
     window: int,
-    steers: Sequence[RowSteer] = (),
+    steers: Sequence[Steer] = (),
     shared: bool = True,
     wait: float = 0.0,
 ) -> list[tuple[float, bool]]:
@@ -152,7 +153,7 @@ def score_continuations(
 
 
 def _decoded(engine: Engine, cuts: Sequence[tuple[int, ...]], ns: Sequence[int],
-             steers: Sequence[RowSteer], wait: float) -> list[tuple[float, bool]]:  # fmt: skip
+             steers: Sequence[Steer], wait: float) -> list[tuple[float, bool]]:  # fmt: skip
     """Through ``engine.run``: the prefill's prompt scores, then the forced last token."""
     requests = [Request(cut[:-1], tuple(steers), Sampling(
         max_new_tokens=1, stop_at_eos=False, logprobs=1, prompt_logprobs=1,
@@ -171,7 +172,7 @@ def _decoded(engine: Engine, cuts: Sequence[tuple[int, ...]], ns: Sequence[int],
 
 
 def _forwarded(engine: Engine, cuts: Sequence[tuple[int, ...]], ns: Sequence[int],
-               steers: Sequence[RowSteer], wait: float) -> list[tuple[float, bool]]:  # fmt: skip
+               steers: Sequence[Steer], wait: float) -> list[tuple[float, bool]]:  # fmt: skip
     """One forward of the rows' tokens but the last (left-padded), read as ``hf`` reads it:
     a log-softmax, a gather and an argmax, over only the positions that predict a scored
     token (the head skips the rest, padding included), ``CHUNK`` positions at a time."""

@@ -27,7 +27,7 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from steerlab.core.request import Request, RowSteer, Sampling
+from steerlab.core.request import Request, Sampling
 from steerlab.core.steer import Steer
 from steerlab.engine.scoring import score_continuations
 
@@ -62,7 +62,7 @@ def _model_class() -> type:
         def __init__(self, lm: SteerableModel, steers: Sequence[Steer], name: str) -> None:
             super().__init__()
             self.lm, self.name, self.tokenizer = lm, name, lm.tokenizer
-            self.row_steers = tuple(RowSteer.of(s, s.alpha[0]) for s in steers)
+            self.row_steers = tuple(Steer.of(s, s.alpha[0]) for s in steers)
 
         @property
         def max_length(self) -> int:

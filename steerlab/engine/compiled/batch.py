@@ -18,6 +18,7 @@ from steerlab.core.request import Request
 from steerlab.engine.batch import Batch
 from steerlab.engine.compiled.runner import StepRunner
 from steerlab.engine.guard import Call
+from steerlab.engine.plan import Plan
 from steerlab.engine.reads import CallReads
 
 
@@ -30,9 +31,9 @@ class StaticBatch:
     """What ``engine.local.loop.decode`` needs of a batch: ``rows``, ``forward``, ``append``."""
 
     def __init__(self, backend: Backend, requests: Sequence[Request], pad_id: int,
-                 runner: StepRunner, reads: CallReads | None = None) -> None:  # fmt: skip
+                 runner: StepRunner, plan: Plan, reads: CallReads | None = None) -> None:  # fmt: skip
         self.eager = Batch(backend, requests, None, pad_id, use_cache=True)
-        self.reads = reads
+        self.plan, self.reads = plan, reads
         self.rows = self.eager.rows
         self.runner, self.requests = runner, requests
         self.device = runner.ids.device
@@ -46,8 +47,8 @@ class StaticBatch:
         """The prompts eagerly the first time, then one compiled step: logits [rows, 1, vocab]."""
         if not self.prefilled:
             logits = self.eager.forward(call, last_only=True)
-            requests = self.reads.gated(self.requests) if self.reads else self.requests
-            self.runner.start(requests, cache_layers(self.eager.data), self.eager.mask)
+            plan = self.reads.gated() if self.reads else self.plan
+            self.runner.start(plan, cache_layers(self.eager.data), self.eager.mask)
             self.eager.data, self.prefilled = None, True
             return logits
         pos = torch.where(self.live, self.count - 1, 1)  # pads get 1, as in the eager loop

@@ -8,9 +8,10 @@ from torch import nn
 
 from steerlab.core.ops import OPS, Op, form_of
 from steerlab.core.positions import touches_generated
-from steerlab.core.request import Request, RowSteer
+from steerlab.core.request import Request
 from steerlab.core.tagging import _TAG
 from steerlab.engine.compiled.families import family_reason
+from steerlab.engine.plan import Plan, PlanSteer
 
 _RECORDERS = ("transformer_lens.model_bridge", "transformers.utils.output_capturing")
 
@@ -34,11 +35,12 @@ def foreign_hooks(model: nn.Module) -> bool:
     return False
 
 
-def decode_steers(request: Request) -> list[RowSteer]:
-    """The steers of a row that the compiled decode step applies: those that can touch a
-    generated token. The rest ("prompt", a span such as "first:3+last:3") act only in the
-    prefill, which runs eagerly with hooks, so they fit whatever their operation."""
-    return [s for s in request.steers if touches_generated(s.positions)]
+def decode_steers(plan: Plan, row: int) -> list[tuple[PlanSteer, float]]:
+    """The steers of a row that the compiled decode step applies, with its alphas: those
+    that can touch a generated token. The rest ("prompt", a span such as "first:3+last:3")
+    act only in the prefill, which runs eagerly with hooks, so they fit whatever their
+    operation."""
+    return [(s, a) for s, a in plan.of_row(row) if touches_generated(s.positions)]
 
 
 def steer_reason(requests: Sequence[Request]) -> str | None:
@@ -49,7 +51,7 @@ def steer_reason(requests: Sequence[Request]) -> str | None:
         if any(s.when is not None and s.when.per_token for s in request.steers):
             return ("a read='token' condition gates each position in the forward; the "
                     "compiled table holds one decision per row")  # fmt: skip
-        steers = decode_steers(request)
+        steers = [s for s in request.steers if touches_generated(s.positions)]
         sites = [s.site for s in steers]
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled table holds one per site)"

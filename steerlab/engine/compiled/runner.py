@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from steerlab.core.ops import unit
-from steerlab.core.request import Request
 from steerlab.core.sites import Site
 from steerlab.engine.compiled.families import Family
 from steerlab.engine.compiled.step import Spec, decode_step
 from steerlab.engine.compiled.tables import StaticCache, SteerTable, slot, spec_of
+from steerlab.engine.plan import Plan
 
 _COMPILED: dict[tuple[str | None, str], Callable[..., Any]] = {}  # per process
 
@@ -83,10 +83,10 @@ class StepRunner:
     def inputs(self) -> tuple[torch.Tensor, ...]:
         return self.ids, self.pos, self.live, self.column
 
-    def start(self, requests: Sequence[Request], layers: Any, mask: torch.Tensor) -> None:
-        """A call's data in: its steers, and its prefilled cache (``layers`` of keys, values)."""
-        self.table.fill(requests)
-        monitors = list(dict.fromkeys(m for r in requests for m in r.monitors))
+    def start(self, plan: Plan, layers: Any, mask: torch.Tensor) -> None:
+        """A call's data in: its plan, and its prefilled cache (``layers`` of keys, values)."""
+        self.table.fill(plan)
+        monitors = plan.all_monitors()
         units = [unit(m.direction, torch.float32) for m in monitors]  # normalised, then cast
         if len(units) != self.read_units.shape[0]:  # a new spec, a new graph: a new buffer
             self.read_units = torch.zeros(len(units), *self.read_units.shape[1:],
@@ -96,7 +96,7 @@ class StepRunner:
                 torch._dynamo.mark_static_address(self.read_units)
         for k, u in enumerate(units):
             self.read_units[k].copy_(u.to(self.read_units.dtype))
-        self.spec = Spec(*spec_of(requests), tuple(slot(Site.parse(m.site)) for m in monitors))
+        self.spec = Spec(*spec_of(plan), tuple(slot(Site.parse(m.site)) for m in monitors))
         self.cache.load(layers, mask.to(self.cache.mask.device))
         self.live.zero_()
         self.pos.fill_(1)

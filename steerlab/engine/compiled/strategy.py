@@ -13,6 +13,7 @@ from steerlab.engine.compiled.batch import StaticBatch
 from steerlab.engine.compiled.families import Family, hf_model_of, step_class
 from steerlab.engine.compiled.fit import call_reason, model_reason, steer_reason
 from steerlab.engine.compiled.runner import StepRunner, bucket
+from steerlab.engine.plan import Plan
 from steerlab.engine.progress import last
 from steerlab.engine.reads import CallReads
 
@@ -78,12 +79,14 @@ class CompiledStep:
         """Seconds the first step of each (batch, length) bucket took, compilation included."""
         return {k: r.compile_seconds for k, r in self._runners.items() if r.compile_seconds}
 
-    def batch(self, requests: Sequence[Request], reads: CallReads | None = None) -> StaticBatch:
-        """The decode loop's batch for ``requests``, stepped by their bucket's graph; a
-        conditioned steer's row decisions (``reads``, made in the eager prefill) go into
-        the table as alpha 0 on the rows whose condition did not fire."""
+    def batch(self, requests: Sequence[Request], plan: Plan,
+              reads: CallReads | None = None) -> StaticBatch:  # fmt: skip
+        """The decode loop's batch for ``requests`` (compiled into ``plan``), stepped by
+        their bucket's graph; a conditioned steer's row decisions (``reads``, made in the
+        eager prefill) go into the table as alpha 0 on the rows whose condition did not
+        fire."""
         return StaticBatch(self.engine.backend, requests, self.engine.pad_id,
-                           self._runner(requests), reads)  # fmt: skip
+                           self._runner(requests), plan, reads)  # fmt: skip
 
     def _runner(self, requests: Sequence[Request]) -> StepRunner:
         key = (bucket(len(requests)), bucket(_length(requests), MIN_LENGTH))

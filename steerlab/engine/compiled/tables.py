@@ -12,9 +12,9 @@ import torch
 
 from steerlab.core.ops import STRENGTHS, TERMS, Form, form_of, operand, unit
 from steerlab.core.positions import position_form
-from steerlab.core.request import Request
 from steerlab.core.sites import EMBED, FORWARD_KINDS, Site
 from steerlab.engine.compiled.fit import decode_steers
+from steerlab.engine.plan import Plan
 
 
 def slot(site: Site) -> int:
@@ -59,18 +59,20 @@ class SteerTable:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(self.columns.values())
 
-    def fill(self, requests: Sequence[Request]) -> None:
-        """Write each row's steers (rows past ``len(requests)`` stay unsteered)."""
+    def fill(self, plan: Plan) -> None:
+        """Write each row's steers from the call's plan (rows past ``plan.rows`` stay
+        unsteered)."""
         columns = self.columns
         for t in columns.values():
             t.zero_()
         dtype, device = columns["vector"].dtype, columns["vector"].device
-        for row, request in enumerate(requests):
-            for steer in decode_steers(request):  # prompt-only steers act in the prefill
+        for row in range(plan.rows):
+            for steer, given in decode_steers(plan, row):  # prompt-only ones act in the prefill
                 at = slot(Site.parse(steer.site))
                 form = form_of(steer.op)
                 assert form is not None, "fit.steer_reason keeps custom operations eager"
-                alpha = torch.tensor(steer.alpha, dtype=dtype).item()  # eager casts alpha too
+                assert isinstance(steer.vector, torch.Tensor)
+                alpha = torch.tensor(given, dtype=dtype).item()  # eager casts alpha too
                 columns["vector"][at, row] = steer.vector.to(device, dtype)
                 if form.proj or form.rot:  # what the eager op computes from its operand
                     columns["unit"][at, row] = unit(operand(steer.op, steer.vector, dtype, device))
@@ -88,15 +90,15 @@ class SteerTable:
                 columns["from_pos"][at, row] = from_pos
 
 
-def spec_of(requests: Sequence[Request]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The table slots these requests steer at generated tokens and the ``Form`` terms
-    their operations use (a steer with alpha 0 touches nothing, so it needs neither)."""
+def spec_of(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The table slots a plan steers at generated tokens and the ``Form`` terms its
+    operations use (a steer with alpha 0 touches nothing, so it needs neither)."""
     slots: set[int] = set()
     terms: set[str] = set()
-    for request in requests:
-        for steer in decode_steers(request):
+    for row in range(plan.rows):
+        for steer, alpha in decode_steers(plan, row):
             form = form_of(steer.op)
-            if form is None or steer.alpha == 0:
+            if form is None or alpha == 0:
                 continue
             slots.add(slot(Site.parse(steer.site)))
             terms.update(t for t in TERMS if getattr(form, t))

@@ -22,7 +22,8 @@ from steerlab.engine.local.loop import decode
 from steerlab.engine.local.path import Path, choose
 from steerlab.engine.local.prompt_store import PromptStore, model_state
 from steerlab.engine.local.scored import ScoredRows, prefill_scored
-from steerlab.engine.local.steering import attach_steer, check_row_steers, group_steers
+from steerlab.engine.local.steering import attach_steer, check_row_steers
+from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.reads import CallReads
@@ -162,12 +163,13 @@ class LocalEngine:
 
     def _stream(self, requests: list[Request], path: Path, wait: float,
                 description: str) -> Iterator[Progress]:  # fmt: skip
+        plan = Plan.of(requests)  # the call's steering, built once, read by every path
         states = RowStates(self.tokenizer, requests)
-        reads = CallReads(requests)
+        reads = CallReads(plan)
         states.reads = reads if reads else None
         recorder = Recorder(path.sites) if path.sites else None
         with calling(self.models(), description, wait=wait) as call:
-            self._attach(requests, recorder, call, reads)
+            self._attach(plan, recorder, call, reads)
             given, cache, feed = path.cache, path.cache, requests
             if path.shared is not None:  # each distinct prompt once, then every row goes on
                 cache = self._shared_prefix(requests, path.shared, call)
@@ -182,7 +184,7 @@ class LocalEngine:
                 batch = ScoredRows(requests)
             elif path.kind == "compiled":  # eager prefill, then one compiled graph per step
                 assert self.compiled is not None
-                batch = self.compiled.batch(requests, reads)
+                batch = self.compiled.batch(requests, plan, reads)
             else:
                 batch = Batch(self.backend, feed, cache, self.pad_id, path.use_cache)
             steps = decode(batch, states, call, eos_ids=self.eos_ids(), pad_id=self.pad_id,
@@ -209,13 +211,13 @@ class LocalEngine:
         batch.forward(call)
         return batch.cache().repeat(k)
 
-    def _attach(self, requests: list[Request], recorder: Recorder | None, call: Call,
+    def _attach(self, plan: Plan, recorder: Recorder | None, call: Call,
                 reads: CallReads | None = None) -> None:  # fmt: skip
         """Hooks in the order they must run at one site: conditions read what the steers are
         given, steers act, then monitors and the recorder read what the next layer sees."""
-        reads = reads if reads is not None else CallReads(requests)
+        reads = reads if reads is not None else CallReads(plan)
         reads.attach_conditions(self.backend, call)
-        for steer in group_steers([r.steers for r in requests]):
+        for steer in plan.live():
             attach_steer(self.backend, steer, call, reads)
         reads.attach_monitors(self.backend, call)
         if recorder is not None:
@@ -233,7 +235,7 @@ class LocalEngine:
         if not all(r.prompt for r in requests):
             raise ValueError("prefill needs at least one token per request.")
         with calling(self.models(), "prefill", wait=wait) as call:
-            self._attach(list(requests), None, call)
+            self._attach(Plan.of(requests), None, call)
             batch = Batch(self.backend, requests, cache, self.pad_id, use_cache=True)
             batch.forward(call)
         return _cache_of(batch, cache, keep=True)()  # type: ignore[return-value]
@@ -267,7 +269,7 @@ class LocalEngine:
         sites = self.check(requests, capture, generating=False)
         recorder = Recorder(sites) if sites else None
         with calling(self.models(), "forward", wait=wait) as call:
-            self._attach(list(requests), recorder, call)
+            self._attach(Plan.of(requests), recorder, call)
             batch = Batch(self.backend, requests, None, self.pad_id, use_cache=False)
             logits = batch.forward(call, last_only=last_only, keep=_last_columns(batch, last))
         activations = recorder.stacked() if recorder else {}

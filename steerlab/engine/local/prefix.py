@@ -26,7 +26,8 @@ from dataclasses import replace
 import torch
 
 from steerlab.core.positions import position_mask
-from steerlab.core.request import Request, RowSteer
+from steerlab.core.request import Request
+from steerlab.core.steer import Steer
 
 
 def group_size(requests: Sequence[Request]) -> int | None:
@@ -68,12 +69,13 @@ def _same_prompt(a: Request, b: Request) -> bool:
     return a.prompt == b.prompt and a.generated == b.generated
 
 
-def _on_prefix(request: Request) -> list[tuple[str, float]]:
-    """The steers that act on the prompt minus its last token, with their alphas, in order."""
+def _on_prefix(request: Request) -> list[str]:
+    """The steers that act on the prompt minus its last token, as marks (``Steer.mark``:
+    with their alphas), in order."""
     n = len(request.prompt) - 1
     flags = request.generated[:n] if request.generated else (False,) * n
-    return [(s.fingerprint(), s.alpha) for s in request.steers
-            if s.alpha != 0 and _touches(s, n, flags)]  # fmt: skip
+    return [s.mark() for s in request.steers
+            if s.alpha[0] != 0 and _touches(s, n, flags)]  # fmt: skip
 
 
 def _gated_on_prefix(request: Request) -> bool:
@@ -84,7 +86,7 @@ def _gated_on_prefix(request: Request) -> bool:
     return any(s.when is not None and _touches(s, n, flags) for s in request.steers)
 
 
-def _touches(steer: RowSteer, n: int, generated: Sequence[bool]) -> bool:
+def _touches(steer: Steer, n: int, generated: Sequence[bool]) -> bool:
     """Whether the steer touches any of the first ``n`` tokens (the core's position rule)."""
     pos = torch.arange(n)
     flags = torch.tensor(generated, dtype=torch.bool)

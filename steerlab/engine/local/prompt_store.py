@@ -27,7 +27,7 @@ from torch import nn
 from steerlab.core.request import Request, TokenScore
 from steerlab.core.tagging import is_tagged
 
-RowKey = tuple[tuple[str, float], ...]
+RowKey = tuple[str, ...]  # each live steer's mark (``Steer.mark``)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def held_bytes(value: Any) -> int:
 
 def row_key(request: Request) -> RowKey:
     """What a prompt's cache depends on besides its tokens: every steer with its alpha."""
-    return tuple((s.fingerprint(), s.alpha) for s in request.steers if s.alpha != 0)
+    return tuple(s.mark() for s in request.steers if s.alpha[0] != 0)
 
 
 def model_state(models: Sequence[nn.Module]) -> tuple[Any, ...] | None:

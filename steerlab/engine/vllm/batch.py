@@ -16,51 +16,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from steerlab.core.monitors import Monitor, monitor_from_data
 from steerlab.core.ops import Add, Operation
 from steerlab.core.positions import position_mask
 from steerlab.core.reads import Gate
-from steerlab.core.request import SteerKey
-from steerlab.core.steer import steer_from_data
+from steerlab.core.steer import SteerKey
+from steerlab.engine.plan import Plan, plan_from_data
 
-DATA_KEY = "steerlab"  # the key of a request's steers in SamplingParams.extra_args
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """One request's steers, parsed once: ``(SteerKey, alpha)`` each, the key's vector
-    being the vector's content key; and what the request reads: its monitors,
-    and the first position its conditions read from (``Request.reads_from``)."""
-
-    row: str  # steerlab's id for the request (vLLM may rename its own)
-    steers: tuple[tuple[SteerKey, float], ...]
-    monitors: tuple[Monitor, ...] = ()
-    reads_from: int = 0
-
-    @property
-    def gates(self) -> list[Gate]:
-        """The distinct gates of this request's steers, in order."""
-        return list(dict.fromkeys(key.when for key, _ in self.steers if key.when is not None))
-
-    @property
-    def reads(self) -> bool:
-        return bool(self.monitors) or any(key.when is not None for key, _ in self.steers)
+DATA_KEY = "steerlab"  # the key of a request's plan in SamplingParams.extra_args
 
 
 def parse_plan(extra_args: dict[str, Any] | None,
-               tensors: Mapping[str, torch.Tensor] | None = None) -> RowPlan | None:  # fmt: skip
-    """The steers and monitors a request carries (read by ``core.steer.steer_from_data``;
-    an op's, a condition's and a monitor's tensors looked up in ``tensors`` by key), or None
-    for a request with neither."""
+               tensors: Mapping[str, torch.Tensor] | None = None) -> Plan | None:  # fmt: skip
+    """The one-row plan a request carries in its ``extra_args`` (``Plan.to_data``, read by
+    ``engine.plan.plan_from_data``; its tensors looked up in ``tensors`` by key), or None
+    for a request with no steer and no monitor."""
     data = (extra_args or {}).get(DATA_KEY)
-    if not data:
-        return None
-    steers = []
-    for item in data["steers"]:
-        s = steer_from_data(item, tensors)
-        steers.append((SteerKey(s.site, s.vector, s.positions, s.op, s.when), float(s.alpha)))  # type: ignore[arg-type]
-    monitors = tuple(monitor_from_data(m, tensors or {}) for m in data.get("monitors", ()))
-    return RowPlan(str(data["row"]), tuple(steers), monitors, int(data.get("reads_from", 0)))
+    return plan_from_data(data, tensors) if data else None
 
 
 @dataclass
@@ -129,17 +100,17 @@ class Composition:
     reads: bool = False  # some request has a condition or a monitor
 
     @classmethod
-    def of(cls, req_ids: list[str], plans: dict[str, RowPlan | None]) -> Composition:
+    def of(cls, req_ids: list[str], plans: dict[str, Plan | None]) -> Composition:
         n = len(req_ids)
-        row_ids = [p.row if (p := plans.get(rid)) is not None else None for rid in req_ids]
+        row_ids = [p.names[0] if (p := plans.get(rid)) is not None else None for rid in req_ids]
         chains: dict[str, dict[tuple[SteerKey, ...], list[tuple[int, tuple[float, ...]]]]] = {}
         for i, rid in enumerate(req_ids):
             plan = plans.get(rid)
             if plan is None:
                 continue
             by_site: dict[str, list[tuple[SteerKey, float]]] = {}
-            for key, alpha in plan.steers:
-                by_site.setdefault(key.site, []).append((key, alpha))
+            for steer, alpha in plan.of_row(0):
+                by_site.setdefault(steer.site, []).append((steer.key, alpha))
             for site, steers in by_site.items():
                 chain = tuple(key for key, _ in steers)
                 chains.setdefault(site, {}).setdefault(chain, []).append(
@@ -190,7 +161,7 @@ def lay_out_forward(
     req_ids: list[str],
     starts: list[int],  # [len(req_ids) + 1], cumulative token counts
     positions: torch.Tensor,  # [tokens] absolute position of each token (may be padded)
-    plans: dict[str, RowPlan | None],
+    plans: dict[str, Plan | None],
     prompt_lens: dict[str, int],
     composition: Composition | None = None,
 ) -> ForwardBatch:
@@ -238,7 +209,7 @@ class Layouts:
         self._last: tuple[tuple, ForwardBatch] | None = None
 
     def forward(self, req_ids: list[str], starts: list[int], positions: torch.Tensor,
-                plans: dict[str, RowPlan | None],
+                plans: dict[str, Plan | None],
                 prompt_lens: Callable[[], dict[str, int]]) -> ForwardBatch:  # fmt: skip
         members = tuple(req_ids)
         comp = self._composition

@@ -7,29 +7,29 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from steerlab.core.ops import op_tensors, tensor_fingerprint
 from steerlab.core.positions import position_mask, prompt_span
-from steerlab.core.reads import gate_tensors
-from steerlab.core.request import OPTIONS, Request, RowSteer
+from steerlab.core.request import OPTIONS, Request
 from steerlab.core.sampling import is_greedy
+from steerlab.core.steer import Steer
+from steerlab.engine.plan import Plan
 from steerlab.engine.vllm.batch import DATA_KEY
 
 
-def live_steers(request: Request) -> tuple[RowSteer, ...]:
+def live_steers(request: Request) -> tuple[Steer, ...]:
     """The steers that change anything: alpha 0 leaves an activation bit-identical."""
-    return tuple(s for s in request.steers if s.alpha != 0.0)
+    return tuple(s for s in request.steers if s.alpha[0] != 0.0)
 
 
-def sent_steers(request: Request) -> tuple[RowSteer, ...]:
+def sent_steers(request: Request) -> tuple[Steer, ...]:
     """The steers a worker is told of: the live ones, and a conditioned one at alpha 0,
     whose decision the row still reports (as on the local engines)."""
-    return tuple(s for s in request.steers if s.alpha != 0.0 or s.when is not None)
+    return tuple(s for s in request.steers if s.alpha[0] != 0.0 or s.when is not None)
 
 
 def read_sites(request: Request) -> set[str]:
@@ -38,17 +38,16 @@ def read_sites(request: Request) -> set[str]:
     return sites | {m.site for m in request.monitors}
 
 
+def row_plan(request: Request, row: str) -> Plan:
+    """The plan a worker is told of for one row (``Plan.only``, named ``row``): its sent
+    steers, its monitors and where its conditions read from."""
+    return Plan.of([replace(request, steers=sent_steers(request))]).only(0, row)
+
+
 def row_tensors(request: Request) -> dict[str, torch.Tensor]:
-    """Every tensor a row's data names by key: its steers' vectors, their ops' tensors,
-    their conditions' directions, and its monitors' directions."""
-    out: dict[str, torch.Tensor] = {}
-    for s in sent_steers(request):
-        out |= {s.vector_key: s.vector, **op_tensors(s.op)}
-        if s.when is not None:
-            out |= gate_tensors(s.when)
-    for m in request.monitors:
-        out[tensor_fingerprint(m.direction)] = m.direction
-    return out
+    """Every tensor a row's plan names by key (``Plan.tensors``): its steers' vectors,
+    their ops' tensors, their conditions' directions, and its monitors' directions."""
+    return row_plan(request, "").tensors()
 
 
 def cache_salt(request: Request, revision: str) -> str | None:
@@ -70,7 +69,7 @@ def cache_salt(request: Request, revision: str) -> str | None:
     if not steers:
         return None
     parts = [f"revision={revision}"]
-    parts += [f"{s.fingerprint()}@{s.alpha!r}" for s in steers]
+    parts += [s.mark() for s in steers]
     if any(s.positions in ("prompt", "generated") or prompt_span(s.positions) for s in steers):
         parts.append(f"prompt_len={len(request.prompt)}")
     return "steerlab:" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
@@ -103,7 +102,7 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
     """
     s = request.sampling
     prompt_top = None if s.prompt_logprobs is None else _capped(s.prompt_logprobs, vocab)
-    steers = sent_steers(request)
+    plan = row_plan(request, row)
     prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt)}
     salt = cache_salt(request, revision)
     if salt is not None:
@@ -124,16 +123,8 @@ def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
         # masks the EOS ids whether or not they stop the row, as steerlab's does)
         **{o.name: getattr(s, o.name) for o in OPTIONS if o.vllm},
     }
-    if steers or request.monitors:
-        data: dict[str, Any] = {
-            "row": row,
-            "steers": [st.to_data(vector_key=st.vector_key) for st in steers],
-        }
-        if request.monitors:
-            data["monitors"] = [m.to_data(tensor_fingerprint) for m in request.monitors]
-        if request.reads_from:
-            data["reads_from"] = request.reads_from
-        sampling["extra_args"] = {DATA_KEY: data}
+    if plan.steers or request.monitors:
+        sampling["extra_args"] = {DATA_KEY: plan.to_data()}
     return VLLMRequest(row, prompt, sampling)
 
 

@@ -1,8 +1,8 @@
 """Inside a vLLM worker: what a request's conditions and monitors read, token by token.
 
 vLLM feeds a request's prompt in one forward or, with chunked prefill, in several; then one
-token a step. ``RowReads`` keeps, per request, what ``engine/reads.py`` keeps per call row
-in-process, in the same float32 and with the same ``core.reads`` rules:
+token a step. ``RowReads`` keeps, per request, a ``GateState`` (``engine/gate.py``), the
+same object the local engines keep per call, and its monitors' values:
 
 - a prompt condition (``read="mean"`` / ``"last"``) sums its site's activations over the
   prompt's tokens from ``reads_from`` on, across chunks, each position once (a preempted
@@ -25,78 +25,51 @@ import numpy as np
 import torch
 
 from steerlab.core.monitors import Monitor
-from steerlab.core.reads import Condition, Gate, prompt_score, reported_gate
-from steerlab.engine.vllm.batch import ForwardBatch, RowPlan, SiteSteer
-
-
-@dataclass
-class _Sum:
-    """One prompt condition's running sum over a request's prompt."""
-
-    total: torch.Tensor  # [d] float32
-    count: int = 0
-    next_pos: int = 0  # the first position not yet summed
-    last: torch.Tensor | None = None  # [d] float32, the last prompt token's activation
+from steerlab.core.reads import Condition, Gate
+from steerlab.engine.gate import GateState
+from steerlab.engine.plan import Plan
+from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
 
 
 @dataclass
 class RowReads:
-    """One request's condition sums and decisions, and its monitors' values by forward."""
+    """One request's reads: its conditions' ``GateState`` (one row, its prompt's length
+    known, so a decision waits for the whole prompt) and its monitors' values by forward."""
 
-    plan: RowPlan
+    plan: Plan  # the request's own, one row
     prompt_len: int
-    sums: dict[Condition, _Sum] = field(default_factory=dict)
-    decided: dict[Gate, tuple[bool, float]] = field(default_factory=dict)
     # by monitor name: (positions, values on the device) of each forward, read at the end
     traces: dict[str, list[tuple[np.ndarray, torch.Tensor]]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.state = GateState(self.plan.gates(), self.plan.reads_from, [self.prompt_len])
+
+    @property
+    def name(self) -> str:
+        """steerlab's id for the request."""
+        return self.plan.names[0]
+
     def add(self, c: Condition, act: torch.Tensor, pos: np.ndarray) -> str | None:
-        """Sum ``act [n, d]`` at positions ``pos [n]`` (one request's tokens in this
-        forward) into ``c``'s prompt sum; returns an error, or None."""
-        s = self.sums.get(c)
-        if s is None:
-            s = self.sums[c] = _Sum(torch.zeros(act.shape[-1], device=act.device),
-                                    next_pos=self.plan.reads_from)  # fmt: skip
-        keep = (pos >= s.next_pos) & (pos < self.prompt_len)
-        if not keep.any():
-            return None
-        at = pos[keep]
-        if int(at[0]) != s.next_pos or not np.array_equal(at, np.arange(at[0], at[0] + len(at))):
-            return (f"the condition at {c.site} saw prompt positions {int(at[0])}.. where it "
-                    f"expected {s.next_pos}: part of the prompt was not fed (a prefix-cache "
-                    "hit?), so its mean would be wrong")  # fmt: skip
-        wide = act[torch.from_numpy(np.flatnonzero(keep)).to(act.device)].to(torch.float32)
-        s.total += wide.sum(0)
-        s.count += len(at)
-        s.next_pos = int(at[-1]) + 1
-        if s.next_pos == self.prompt_len:
-            s.last = wide[-1]
+        """Read ``act [n, d]`` at positions ``pos [n]`` (this request's tokens in this
+        forward) into ``c``'s prompt sums (``GateState.update``); returns an error, or None."""
+        at = torch.from_numpy(pos).to(act.device)
+        gap = self.state.update(c, act, torch.zeros_like(at), at)
+        if gap is not None and bool(gap[0]):
+            return (f"the condition at {c.site} saw prompt positions {pos.tolist()} that do "
+                    "not follow on from what it had read: part of the prompt was not fed (a "
+                    "prefix-cache hit?), so its mean would be wrong")  # fmt: skip
         return None
 
     def decision(self, gate: Gate) -> tuple[bool, float] | None:
         """``(fired, score)`` of a prompt gate once every part has read the whole prompt
-        (``core.reads.prompt_score``, as the local engines score); None before."""
-        if gate in self.decided:
-            return self.decided[gate]
-        scores = {}
-        for c in gate.leaves():
-            s = self.sums.get(c)
-            if self.plan.reads_from >= self.prompt_len:  # nothing to read: NaN, never fires
-                s = _Sum(torch.zeros(c.direction.shape[0]), next_pos=self.prompt_len)
-            if s is None or s.next_pos < self.prompt_len:
-                return None
-            last = s.last if s.last is not None else torch.zeros_like(s.total)
-            scores[c] = prompt_score(c, s.total[None], torch.tensor([float(s.count)],
-                                                                    device=s.total.device),
-                                     last[None])  # fmt: skip
-        fired, score = gate.decide(scores)
-        self.decided[gate] = bool(fired[0]), float(score[0])
-        return self.decided[gate]
+        (``GateState.decided``, as the local engines decide); None before."""
+        fired, score, done = self.state.decided(gate)
+        return (bool(fired[0]), float(score[0])) if bool(done[0]) else None
 
     def report(self) -> dict:
         """Plain data for the engine: the decision the row reports (``reported_gate``),
         whether it was made, and each monitor's ``[positions, values]``."""
-        gate = reported_gate(key.when for key, _ in self.plan.steers)
+        gate = self.plan.reported(0)
         decided = None if gate is None else self.decision(gate)
         traces = {}
         for name, parts in self.traces.items():
@@ -121,14 +94,14 @@ class WorkerReads:
         self.rows: dict[str, RowReads] = {}  # by vLLM request id
         self.token: dict[Condition, torch.Tensor] = {}  # [real tokens] this forward's scores
 
-    def track(self, rid: str, plan: RowPlan | None, request: Any) -> None:
+    def track(self, rid: str, plan: Plan | None, request: Any) -> None:
         """Start reading for a request vLLM just scheduled (``request``: vLLM's own, with
         its ``num_prompt_tokens``)."""
         if plan is not None and plan.reads and rid not in self.rows:
             self.rows[rid] = RowReads(plan, int(request.num_prompt_tokens))
 
     def forget(self, rows: set[str]) -> None:
-        for rid in [r for r, reads in self.rows.items() if reads.plan.row in rows]:
+        for rid in [r for r, reads in self.rows.items() if reads.name in rows]:
             del self.rows[rid]
 
     def clear(self) -> None:
@@ -152,15 +125,14 @@ class WorkerReads:
         """Read ``site``'s activation ``act [tokens, d]`` for every condition there."""
         real = len(batch.owner)
         for _, reads, (a, b) in self._reading(batch):
-            for gate in reads.plan.gates:
-                for c in gate.leaves():
-                    if c.site != site:
-                        continue
-                    if c.per_token:
-                        if c not in self.token:
-                            self.token[c] = c.scores(act[:real])
-                    elif (error := reads.add(c, act[a:b], batch.pos[a:b])) is not None:
-                        errors.setdefault(reads.plan.row, error)
+            for c in reads.state.leaves:
+                if c.site != site:
+                    continue
+                if c.per_token:
+                    if c not in self.token:
+                        self.token[c] = c.scores(act[:real])
+                elif (error := reads.add(c, act[a:b], batch.pos[a:b])) is not None:
+                    errors.setdefault(reads.name, error)
 
     def mask(self, site: str, steer: SiteSteer, batch: ForwardBatch, tokens: int,
              errors: dict[str, str]) -> torch.Tensor:  # fmt: skip
@@ -184,13 +156,13 @@ class WorkerReads:
                 continue
             decided = reads.decision(gate)
             if decided is None:
-                errors.setdefault(reads.plan.row, (
+                errors.setdefault(reads.name, (
                     f"the condition gating the steer at {site} was not decided "
                     "before the steer had to act on the prompt: vLLM fed this prompt in "
                     "chunks (chunked prefill), so its whole-prompt read came too late. Use "
                     "positions='generated', or vllm_args={'enable_chunked_prefill': False}"))  # fmt: skip
                 continue
-            fired[i], first[i] = decided[0], reads.plan.reads_from
+            fired[i], first[i] = decided[0], reads.plan.reads_from[0]
         out[:real] = torch.from_numpy(fired[batch.owner] & (batch.pos >= first[batch.owner]))
         return out
 
@@ -200,7 +172,7 @@ class WorkerReads:
         values: dict[Monitor, torch.Tensor] = {}  # one product per monitor (by content)
         real = len(batch.owner)
         for _, reads, (a, b) in self._reading(batch):
-            for m in reads.plan.monitors:
+            for m in reads.plan.monitors[0]:
                 if m.site != site:
                     continue
                 if m not in values:

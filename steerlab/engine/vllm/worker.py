@@ -22,8 +22,9 @@ from torch.utils.hooks import RemovableHandle
 
 from steerlab.core.ops import operand
 from steerlab.core.tagging import count_hooks, remove_hooks, tag
+from steerlab.engine.plan import Plan
 from steerlab.engine.vllm import hooks
-from steerlab.engine.vllm.batch import ForwardBatch, Layouts, RowPlan, SiteSteer, parse_plan
+from steerlab.engine.vllm.batch import ForwardBatch, Layouts, SiteSteer, parse_plan
 from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
 
@@ -37,7 +38,7 @@ class _State:
     )
     layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
-    plans: dict[str, RowPlan | None] = field(default_factory=dict)  # by vLLM request id
+    plans: dict[str, Plan | None] = field(default_factory=dict)  # by vLLM request id
     fired: dict[str, int] = field(default_factory=dict)  # by row: tokens steered
     errors: dict[str, str] = field(default_factory=dict)  # by row
     batch: ForwardBatch | None = None
@@ -131,14 +132,14 @@ class SteerWorker:
         out = {row: [state.fired.get(row, 0), state.errors.get(row)] for row in rows}
         done = set(forget)
         asked = done & set(rows)
-        reads = {r.plan.row: r.report() for r in state.reads.rows.values() if r.plan.row in asked}
+        reads = {r.name: r.report() for r in state.reads.rows.values() if r.name in asked}
         state.reads.forget(done)
         for row in done:
             state.fired.pop(row, None)
             state.errors.pop(row, None)
         if done:
             for rid, plan in list(state.plans.items()):
-                if plan is not None and plan.row in done:
+                if plan is not None and plan.names[0] in done:
                     del state.plans[rid]
         rank = [get_pp_group().rank_in_group, get_tp_group().rank_in_group]
         return {"rank": rank, "rows": out, "reads": reads}
@@ -199,7 +200,7 @@ class SteerWorker:
             for rid in req_ids:
                 plan = state.plans.get(rid)
                 if plan is not None:
-                    state.errors.setdefault(plan.row, f"laying out the batch: {err!r}")
+                    state.errors.setdefault(plan.names[0], f"laying out the batch: {err!r}")
 
     def _steerlab_done(self) -> None:
         self._steerlab().batch = None
@@ -231,7 +232,7 @@ class SteerWorker:
             read()
         except Exception as err:
             for reads in state.reads.rows.values():
-                state.errors.setdefault(reads.plan.row, f"reading {site}: {err!r}")
+                state.errors.setdefault(reads.name, f"reading {site}: {err!r}")
 
     def _steerlab_one(self, steer: SiteSteer, act: torch.Tensor, site: str) -> torch.Tensor:
         state = self._steerlab()

@@ -1,0 +1,136 @@
+"""``GateState``: what the conditions of some rows have read, and what they decided.
+
+One object holds the condition state of rows for every engine: the local engines keep
+one per call (a row per call row), a vLLM worker one per request (one row). Its life is
+``reset`` / ``update`` / ``decided``, with the two kinds of gate ``core.reads`` defines:
+
+- a prompt gate (``read="mean"`` or ``"last"``) is decided once from its conditions'
+  sums over each row's prompt: ``update`` adds every position from the row's
+  ``reads_from`` on, each once (a chunk fed twice, as a preempted vLLM request is, adds
+  nothing new), and, where the prompt's length is known, none past it. ``decided`` scores
+  them with ``core.reads.prompt_score``; a row is done once every part has read its whole
+  prompt (always, where the length is not known: the local engines feed a prompt in one
+  prefill);
+- a per-token gate (``read="token"``) is a function of the forward running now: ``update``
+  keeps that forward's scores, and ``where`` reads them.
+
+State is indexed by row, never by a batch's position, so compaction and a shared prefix
+(``spread``) leave it where it belongs. Padding has position -1 and is never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from steerlab.core.reads import Condition, Gate, prompt_score
+
+
+class GateState:
+    """The prompt sums, per-token scores and decisions of ``gates`` over some rows."""
+
+    def __init__(self, gates: Sequence[Gate], reads_from: Sequence[int],
+                 prompt_len: Sequence[int] | None = None) -> None:  # fmt: skip
+        self.gates = list(dict.fromkeys(gates))
+        self.leaves = list(dict.fromkeys(c for g in self.gates for c in g.leaves()))
+        self.n = len(reads_from)
+        self.reads_from = torch.tensor(list(reads_from), dtype=torch.long)  # [rows]
+        self.prompt_len = None if prompt_len is None else torch.tensor(list(prompt_len))
+        self.reset()
+
+    def __bool__(self) -> bool:
+        return bool(self.gates)
+
+    def reset(self) -> None:
+        """Forget everything read and decided."""
+        self.sums: dict[Condition, torch.Tensor] = {}  # [rows, d] float32
+        self.counts: dict[Condition, torch.Tensor] = {}  # [rows]
+        self.lasts: dict[Condition, torch.Tensor] = {}  # [rows, d] float32
+        self.next_pos: dict[Condition, torch.Tensor] = {}  # [rows] the first not yet read
+        self.token: dict[Condition, torch.Tensor] = {}  # this forward's per-token scores
+        self._decided: dict[Gate, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def new_forward(self) -> None:
+        self.token.clear()
+
+    # --- update --------------------------------------------------------------------------
+
+    def update(self, c: Condition, act: torch.Tensor, rows: torch.Tensor,
+               pos: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """Read ``act [..., d]``, whose positions are ``pos [...]`` on rows ``rows [...]``
+        (the same leading shape), into ``c``: its scores for this forward (per token), or
+        its prompt sums. Returns, for a prompt condition, ``[rows]`` bool: the rows whose
+        positions read here did not follow on from what they had read (part of a prompt
+        was never fed, so its mean would be wrong); None for a per-token one."""
+        d = act.shape[-1]
+        if c.per_token:
+            self.token[c] = c.scores(act.reshape(-1, d)).reshape(act.shape[:-1])
+            return None
+        device = act.device
+        if c not in self.sums:
+            self.sums[c] = torch.zeros(self.n, d, device=device)
+            self.counts[c] = torch.zeros(self.n, device=device)
+            self.lasts[c] = torch.zeros(self.n, d, device=device)
+            self.next_pos[c] = self.reads_from.to(device)
+        rows, pos, flat = rows.reshape(-1), pos.reshape(-1), act.reshape(-1, d)
+        keep = pos >= self.next_pos[c][rows]
+        if self.prompt_len is not None:
+            keep &= pos < self.prompt_len.to(device)[rows]
+        wide = flat.to(torch.float32) * keep[:, None]
+        self.sums[c].index_add_(0, rows, wide)
+        self.counts[c].index_add_(0, rows, keep.to(torch.float32))
+        low = torch.full((self.n,), torch.iinfo(torch.long).max, device=device)
+        low = low.scatter_reduce(0, rows[keep], pos[keep], "amin")
+        high = torch.full((self.n,), -1, device=device, dtype=torch.long)
+        high = high.scatter_reduce(0, rows[keep], pos[keep], "amax")
+        last = keep & (pos == high[rows])
+        self.lasts[c][rows[last]] = flat[last].to(torch.float32)
+        read = high >= 0
+        many = torch.zeros(self.n, device=device, dtype=torch.long).index_add_(0, rows, keep.long())
+        # what was read skipped positions: it starts past the next one, or has holes
+        gap = read & ((low != self.next_pos[c]) | (many != high - low + 1))
+        self.next_pos[c] = torch.where(read, high + 1, self.next_pos[c])
+        self._decided.clear()
+        return gap
+
+    def spread(self, k: int) -> None:
+        """After a shared prefix fed only the first row of each run of ``k``: every row of a
+        run takes its first row's reads (the rows' own last tokens follow)."""
+        leaders = torch.arange(self.n) // k * k
+        for c in self.sums:
+            at = leaders.to(self.sums[c].device)
+            self.sums[c], self.counts[c] = self.sums[c][at], self.counts[c][at]
+            self.lasts[c], self.next_pos[c] = self.lasts[c][at], self.next_pos[c][at]
+        self._decided.clear()
+
+    # --- decided -------------------------------------------------------------------------
+
+    def decided(self, gate: Gate) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(fired, score, done)``, each ``[rows]``, of a prompt gate from what its
+        conditions have read: ``done`` where every part has read the row's whole prompt
+        (a row that has read nothing scores NaN and never fires)."""
+        if gate not in self._decided:
+            scores, done = {}, torch.ones(self.n, dtype=torch.bool)
+            for c in gate.leaves():
+                if c not in self.sums:
+                    scores[c] = torch.full((self.n,), float("nan"))
+                    read_to = self.reads_from
+                else:
+                    scores[c] = prompt_score(c, self.sums[c], self.counts[c], self.lasts[c])
+                    read_to = self.next_pos[c].cpu()
+                if self.prompt_len is not None:
+                    done &= read_to >= self.prompt_len
+            fired, score = gate.decide(scores)
+            self._decided[gate] = (fired, score, done)
+        return self._decided[gate]
+
+    def where(self, gate: Gate, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Where ``gate`` lets its steer act in the forward running now, ``pos``'s shape,
+        for the call rows ``rows`` (``pos``'s first dimension): per position for a
+        per-token gate, per row for a prompt gate (never before a row's ``reads_from``)."""
+        if gate.per_token:  # a function of this forward's activations alone
+            return gate.decide(self.token)[0].reshape(pos.shape)
+        first = self.reads_from.to(pos.device)[rows][:, None]  # [batch, 1]
+        fired, _, _ = self.decided(gate)
+        return fired.to(rows.device)[rows][:, None] & (pos >= first)
