@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from steerlab.core.positions import position_mask
-from steerlab.core.steer import Steer
+from steerlab.core.steer import Steer, prompt_gated
 
 Touches = tuple[str, ...]  # the steers that touched one position, as "fingerprint@alpha"
 
@@ -62,8 +62,7 @@ def touches(steers: Sequence[Steer], generated: Sequence[bool],
     masks = [(s.mark(),
               position_mask(s.positions, pos, flags, n_prompt)[0])
              for s in steers if s.alpha[0] != 0]  # fmt: skip
-    gated = {s.mark() for s in steers
-             if s.when is not None and not s.when.per_token}  # fmt: skip
+    gated = prompt_gated(steers)
 
     def decided(name: str, i: int) -> bool:
         return name not in gated or (i < len(fired) and name in fired[i])

@@ -36,7 +36,7 @@ from steerlab.core.request import Request, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
 from steerlab.core.sites import site_names
-from steerlab.core.steer import Steer, check_steer, warn_other_model
+from steerlab.core.steer import Steer, check_turn_steer, prompt_gated, warn_other_model
 from steerlab.engine.local import Progress
 from steerlab.engine.steps import OnToken, steps
 
@@ -114,15 +114,9 @@ class ChatSession:
     def steer(self, steer: SteerArg) -> None:
         steers = as_steers(steer)
         for s in steers:
-            check_steer(s.site, s.vector, self.lm.sites(), self.lm.d_model, s.when, s.positions)
+            s.check(self.lm.sites(), self.lm.d_model)
             warn_other_model(s, self.lm)
-            if s.when is not None and not s.when.per_token and s.positions != "generated":
-                raise SteerError(
-                    "In a chat session a conditioned steer (when=) decides per turn, on that "
-                    "turn's own tokens, so it steers the reply: give it positions="
-                    f"'generated' (it has {s.positions!r}), or steer one call with "
-                    "lm.generate(messages, steer=..., chat=True)."
-                )
+            check_turn_steer(s)
             if len(s.alpha) != 1:
                 raise SteerError(
                     f"A chat session is one conversation: give one alpha per steer, not "
@@ -183,8 +177,7 @@ class ChatSession:
         """Refuse a turn that would feed again a position an earlier turn's condition fired
         on: one call decides once, so it could not replay that turn's decision."""
         start = plan.conversation.exchanges[-1][1]  # where this turn's own tokens begin
-        gated = {s.mark() for s in self._row_steers()
-                 if s.when is not None and not s.when.per_token}  # fmt: skip
+        gated = prompt_gated(self._row_steers())
         fired = plan.conversation.fired_for(plan.target)
         if any(gated & fired[i] for i in range(plan.reuse, min(start, len(fired)))):
             raise SteerError(

@@ -14,7 +14,7 @@ from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
 from steerlab.core.request import Request, Sampling
 from steerlab.core.scalars import as_int
-from steerlab.core.steer import Steer, check_steer, warn_other_model
+from steerlab.core.steer import Steer, warn_other_model
 from steerlab.core.window import check_text_window, check_window
 
 
@@ -151,7 +151,7 @@ def checked_steers(lm: ModelLike, steer: SteerArg) -> list[Steer]:
     was made on another model)."""
     steers = as_steers(steer)
     for s in steers:
-        check_steer(s.site, s.vector, lm.sites(), lm.d_model, s.when, s.positions)
+        s.check(lm.sites(), lm.d_model)
         warn_other_model(s, lm)
     return steers
 

@@ -137,6 +137,18 @@ class Plan:
         """Row ``r``'s steers with its alphas, in its own order."""
         return [(self.steers[k], alpha) for k, alpha in self.carried[r]]
 
+    def told(self, r: int) -> list[int]:
+        """Row ``r``'s steers an engine in another process is told of, by their place in
+        the row: the live ones, and a gated one at alpha 0, whose decision the row still
+        reports (as on the local engines)."""
+        return [j for j, (k, alpha) in enumerate(self.carried[r])
+                if alpha != 0 or self.steers[k].gate is not None]  # fmt: skip
+
+    def read_sites(self, r: int) -> set[str]:
+        """The sites row ``r``'s conditions and monitors read."""
+        sites = {c.site for s, _ in self.of_row(r) if s.gate is not None for c in s.gate.leaves()}
+        return sites | {m.site for m in self.monitors[r]}
+
     def reported(self, r: int) -> Gate | None:
         """The gate whose decision row ``r`` reports (``core.reads.reported_gate``)."""
         return reported_gate(self.steers[k].gate for k, _ in self.carried[r])
@@ -158,8 +170,10 @@ class Plan:
     # --- a row's plan as data, for a worker in another process ---------------------------
 
     def only(self, r: int, name: str) -> Plan:
-        """Row ``r`` alone, named ``name``: its steers at its alphas, in its order."""
-        mine = self.of_row(r)
+        """Row ``r`` alone, named ``name``, as a worker is told of it (``told``): its steers
+        at its alphas, in its order."""
+        row = self.of_row(r)
+        mine = [row[j] for j in self.told(r)]
         steers = tuple(replace(s, alphas=torch.tensor([a])) for s, a in mine)
         return Plan(steers, (tuple((k, a) for k, (_, a) in enumerate(mine)),), (self.monitors[r],),
                     (self.reads_from[r],), (name,))  # fmt: skip

@@ -43,15 +43,15 @@ def decode_steers(plan: Plan, row: int) -> list[tuple[PlanSteer, float]]:
     return [(s, a) for s, a in plan.of_row(row) if touches_generated(s.positions)]
 
 
-def steer_reason(requests: Sequence[Request]) -> str | None:
+def steer_reason(plan: Plan) -> str | None:
     """Steers the compiled step cannot hold at generated tokens: custom operations,
     operations with no table form (a topk feature clamp reads the whole encoder, a LoReFT
-    its matrices), two on one site of a row; per-token conditions."""
-    for i, request in enumerate(requests):
-        if any(s.when is not None and s.when.per_token for s in request.steers):
-            return ("a read='token' condition gates each position in the forward; the "
-                    "compiled table holds one decision per row")  # fmt: skip
-        steers = [s for s in request.steers if touches_generated(s.positions)]
+    its matrices), two on one site of a row; per-token gates."""
+    if any(s.gate is not None and s.gate.per_token for s in plan.steers):
+        return ("a read='token' condition gates each position in the forward; the "
+                "compiled table holds one decision per row")  # fmt: skip
+    for i in range(plan.rows):
+        steers = [s for s, _ in decode_steers(plan, i)]
         sites = [s.site for s in steers]
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled table holds one per site)"

@@ -58,16 +58,17 @@ class CompiledStep:
         # Each bucket is one specialised graph; leave room for many (dynamo's default is 8).
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
-    def reason(self, requests: Sequence[Request], *, cache: KVCache | None = None,
+    def reason(self, requests: Sequence[Request], plan: Plan, *, cache: KVCache | None = None,
                keep_cache: bool = False, capture: Sequence[str] = (),
                use_cache: bool = True) -> str | None:  # fmt: skip
-        """Why these requests run eagerly, or None when they fit the compiled step."""
+        """Why these requests (compiled into ``plan``) run eagerly, or None when they fit
+        the compiled step."""
         return (
             call_reason(
                 requests, cache=cache, keep_cache=keep_cache, capture=capture, use_cache=use_cache
             )  # fmt: skip
             or model_reason(self.engine.kind, self.model, _length(requests), self.engine.n_ctx)
-            or steer_reason(requests)
+            or steer_reason(plan)
         )
 
     def describe(self, requests: Sequence[Request]) -> str:

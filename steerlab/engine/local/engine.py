@@ -163,7 +163,7 @@ class LocalEngine:
 
     def _stream(self, requests: list[Request], path: Path, wait: float,
                 description: str) -> Iterator[Progress]:  # fmt: skip
-        plan = Plan.of(requests)  # the call's steering, built once, read by every path
+        plan = path.plan if path.plan is not None else Plan.of(requests)
         states = RowStates(self.tokenizer, requests)
         reads = CallReads(plan)
         states.reads = reads if reads else None

@@ -10,8 +10,10 @@ Four paths, each with a named reason that ``lm.explain`` prints:
   rows in runs of ``k`` with one prompt feed it once, then every row goes on from it
   (``local/prefix.py``).
 
-``choose`` is the only caller of the three tests (``scored.fits``, the compiled step's
-``reason``, ``prefix.group_size``), so a call's path and its explanation cannot disagree.
+``choose`` compiles the call's plan (``engine/plan.py``) once and is the only caller of the
+three tests (``scored.fits``, the compiled step's ``reason``, ``prefix.group_size``), each
+of which reads the plan's properties, so a call's path and its explanation cannot
+disagree; the path carries the plan to the engine, which runs it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from steerlab.core.request import Request
 from steerlab.core.sites import Site
 from steerlab.engine.local import prefix
 from steerlab.engine.local.scored import fits
+from steerlab.engine.plan import Plan
 
 if TYPE_CHECKING:
     from steerlab.engine.local.engine import LocalEngine
@@ -45,6 +48,7 @@ class Path:
         use_cache: decode with a KV cache (False: every step feeds every column).
         compact: finished rows leave the batch once half of it has.
         shared: rows per run that share one prompt, fed once (eager only); None: no runs.
+        plan: the call's plan, compiled once here.
     """
 
     kind: Literal["scored", "compiled", "eager"]
@@ -55,6 +59,7 @@ class Path:
     use_cache: bool = True
     compact: bool = False
     shared: int | None = None
+    plan: Plan | None = None
 
     @property
     def line(self) -> str:
@@ -71,25 +76,25 @@ def choose(engine: LocalEngine, requests: Sequence[Request], *, sites: Sequence[
            cache: KVCache | None = None, keep_cache: bool = False, use_cache: bool = True,
            compact: bool = True) -> Path:  # fmt: skip
     """The path ``requests`` take on ``engine`` with these options (checked already)."""
-    sites = tuple(sites)
+    sites, plan = tuple(sites), Plan.of(requests)
     if any(r.sampling.prompt_logprobs is not None for r in requests):
-        if not sites and not keep_cache and use_cache and fits(requests, engine.backend):
+        if not sites and not keep_cache and use_cache and fits(requests, plan, engine.backend):
             return Path("scored", "every row scores its prompt and samples at most one token: "
-                        "each shared start is fed once")  # fmt: skip
+                        "each shared start is fed once", plan=plan)  # fmt: skip
         return Path("eager", "scoring prompts with capture=, keep_cache, use_cache=False, a "
                     "condition, a monitor, or more than one new token", sites,
                     keep_cache=keep_cache, use_cache=use_cache,
-                    compact=compact and not keep_cache and not sites)  # fmt: skip
+                    compact=compact and not keep_cache and not sites, plan=plan)  # fmt: skip
     why = NOT_COMPILED
     if engine.compiled is not None:
-        reason = engine.compiled.reason(requests, cache=cache, keep_cache=keep_cache,
+        reason = engine.compiled.reason(requests, plan, cache=cache, keep_cache=keep_cache,
                                         capture=[s.name for s in sites], use_cache=use_cache)  # fmt: skip
         if reason is None:
-            return Path("compiled", engine.compiled.describe(requests))
+            return Path("compiled", engine.compiled.describe(requests), plan=plan)
         why = reason
     keep = keep_cache or cache is not None
     shared = None
     if engine.share_prefix and cache is None and use_cache and not sites:
-        shared = prefix.group_size(requests)
+        shared = prefix.group_size(requests, plan)
     return Path("eager", why, sites, cache, keep, use_cache,
-                compact and not keep and not sites, shared)  # fmt: skip
+                compact and not keep and not sites, shared, plan)  # fmt: skip

@@ -27,12 +27,14 @@ import torch
 
 from steerlab.core.positions import position_mask
 from steerlab.core.request import Request
-from steerlab.core.steer import Steer
+from steerlab.engine.plan import Plan, PlanSteer
 
 
-def group_size(requests: Sequence[Request]) -> int | None:
-    """``k`` when the requests come in runs of ``k >= 2`` rows that can share a prefix."""
-    if any(r.monitors for r in requests):
+def group_size(requests: Sequence[Request], plan: Plan | None = None) -> int | None:
+    """``k`` when the requests (compiled into ``plan``, by default here) come in runs of
+    ``k >= 2`` rows that can share a prefix."""
+    plan = plan if plan is not None else Plan.of(requests)
+    if any(plan.monitors):
         return None  # a monitor reads every prompt token of every row
     first = requests[0]
     k = next((i for i, r in enumerate(requests) if not _same_prompt(r, first)), len(requests))
@@ -42,10 +44,11 @@ def group_size(requests: Sequence[Request]) -> int | None:
         group = requests[start : start + k]
         if len(group[0].prompt) < 2 or not all(_same_prompt(r, group[0]) for r in group):
             return None
-        shared = [_on_prefix(r) for r in group]
+        rows = range(start, start + k)
+        shared = [_on_prefix(requests[r], plan.of_row(r)) for r in rows]
         if any(s != shared[0] for s in shared):
             return None
-        if any(_gated_on_prefix(r) for r in group):
+        if any(_gated_on_prefix(requests[r], plan.of_row(r)) for r in rows):
             return None
     return k
 
@@ -69,24 +72,24 @@ def _same_prompt(a: Request, b: Request) -> bool:
     return a.prompt == b.prompt and a.generated == b.generated
 
 
-def _on_prefix(request: Request) -> list[str]:
-    """The steers that act on the prompt minus its last token, as marks (``Steer.mark``:
-    with their alphas), in order."""
+def _on_prefix(request: Request, steers: list[tuple[PlanSteer, float]]) -> list[str]:
+    """The row's steers (``Plan.of_row``) that act on its prompt minus the last token, as
+    marks (``Steer.mark``: with their alphas), in order."""
     n = len(request.prompt) - 1
     flags = request.generated[:n] if request.generated else (False,) * n
-    return [s.mark() for s in request.steers
-            if s.alpha[0] != 0 and _touches(s, n, flags)]  # fmt: skip
+    return [s.mark(alpha) for s, alpha in steers
+            if alpha != 0 and _touches(s, n, flags)]  # fmt: skip
 
 
-def _gated_on_prefix(request: Request) -> bool:
-    """A conditioned steer that touches the prefix: its row's decision needs the whole
-    prompt, which the shared prefix is fed without."""
+def _gated_on_prefix(request: Request, steers: list[tuple[PlanSteer, float]]) -> bool:
+    """A gated steer that touches the prefix: its row's decision needs the whole prompt,
+    which the shared prefix is fed without."""
     n = len(request.prompt) - 1
     flags = request.generated[:n] if request.generated else (False,) * n
-    return any(s.when is not None and _touches(s, n, flags) for s in request.steers)
+    return any(s.gate is not None and _touches(s, n, flags) for s, _ in steers)
 
 
-def _touches(steer: Steer, n: int, generated: Sequence[bool]) -> bool:
+def _touches(steer: PlanSteer, n: int, generated: Sequence[bool]) -> bool:
     """Whether the steer touches any of the first ``n`` tokens (the core's position rule)."""
     pos = torch.arange(n)
     flags = torch.tensor(generated, dtype=torch.bool)

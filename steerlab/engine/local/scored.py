@@ -34,20 +34,20 @@ from steerlab.engine.local.prompt_store import (
     row_key,
     stored,
 )
+from steerlab.engine.plan import Plan
 
 Scores = list[TokenScore | None]
 
 
-def fits(requests: Sequence[Request], backend: Backend) -> bool:
+def fits(requests: Sequence[Request], plan: Plan, backend: Backend) -> bool:
     """Whether a call takes this path: every row scores its prompt, none generates past one
     token or carries flags of generated tokens, and the backend's cache can be cut by row.
-    A row with a condition or a monitor does not: both read the whole prompt of each row,
-    which a shared start is fed without."""
+    A plan that reads (a condition or a monitor) does not: both read the whole prompt of
+    each row, which a shared start is fed without."""
     ops = backend.cache_ops
-    return (hasattr(ops, "take") and hasattr(ops, "stack") and all(
+    return (hasattr(ops, "take") and hasattr(ops, "stack") and not plan.reads and all(
         r.sampling.prompt_logprobs is not None and r.sampling.max_new_tokens <= 1
-        and not r.generated and r.prompt and not r.monitors
-        and all(s.when is None for s in r.steers) for r in requests))  # fmt: skip
+        and not r.generated and r.prompt for r in requests))  # fmt: skip
 
 
 @dataclass

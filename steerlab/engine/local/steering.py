@@ -16,7 +16,7 @@ from steerlab.backends.base import Backend
 from steerlab.core.ops import operand
 from steerlab.core.positions import position_mask, prompt_span
 from steerlab.core.sites import Site
-from steerlab.core.steer import Steer, check_steer
+from steerlab.core.steer import Steer
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
 from steerlab.engine.plan import PlanSteer
@@ -28,9 +28,7 @@ def check_row_steers(backend: Backend, rows: Sequence[Sequence[Steer]]) -> None:
     valid = backend.sites()
     for steers in rows:
         for steer in steers:
-            check_steer(
-                steer.site, steer.vector, valid, backend.d_model, steer.when, steer.positions
-            )
+            steer.check(valid, backend.d_model)
 
 
 def attach_steer(backend: Backend, steer: PlanSteer, call: Call,

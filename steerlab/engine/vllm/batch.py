@@ -135,7 +135,7 @@ def _site(site: str, chains: dict[tuple[SteerKey, ...], list[tuple[int, tuple[fl
     out: list[_Applier] = []
     fusable: dict[Any, list[tuple[SteerKey, list[tuple[int, float]]]]] = {}
     for chain, members in chains.items():
-        if len(chain) == 1 and type(chain[0].op) is Add and chain[0].when is None:
+        if len(chain) == 1 and type(chain[0].op) is Add and chain[0].gate is None:
             fusable.setdefault(chain[0].positions, []).append(
                 (chain[0], [(i, alphas[0]) for i, alphas in members]))  # fmt: skip
             continue
@@ -144,7 +144,7 @@ def _site(site: str, chains: dict[tuple[SteerKey, ...], list[tuple[int, tuple[fl
             for i, alphas in members:
                 per_request[i] = alphas[k]
             out.append(_Applier(site, (_vector_key(key),), key.op, key.positions, per_request,
-                                None, key.when))  # fmt: skip
+                                None, key.gate))  # fmt: skip
     for where, group in fusable.items():
         per_request = np.zeros(n, dtype=np.float32)
         index = np.zeros(n, dtype=np.int64)

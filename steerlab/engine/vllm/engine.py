@@ -24,9 +24,9 @@ from steerlab.core.positions import position_mask
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
 from steerlab.core.sites import all_sites
-from steerlab.core.steer import check_steer
 from steerlab.core.window import check_window
 from steerlab.engine.guard import CallInFlightError
+from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
@@ -137,9 +137,7 @@ class VLLMEngine:
                             if scoring_only else ")"))  # fmt: skip
             r.sampling.check_vocab(self.n_vocab)
             for steer in r.steers:
-                check_steer(
-                    steer.site, steer.vector, valid, self.d_model, steer.when, steer.positions
-                )
+                steer.check(valid, self.d_model)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
         if why is not None:
@@ -256,7 +254,9 @@ def reads_reason(requests: Sequence[Request], stages: int, chunks_prompts: bool)
     promises that only with chunked prefill off (it may otherwise split any prompt, short
     ones too, when a step's token budget is shared).
     """
-    gated = [(r, s) for r in requests for s in r.steers if s.when is not None]
+    plan = Plan.of(requests)
+    gated = [(requests[r], s) for r in range(plan.rows) for s, _ in plan.of_row(r)
+             if s.gate is not None]  # fmt: skip
     if gated and stages > 1:
         return (f"a conditioned steer (when=) on {stages} pipeline stages: a worker decides "
                 "from the activations it holds, and a condition's site and its steer's may sit "
@@ -266,7 +266,7 @@ def reads_reason(requests: Sequence[Request], stages: int, chunks_prompts: bool)
     for r, s in gated:
         n = len(r.prompt)
         at = np.arange(n)
-        if s.when.per_token or not position_mask(s.positions, at, at >= n, n).any():  # type: ignore[union-attr]
+        if s.gate.per_token or not position_mask(s.positions, at, at >= n, n).any():  # type: ignore[union-attr]
             continue
         return (f"a steer at {s.site} on prompt tokens, gated by a whole-prompt condition: "
                 "vLLM may feed a prompt in chunks (chunked prefill, on here), so the decision "

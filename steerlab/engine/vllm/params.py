@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,21 +27,19 @@ def live_steers(request: Request) -> tuple[Steer, ...]:
 
 
 def sent_steers(request: Request) -> tuple[Steer, ...]:
-    """The steers a worker is told of: the live ones, and a conditioned one at alpha 0,
-    whose decision the row still reports (as on the local engines)."""
-    return tuple(s for s in request.steers if s.alpha[0] != 0.0 or s.when is not None)
+    """The steers a worker is told of (``Plan.told``)."""
+    return tuple(request.steers[j] for j in Plan.of([request]).told(0))
 
 
 def read_sites(request: Request) -> set[str]:
-    """The sites a row's conditions and monitors read."""
-    sites = {c.site for s in request.steers if s.when is not None for c in s.when.leaves()}
-    return sites | {m.site for m in request.monitors}
+    """The sites a row's conditions and monitors read (``Plan.read_sites``)."""
+    return Plan.of([request]).read_sites(0)
 
 
 def row_plan(request: Request, row: str) -> Plan:
     """The plan a worker is told of for one row (``Plan.only``, named ``row``): its sent
     steers, its monitors and where its conditions read from."""
-    return Plan.of([replace(request, steers=sent_steers(request))]).only(0, row)
+    return Plan.of([request]).only(0, row)
 
 
 def row_tensors(request: Request) -> dict[str, torch.Tensor]:
