@@ -299,7 +299,7 @@ def test_rows_that_read_travel_with_their_tensors_and_never_share_cached_blocks(
     assert len(salts) == 2  # a salt of its own each time: no prefix-cache reads
     extra = to_vllm(request, "r", revision="", eos_ids=set()).sampling["extra_args"]
     plan = parse_plan(extra, row_tensors(request))
-    assert plan is not None and plan.gates() == [c] and plan.monitors == ((m,),)
+    assert plan is not None and plan.gates == [c] and plan.monitors == ((m,),)
     assert torch.equal(plan.monitors[0][0].direction, m.direction)
     plain = Request((5, 6), (), Sampling(max_new_tokens=2), "s")
     assert "cache_salt" not in to_vllm(plain, "p", revision="", eos_ids=set()).prompt

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -120,18 +121,21 @@ class Plan:
         """The steers some row steers with: what is hooked in."""
         return [s for s in self.steers if s.live]
 
+    @cached_property
     def gates(self) -> list[Gate]:
         """The distinct gates of the call's steers, alpha 0 included (their rows still
         report a decision)."""
         return list(dict.fromkeys(s.gate for s in self.steers if s.gate is not None))
 
+    @cached_property
     def all_monitors(self) -> list[Monitor]:
+        """The distinct monitors of every row, in order."""
         return list(dict.fromkeys(m for row in self.monitors for m in row))
 
     @property
     def reads(self) -> bool:
         """Whether any row reads activations: a condition or a monitor."""
-        return bool(self.gates() or any(self.monitors))
+        return bool(self.gates or self.all_monitors)
 
     def of_row(self, r: int) -> list[tuple[PlanSteer, float]]:
         """Row ``r``'s steers with its alphas, in its own order."""
@@ -199,7 +203,7 @@ class Plan:
             out |= {tensor_fingerprint(s.vector): s.vector, **op_tensors(s.op)}
             if s.gate is not None:
                 out |= gate_tensors(s.gate)
-        for m in self.all_monitors():
+        for m in self.all_monitors:
             out[tensor_fingerprint(m.direction)] = m.direction
         return out
 

@@ -86,7 +86,7 @@ class StepRunner:
     def start(self, plan: Plan, layers: Any, mask: torch.Tensor) -> None:
         """A call's data in: its plan, and its prefilled cache (``layers`` of keys, values)."""
         self.table.fill(plan)
-        monitors = plan.all_monitors()
+        monitors = plan.all_monitors
         units = [unit(m.direction, torch.float32) for m in monitors]  # normalised, then cast
         if len(units) != self.read_units.shape[0]:  # a new spec, a new graph: a new buffer
             self.read_units = torch.zeros(len(units), *self.read_units.shape[1:],

@@ -42,7 +42,7 @@ class RowReads:
     traces: dict[str, list[tuple[np.ndarray, torch.Tensor]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.state = GateState(self.plan.gates(), self.plan.reads_from, [self.prompt_len])
+        self.state = GateState(self.plan.gates, self.plan.reads_from, [self.prompt_len])
 
     @property
     def name(self) -> str:
