@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from steerlab.core.positions import position_mask
-from steerlab.core.steer import Steer, prompt_gated
+from steerlab.core.steer import Steer
+from steerlab.core.turns import prompt_gated
 
 Touches = tuple[str, ...]  # the steers that touched one position, as "fingerprint@alpha"
 

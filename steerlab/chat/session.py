@@ -36,7 +36,8 @@ from steerlab.core.request import Request, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers
 from steerlab.core.sites import site_names
-from steerlab.core.steer import Steer, check_turn_steer, prompt_gated, warn_other_model
+from steerlab.core.steer import Steer, warn_other_model
+from steerlab.core.turns import check_turn_steer, prompt_gated
 from steerlab.engine.local import Progress
 from steerlab.engine.steps import OnToken, steps
 

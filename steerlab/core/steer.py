@@ -372,25 +372,6 @@ def steer_fingerprint(site: str, vector: torch.Tensor, positions: Positions, op:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def prompt_gated(steers: Sequence[Steer]) -> set[str]:
-    """The marks (``Steer.mark``) of the one-alpha steers whose condition is read from the
-    prompt, once per call: what a chat's cache key and its replay check both need."""
-    return {s.mark() for s in steers if s.when is not None and not s.when.per_token}
-
-
-def check_turn_steer(steer: Steer) -> None:
-    """A steer that goes on over calls that each decide it (a chat session's turns): its
-    prompt condition decides per call, on that call's own tokens, so it may only steer the
-    tokens each call generates."""
-    if steer.when is not None and not steer.when.per_token and steer.positions != "generated":
-        raise SteerError(
-            "In a chat session a conditioned steer (when=) decides per turn, on that "
-            "turn's own tokens, so it steers the reply: give it positions="
-            f"'generated' (it has {steer.positions!r}), or steer one call with "
-            "lm.generate(messages, steer=..., chat=True)."
-        )
-
-
 def at_alphas(steers: Sequence[Steer], alphas: Sequence[float]) -> list[Steer]:
     """The steers with each alpha in ``alphas`` multiplying their own: one row per alpha.
 
