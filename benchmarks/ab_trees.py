@@ -40,8 +40,8 @@ if name == "grid-140":
 else:
     torch.manual_seed(0)
     config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
-                        bos_token_id=0, eos_token_id=1)
-    lm = sl.wrap(GPT2LMHeadModel(config).eval(), char_tokenizer(), backend="hf")
+                        bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    lm = sl.wrap(GPT2LMHeadModel(config).eval(), char_tokenizer())
 d = lm.d_model
 v = torch.randn(d, generator=torch.Generator().manual_seed(1)) / d ** 0.5
 steer = sl.Steer("blocks.6.hook_resid_pre", v, 4.0)
@@ -57,7 +57,7 @@ elif name == "eager-conditioned":
     gated = sl.Steer("blocks.6.hook_resid_pre", v, 4.0, when=cond)
     mon = sl.Monitor("m", "blocks.8.hook_resid_post", v)
     prompts = [PROMPT, PROMPT[::-1], PROMPT.upper(), PROMPT[4:]]
-    run = lambda: lm.generate(prompts, gated, max_new_tokens=16, monitors=[mon], **opts)
+    run = lambda: lm.generate(prompts, gated, max_new_tokens=16, monitor=[mon], **opts)
 elif name == "compiled-b8":
     lm = lm.compile()
     many = sl.Steer("blocks.6.hook_resid_pre", v, alphas)
@@ -67,6 +67,7 @@ else:
     grid = sl.Steer("blocks.2.hook_resid_pre", v, [float(a) for a in range(14)])
     run = lambda: lm.generate(prompts, grid, max_new_tokens=8, **opts)
 run(); run()
+print("ready", sl.__file__, file=sys.stderr, flush=True)
 print("ready", flush=True)
 for line in sys.stdin:
     start = time.perf_counter()
@@ -77,8 +78,10 @@ for line in sys.stdin:
 
 def _worker(tree: Path, name: str, threads: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false"}
+    # run in the tree: ``python -c`` puts the working folder first on sys.path
     proc = subprocess.Popen([sys.executable, "-c", WORKER, name, str(threads)], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+                            cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if line != "ready":

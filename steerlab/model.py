@@ -168,7 +168,8 @@ class SteerableModel:
         engine acts on (``engine/local/path.py``).
 
         Takes engine ``Request`` rows, or the prompts and steer of a ``generate`` call;
-        ``options`` are ``cache``, ``keep_cache``, ``capture`` and ``use_cache``.
+        ``options`` are ``cache``, ``keep_cache``, ``capture`` and ``use_cache``, and any of
+        ``generate``'s generation options (``temperature`` ...), which go into the rows.
 
         >>> fast = sl.load("steerlab-tiny", backend="hf").compile()
         >>> fast.explain("Once", capture=["blocks.0.hook_resid_post"])
@@ -181,7 +182,11 @@ class SteerableModel:
             requests = list(given)
         else:
             rows = lay_out(self, given, steer, chat=chat, new_tokens=max_new_tokens)
-            requests = rows.requests(Sampling(max_new_tokens), checked_monitors(self, monitor))
+            path = ("capture", "cache", "keep_cache", "use_cache", "compact")
+            generation = {k: options.pop(k) for k in list(options) if k not in path}
+            sampling = Sampling.of({**generation, "max_new_tokens": max_new_tokens},
+                                   where="explain")  # fmt: skip
+            requests = rows.requests(sampling, checked_monitors(self, monitor))
         return self.engine.explain(requests, **options)
 
     @takes_options

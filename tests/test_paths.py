@@ -54,3 +54,12 @@ def test_scored_rows_are_explained_as_the_path_they_take(toy_lm, monkeypatch, ca
         assert line.startswith("eager: scoring prompts with capture=") and calls == []
     else:
         assert line.startswith("scored: every row scores its prompt") and calls == [1]
+
+
+def test_explain_takes_generate_options_and_names_a_misspelt_one(toy_lm):
+    """``lm.explain`` takes what ``lm.generate`` takes: generation options go into the rows
+    (a misspelt one is named with its close match, before any compute)."""
+    line = toy_lm.explain("Once upon a time", max_new_tokens=8, temperature=0.7, top_p=0.9)
+    assert line.startswith("eager: ")
+    with pytest.raises(TypeError, match="did you mean 'temperature'"):
+        toy_lm.explain("Once upon a time", temprature=0.7)

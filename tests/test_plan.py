@@ -108,7 +108,7 @@ def test_a_prompt_fed_in_chunks_and_again_is_read_once_with_its_last_token():
     last = sl.Condition("blocks.0.hook_resid_post", torch.randn(4), read="last")
     gate = sl.any_of(cond, last)
     acts = torch.randn(6, 4)
-    state = GateState([gate], reads_from=[1], prompt_len=[6])
+    state = GateState([gate], [cond, last], reads_from=[1], prompt_len=[6])
     row = torch.zeros(3, dtype=torch.long)
     for chunk in ([0, 1, 2], [3, 4, 5], [3, 4, 5]):  # the last chunk fed again
         at = torch.tensor(chunk)
@@ -127,7 +127,7 @@ def test_a_prompt_fed_in_chunks_and_again_is_read_once_with_its_last_token():
 
 def test_a_skipped_position_is_reported_and_padding_is_never_read():
     cond = sl.Condition("blocks.0.hook_resid_post", torch.ones(2))
-    state = GateState([cond], reads_from=[0, 0], prompt_len=None)
+    state = GateState([cond], [cond], reads_from=[0, 0], prompt_len=None)
     act = torch.arange(12.0).reshape(2, 3, 2)  # [batch, seq, d]
     pos = torch.tensor([[-1, 0, 1], [0, 1, 2]])  # row 0 left-padded
     rows = torch.tensor([[0, 0, 0], [1, 1, 1]])
@@ -140,14 +140,14 @@ def test_a_skipped_position_is_reported_and_padding_is_never_read():
 
 def test_a_row_with_nothing_to_read_scores_nan_and_never_fires():
     cond = sl.Condition("blocks.0.hook_resid_post", torch.ones(2))
-    state = GateState([cond], reads_from=[3], prompt_len=[3])
+    state = GateState([cond], [cond], reads_from=[3], prompt_len=[3])
     fired, score, done = state.decided(cond)
     assert done.tolist() == [True] and fired.tolist() == [False] and score.isnan().all()
 
 
 def test_spread_gives_each_run_its_first_rows_reads():
     cond = sl.Condition("blocks.0.hook_resid_post", torch.ones(2))
-    state = GateState([cond], reads_from=[0] * 4)
+    state = GateState([cond], [cond], reads_from=[0] * 4)
     act, pos = torch.randn(2, 3, 2), torch.arange(3).expand(2, 3)
     state.update(cond, act, torch.tensor([0, 2])[:, None].expand(2, 3), pos)
     state.spread(2)
@@ -163,7 +163,7 @@ def test_the_decision_is_the_cores_score_of_what_was_read(read):
     cond = sl.Condition("blocks.0.hook_resid_post", direction, threshold=0.0, read=read,
                         score="projection")  # fmt: skip
     acts = torch.randn(2, 5, 4)
-    state = GateState([cond], reads_from=[0, 2])
+    state = GateState([cond], [cond], reads_from=[0, 2])
     rows = torch.tensor([0, 1])[:, None].expand(2, 5)
     state.update(cond, acts, rows, torch.arange(5).expand(2, 5))
     fired, score, _ = state.decided(cond)

@@ -30,10 +30,12 @@ from steerlab.core.reads import Condition, Gate, prompt_score
 class GateState:
     """The prompt sums, per-token scores and decisions of ``gates`` over some rows."""
 
-    def __init__(self, gates: Sequence[Gate], reads_from: Sequence[int],
-                 prompt_len: Sequence[int] | None = None) -> None:  # fmt: skip
-        self.gates = list(dict.fromkeys(gates))
-        self.leaves = list(dict.fromkeys(c for g in self.gates for c in g.leaves()))
+    def __init__(self, gates: Sequence[Gate], leaves: Sequence[Condition],
+                 reads_from: Sequence[int], prompt_len: Sequence[int] | None = None) -> None:  # fmt: skip
+        """``gates`` distinct, ``leaves`` their distinct conditions (``Plan.gates`` and
+        ``Plan.leaves``); per row, the first position read, and the prompt's length where
+        it is known."""
+        self.gates, self.leaves = list(gates), list(leaves)
         self.n = len(reads_from)
         self.reads_from = torch.tensor(list(reads_from), dtype=torch.long)  # [rows]
         self.prompt_len = None if prompt_len is None else torch.tensor(list(prompt_len))

@@ -24,7 +24,7 @@ import torch
 from steerlab.core.monitors import Monitor, monitor_from_data
 from steerlab.core.ops import Operation, op_tensors, tensor_fingerprint
 from steerlab.core.positions import Positions
-from steerlab.core.reads import Gate, gate_tensors, reported_gate
+from steerlab.core.reads import Condition, Gate, gate_tensors, reported_gate
 from steerlab.core.request import Request
 from steerlab.core.sites import Site
 from steerlab.core.steer import (
@@ -49,6 +49,11 @@ class PlanSteer:
     op: Operation
     gate: Gate | None
     alphas: torch.Tensor  # [rows] float32, 0 on rows that do not carry it
+
+    @cached_property
+    def place(self) -> Site:
+        """The site, parsed once (the hooks attach there; the plan is ordered by it)."""
+        return Site.parse(self.site)
 
     @property
     def key(self) -> SteerKey:
@@ -87,6 +92,10 @@ class Plan:
     reads_from: tuple[int, ...]
     names: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # what every engine asks of a plan first, worked out once while it is built
+        _ = self.gates, self.leaves, self.all_monitors
+
     @classmethod
     def of(cls, requests: Sequence[Request], names: Sequence[str] = ()) -> Plan:
         """The plan of a call: its requests' steers grouped by ``SteerKey``."""
@@ -103,12 +112,11 @@ class Plan:
                 found[index[key]][1][r] = steer.alpha[0]
                 mine.append((index[key], steer.alpha[0]))
             carried.append(mine)
-        order = sorted(range(len(found)), key=lambda k: Site.parse(found[k][0].site).forward_order)
+        made = [PlanSteer(s.site, s.vector, s.positions, s.op, s.when, torch.tensor(alphas))
+                for s, alphas in found]  # fmt: skip
+        order = sorted(range(len(made)), key=lambda k: made[k].place.forward_order)
         moved = {old: new for new, old in enumerate(order)}
-        steers = tuple(
-            PlanSteer(s.site, s.vector, s.positions, s.op, s.when, torch.tensor(alphas))
-            for s, alphas in (found[k] for k in order)
-        )  # fmt: skip
+        steers = tuple(made[k] for k in order)
         return cls(steers, tuple(tuple((moved[k], a) for k, a in mine) for mine in carried),
                    tuple(r.monitors for r in requests), tuple(r.reads_from for r in requests),
                    tuple(names))  # fmt: skip
@@ -126,6 +134,11 @@ class Plan:
         """The distinct gates of the call's steers, alpha 0 included (their rows still
         report a decision)."""
         return list(dict.fromkeys(s.gate for s in self.steers if s.gate is not None))
+
+    @cached_property
+    def leaves(self) -> list[Condition]:
+        """The distinct conditions the gates are built of."""
+        return list(dict.fromkeys(c for g in self.gates for c in g.leaves()))
 
     @cached_property
     def all_monitors(self) -> list[Monitor]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -71,8 +71,10 @@ class Engine(Protocol):
         """Decode through a compiled step from now on (``capabilities.compile`` engines)."""
         ...
 
-    def explain(self, requests: Sequence[Request], **options: Any) -> str:
-        """One line: which path these requests take, and why."""
+    def explain(self, requests: Sequence[Request], *, capture: Sequence[str] = (),
+                cache: KVCache | None = None, keep_cache: bool = False,
+                use_cache: bool = True, compact: bool = True) -> str:  # fmt: skip
+        """One line: which path these requests take with these call options, and why."""
         ...
 
     def prefill(

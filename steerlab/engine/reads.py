@@ -36,7 +36,7 @@ class CallReads:
 
     def __init__(self, plan: Plan) -> None:
         self.plan, self.n = plan, plan.rows
-        self.state = GateState(plan.gates, plan.reads_from)
+        self.state = GateState(plan.gates, plan.leaves, plan.reads_from)
         self.monitors: list[Monitor] = plan.all_monitors
         # per monitor, per forward: (rows, pos, values [batch, seq], prefill)
         self.reads: dict[Monitor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]] = {

@@ -74,10 +74,12 @@ class LocalEngine:
             self.compiled = CompiledStep(self, mode=mode, backend=backend)
 
     def explain(self, requests: Sequence[Request], *, capture: Sequence[str] = (),
-                **options: Any) -> str:  # fmt: skip
+                cache: KVCache | None = None, keep_cache: bool = False,
+                use_cache: bool = True, compact: bool = True) -> str:  # fmt: skip
         """One line: which path these requests take (``local/path.py``), and why."""
         sites = [resolve(name, self.sites()) for name in capture]
-        return choose(self, requests, sites=sites, **options).line
+        return choose(self, requests, sites=sites, cache=cache, keep_cache=keep_cache,
+                      use_cache=use_cache, compact=compact).line  # fmt: skip
 
     def sites(self) -> list[str]:
         return self.backend.sites()

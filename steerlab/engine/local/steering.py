@@ -15,7 +15,6 @@ import torch
 from steerlab.backends.base import Backend
 from steerlab.core.ops import operand
 from steerlab.core.positions import position_mask, prompt_span
-from steerlab.core.sites import Site
 from steerlab.core.steer import Steer
 from steerlab.engine.context import ForwardContext
 from steerlab.engine.guard import Call
@@ -58,4 +57,4 @@ def attach_steer(backend: Backend, steer: PlanSteer, call: Call,
         new = steer.op(act.reshape(-1, d), vector, alpha).reshape(batch, seq, d)
         return torch.where(touched[..., None], new, act)
 
-    backend.attach(Site.parse(steer.site), call.hook(apply))
+    backend.attach(steer.place, call.hook(apply))

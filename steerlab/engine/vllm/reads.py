@@ -42,7 +42,8 @@ class RowReads:
     traces: dict[str, list[tuple[np.ndarray, torch.Tensor]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.state = GateState(self.plan.gates, self.plan.reads_from, [self.prompt_len])
+        self.state = GateState(self.plan.gates, self.plan.leaves, self.plan.reads_from,
+                               [self.prompt_len])  # fmt: skip
 
     @property
     def name(self) -> str:
@@ -51,7 +52,10 @@ class RowReads:
 
     def add(self, c: Condition, act: torch.Tensor, pos: np.ndarray) -> str | None:
         """Read ``act [n, d]`` at positions ``pos [n]`` (this request's tokens in this
-        forward) into ``c``'s prompt sums (``GateState.update``); returns an error, or None."""
+        forward) into ``c``'s prompt sums (``GateState.update``); returns an error, or None.
+        A decode step's tokens are past the prompt: nothing to read, and no device work."""
+        if not len(pos) or int(pos.min()) >= self.prompt_len:
+            return None
         at = torch.from_numpy(pos).to(act.device)
         gap = self.state.update(c, act, torch.zeros_like(at), at)
         if gap is not None and bool(gap[0]):
