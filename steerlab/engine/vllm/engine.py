@@ -30,6 +30,7 @@ from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
+from steerlab.engine.vllm.graph import graph_reason
 from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
@@ -59,6 +60,7 @@ class VLLMEngine:
         # How many alternatives a score may list (vLLM's -1: all of them).
         self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
+        self.graph = False  # steering built into a compiled model (load_vllm sets it)
         self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
         vllm_config = llm.llm_engine.vllm_config
         self.pipeline_stages: int = vllm_config.parallel_config.pipeline_parallel_size
@@ -140,6 +142,8 @@ class VLLMEngine:
                 steer.check(valid, self.d_model)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
+        if why is None and self.graph:
+            why = compiled_reason(requests)
         if why is not None:
             raise SteerError(f"The vLLM engine cannot run this: {why}.")
 
@@ -185,14 +189,20 @@ class VLLMEngine:
 
     def compile(self, **_: Any) -> None:
         raise NotImplementedError(
-            "vLLM runs eagerly so that its workers' hooks run (enforce_eager=True); steerlab's "
-            "compiled step is for the in-process engine."
+            "vLLM compiles at load, not afterwards: sl.load(..., backend='vllm', "
+            "vllm_args={'enforce_eager': False}) builds steerlab's steering into vLLM's "
+            "compiled graph (Add steers only); lm.compile() is the in-process engine's."
         )
 
     def explain(self, requests: Sequence[Request], **_: Any) -> str:
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
+        if why is None and self.graph:
+            why = compiled_reason(requests)
         if why is not None:
             return f"refused: {why}"
+        if self.graph:
+            return ("vllm compiled: vLLM runs its compiled model, whose Add steers read each "
+                    "forward's rows from static buffers (loaded with enforce_eager=False)")  # fmt: skip
         text = "vllm: the vLLM engine decodes every call, eagerly, in its workers"
         if any(r.reads for r in requests):
             text += ("; conditions are decided and monitors read there, at prefill and each "
@@ -241,6 +251,25 @@ class VLLMEngine:
         if len(self._sent) > self.max_vectors:
             self.rpc("steerlab_drop_vectors")
             self._sent.clear()
+
+
+def compiled_reason(requests: Sequence[Request]) -> str | None:
+    """What a compiled model (``graph.py``) cannot steer, or None: other ops than Add,
+    conditions, monitors, sites outside the graph, two steers at one site of a row."""
+    for i, r in enumerate(requests):
+        if r.monitors:
+            return ("a monitor is read eagerly only; this engine was loaded compiled "
+                    "(vllm_args={'enforce_eager': False}): load it eagerly for monitors")  # fmt: skip
+        plan = Plan.of([r])
+        sites = [s.site for s, alpha in plan.of_row(0) if alpha != 0 or s.gate is not None]
+        if len(set(sites)) < len(sites):
+            return f"row {i} has two steers at one site (the compiled graph holds one per site)"
+        for s, alpha in plan.of_row(0):
+            why = graph_reason(s.site, s.op, s.gate is not None)
+            if why is not None and (alpha != 0 or s.gate is not None):
+                return (f"{why}; this engine was loaded compiled (vllm_args="
+                        "{'enforce_eager': False}): load it eagerly for this steer")  # fmt: skip
+    return None
 
 
 def reads_reason(requests: Sequence[Request], stages: int, chunks_prompts: bool) -> str | None:

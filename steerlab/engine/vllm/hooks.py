@@ -22,6 +22,11 @@ from steerlab.core.tagging import tag
 from steerlab.engine.vllm.sites import VLLMLayout
 
 Apply = Callable[[str, torch.Tensor], torch.Tensor | None]
+Mark = Callable[[Any], Any]
+
+
+def _as_is(fn: Any) -> Any:
+    return fn
 
 
 def _pair(delta: torch.Tensor, residual: torch.Tensor | None, name: str,
@@ -37,17 +42,18 @@ def _pair(delta: torch.Tensor, residual: torch.Tensor | None, name: str,
     return torch.where(changed, new, delta), torch.where(changed, 0.0, residual)
 
 
-def _output(module: nn.Module, name: str, apply: Apply) -> RemovableHandle:
+def _output(module: nn.Module, name: str, apply: Apply, mark: Mark) -> RemovableHandle:
     def hook(_m: nn.Module, _args: Any, output: Any) -> Any:
         if isinstance(output, tuple):  # (delta, residual): a pair-form block
             new = _pair(output[0], output[1], name, apply)
             return None if new is None else (*new, *output[2:])
         return apply(name, output)
 
-    return module.register_forward_hook(tag(hook))
+    return module.register_forward_hook(mark(hook))
 
 
-def _block_input(block: nn.Module, name: str, apply: Apply, form: str) -> RemovableHandle:
+def _block_input(block: nn.Module, name: str, apply: Apply, form: str,
+                 mark: Mark) -> RemovableHandle:  # fmt: skip
     """``resid_pre``: GPT-2 blocks take ``(hidden,)``; Llama's ``(positions, delta, residual)``."""
 
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -57,10 +63,11 @@ def _block_input(block: nn.Module, name: str, apply: Apply, form: str) -> Remova
         pair = _pair(args[1], args[2], name, apply)
         return None if pair is None else ((args[0], *pair, *args[3:]), kwargs)
 
-    return block.register_forward_pre_hook(tag(hook), with_kwargs=True)
+    return block.register_forward_pre_hook(mark(hook), with_kwargs=True)
 
 
-def _mid_full(block: nn.Module, attn: nn.Module, name: str, apply: Apply) -> list[RemovableHandle]:
+def _mid_full(block: nn.Module, attn: nn.Module, name: str, apply: Apply,
+              mark: Mark) -> list[RemovableHandle]:  # fmt: skip
     """GPT-2 keeps ``resid_mid`` in a local variable: it is the block input plus the attention
     output, so steering it rewrites the attention output (as the HF backend does)."""
     block_input: list[torch.Tensor] = []
@@ -73,27 +80,30 @@ def _mid_full(block: nn.Module, attn: nn.Module, name: str, apply: Apply) -> lis
         new_mid = apply(name, resid_pre + attn_out)
         return None if new_mid is None else new_mid - resid_pre
 
-    return [block.register_forward_pre_hook(tag(remember)),
-            attn.register_forward_hook(tag(steer))]  # fmt: skip
+    return [block.register_forward_pre_hook(mark(remember)),
+            attn.register_forward_hook(mark(steer))]  # fmt: skip
 
 
-def _mid_pair(norm: nn.Module, name: str, apply: Apply) -> RemovableHandle:
+def _mid_pair(norm: nn.Module, name: str, apply: Apply, mark: Mark) -> RemovableHandle:
     """Llama's post-attention norm takes ``(attn_out, residual)``: their sum is ``resid_mid``."""
 
     def hook(_m: nn.Module, args: tuple) -> Any:
         pair = _pair(args[0], args[1], name, apply)
         return None if pair is None else (*pair, *args[2:])
 
-    return norm.register_forward_pre_hook(tag(hook))
+    return norm.register_forward_pre_hook(mark(hook))
 
 
-def install(model: nn.Module, layout: VLLMLayout, sites: Iterable[str],
-            apply: Apply) -> list[RemovableHandle]:  # fmt: skip
+def install(model: nn.Module, layout: VLLMLayout, sites: Iterable[str], apply: Apply, *,
+            tagged: bool = True) -> list[RemovableHandle]:  # fmt: skip
     """Hook ``sites`` (in forward order) that live on this worker; returns the handles.
 
     With pipeline parallelism a worker holds only some layers: sites elsewhere are skipped
-    here and hooked on the worker that holds them.
+    here and hooked on the worker that holds them. ``tagged`` False: hooks that are part
+    of the model (a compiled model's graph steering, ``graph.py``), which no call owns,
+    counts or removes.
     """
+    mark: Mark = tag if tagged else _as_is
     handles: list[RemovableHandle] = []
     blocks: Any = model.get_submodule(layout.blocks)
     for site in sorted((Site.parse(s) for s in set(sites)), key=lambda s: s.forward_order):
@@ -101,23 +111,23 @@ def install(model: nn.Module, layout: VLLMLayout, sites: Iterable[str],
         if site.kind == EMBED:
             embed = model.get_submodule(layout.embed)
             if _held(embed):
-                handles.append(_output(embed, name, apply))
+                handles.append(_output(embed, name, apply, mark))
             continue
         block = blocks[site.layer]
         if not _held(block):
             continue
         if site.kind == "hook_resid_pre":
-            handles.append(_block_input(block, name, apply, layout.form))
+            handles.append(_block_input(block, name, apply, layout.form, mark))
         elif site.kind == "hook_resid_post":
-            handles.append(_output(block, name, apply))
+            handles.append(_output(block, name, apply, mark))
         elif site.kind == "hook_attn_out":
-            handles.append(_output(block.get_submodule(layout.attn), name, apply))
+            handles.append(_output(block.get_submodule(layout.attn), name, apply, mark))
         elif site.kind == "hook_mlp_out":
-            handles.append(_output(block.get_submodule(layout.mlp), name, apply))
+            handles.append(_output(block.get_submodule(layout.mlp), name, apply, mark))
         elif layout.mid_norm is not None:
-            handles.append(_mid_pair(block.get_submodule(layout.mid_norm), name, apply))
+            handles.append(_mid_pair(block.get_submodule(layout.mid_norm), name, apply, mark))
         else:
-            handles += _mid_full(block, block.get_submodule(layout.attn), name, apply)
+            handles += _mid_full(block, block.get_submodule(layout.attn), name, apply, mark)
     return handles
 
 

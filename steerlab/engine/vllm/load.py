@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from steerlab.backends.base import config_eos
 from steerlab.engine.vllm.engine import VLLMEngine
+from steerlab.engine.vllm.graph import GRAPH_ENV, cache_root
 from steerlab.engine.vllm.sites import layout_for
 
 WORKER = "steerlab.engine.vllm.worker.SteerWorker"
-# Settings steerlab owns: hooks must exist before the model runs, so no compilation; scores
-# are log-probabilities before temperature, top-k or top-p, as on every engine.
-_OWNED = ("enforce_eager", "worker_extension_cls", "compilation_config", "model",
+# Settings steerlab owns: its worker extension; the compilation, which eager hooks or the
+# graph's own steering (``graph.py``) must match; scores are log-probabilities before
+# temperature, top-k or top-p, as on every engine.
+_OWNED = ("worker_extension_cls", "compilation_config", "model",
           "tensor_parallel_size", "pipeline_parallel_size", "dtype", "max_model_len",
           "revision", "trust_remote_code", "logprobs_mode")  # fmt: skip
 
@@ -28,7 +31,13 @@ def load_vllm(
     trust_remote_code: bool = False,
     vllm_args: Mapping[str, Any] | None = None,
 ) -> VLLMEngine:
-    """Start a vLLM engine on ``path`` with steerlab's worker extension, in eager mode.
+    """Start a vLLM engine on ``path`` with steerlab's worker extension.
+
+    Eager by default: hooks on vLLM's modules steer with every op, condition and monitor.
+    ``vllm_args={"enforce_eager": False}`` lets vLLM compile the model with steerlab's
+    steering built in before it does (``graph.py``): Add steers only, ungated, at the
+    embedding and the blocks' resid_pre, attn_out, mlp_out and resid_post; anything else
+    is refused before it is sent. The first start compiles (see the README's figures).
 
     Args:
         path: a local HF-format folder or a hub id.
@@ -47,9 +56,9 @@ def load_vllm(
     owned = sorted(set(extra) & set(_OWNED))
     if owned:
         raise ValueError(
-            f"vllm_args may not set {owned}: steerlab sets them (eager mode and its worker "
-            "extension keep steering hooks live, raw logprobs are what steerlab's scores "
-            "are; the rest are load()'s own arguments)."
+            f"vllm_args may not set {owned}: steerlab sets them (its worker extension and "
+            "the compilation its steering is built for, raw logprobs are what steerlab's "
+            "scores are; the rest are load()'s own arguments)."
         )
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -58,6 +67,9 @@ def load_vllm(
     layout_for(config.model_type)  # refuse an unknown family before starting anything
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision,
                                               trust_remote_code=trust_remote_code)  # fmt: skip
+    eager = extra.pop("enforce_eager", True)
+    if not isinstance(eager, bool):
+        raise ValueError(f"vllm_args['enforce_eager'] must be True or False; got {eager!r}.")
     from vllm import LLM
 
     # vLLM's "auto" falls back to pickled .bin weights; steerlab loads safetensors unless
@@ -65,13 +77,24 @@ def load_vllm(
     extra.setdefault("load_format", "auto" if trust_remote_code else "safetensors")
     # Scores may list every token (a next-token distribution, say): vLLM's default is 20.
     extra.setdefault("max_logprobs", config.get_text_config().vocab_size)
-    llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
-              tensor_parallel_size=tensor_parallel_size,
-              pipeline_parallel_size=pipeline_parallel_size, revision=revision,
-              trust_remote_code=trust_remote_code, enforce_eager=True,
-              worker_extension_cls=WORKER, logprobs_mode="raw_logprobs",  # steerlab's scores
-              **extra)  # fmt: skip
-    _check_eager(llm)
+    before = {name: os.environ.get(name) for name in (GRAPH_ENV, "VLLM_CACHE_ROOT")}
+    if not eager:  # the workers vLLM starts now build the model with graph steering
+        os.environ[GRAPH_ENV] = "1"
+        os.environ["VLLM_CACHE_ROOT"] = cache_root()
+    try:
+        llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
+                  tensor_parallel_size=tensor_parallel_size,
+                  pipeline_parallel_size=pipeline_parallel_size, revision=revision,
+                  trust_remote_code=trust_remote_code, enforce_eager=eager,
+                  worker_extension_cls=WORKER, logprobs_mode="raw_logprobs",  # steerlab's scores
+                  **extra)  # fmt: skip
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    _check_eager(llm, eager)
     if pipeline_parallel_size > 1:
         llm.collective_rpc("steerlab_pp_buffers")
     try:
@@ -80,12 +103,22 @@ def load_vllm(
         generation = None
     eos = {i for i in {tokenizer.eos_token_id} | config_eos(generation) if i is not None}
     pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
-    return VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
+    engine = VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
+    engine.graph = not eager
+    return engine
 
 
-def _check_eager(llm: Any) -> None:
-    """Refuse an engine whose model was compiled: hooks added later would never run."""
+def _check_eager(llm: Any, eager: bool = True) -> None:
+    """Refuse an engine whose model was compiled without steerlab's graph steering: hooks
+    added later would never run, and steered rows would come out unsteered (``eager``:
+    what load asked vLLM for)."""
     for worker in llm.collective_rpc("steerlab_describe"):
+        if not eager:
+            if not worker.get("graph"):
+                raise RuntimeError("vLLM built this model without steerlab's graph steering "
+                                   "(its workers did not load it through steerlab's model "
+                                   "loader hook): steered rows would come out unsteered.")  # fmt: skip
+            continue
         if worker["compilation_mode"] != 0 or not worker["enforce_eager"]:
             raise RuntimeError(
                 "This vLLM engine compiles its model (compilation mode "

@@ -12,6 +12,7 @@ them: nothing is logged and skipped.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +24,13 @@ from torch.utils.hooks import RemovableHandle
 from steerlab.core.ops import operand
 from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.plan import Plan
-from steerlab.engine.vllm import hooks
+from steerlab.engine.vllm import graph, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, Layouts, SiteSteer, parse_plan
 from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
+
+if os.environ.get(graph.GRAPH_ENV):  # this worker's model is built with graph steering
+    graph.wrap_loader()
 
 
 @dataclass
@@ -67,6 +71,7 @@ class SteerWorker:
             "compilation_mode": int(config.compilation_config.mode),
             "enforce_eager": bool(runner.model_config.enforce_eager),
             "model_class": type(self._steerlab_model()).__name__,
+            "graph": self._steerlab_graph() is not None,
             "vectors": len(self._steerlab().vectors),
         }
 
@@ -85,11 +90,29 @@ class SteerWorker:
         state.moved.clear()
         return count
 
+    def _steerlab_graph(self) -> graph.GraphBuffers | None:
+        """The buffers a compiled model steers from (``graph.py``); None when eager."""
+        return getattr(self._steerlab_model(), "steerlab_graph", None)
+
+    def steerlab_graphs(self) -> int:
+        """Graphs dynamo has compiled in this worker (the same count after new steers)."""
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+
     def steerlab_begin(self, sites: list[str]) -> int:
-        """Hook ``sites`` (those this worker holds) for one call; returns the hooks added."""
+        """Hook ``sites`` (those this worker holds) for one call; returns the hooks added.
+        A compiled model's sites are in its graph already: only the layout goes on."""
         state = self._steerlab()
         self.steerlab_end()
         model = self._steerlab_model()
+        if self._steerlab_graph() is not None:
+            state.handles = [
+                model.register_forward_pre_hook(
+                    tag(lambda _m, _a, kwargs: self._steerlab_lay_out(kwargs)), with_kwargs=True),
+                model.register_forward_hook(tag(lambda _m, _a, _o: self._steerlab_done())),
+            ]  # fmt: skip
+            return len(state.handles)
         layout = layout_for(self.model_runner.model_config.hf_config.model_type)
         # The batch is laid out first: this pre-hook goes on before any site's hook.
         state.handles = [
@@ -105,6 +128,9 @@ class SteerWorker:
         state = self._steerlab()
         state.handles, state.batch = [], None
         state.layouts.clear()
+        buffers = self._steerlab_graph()
+        if buffers is not None:
+            buffers.write(None, state.vectors)  # a compiled model steers nothing between calls
         return remove_hooks(self._steerlab_model())
 
     def steerlab_hook_count(self) -> int:
@@ -173,6 +199,26 @@ class SteerWorker:
     def _steerlab_lay_out(self, kwargs: dict) -> None:
         state = self._steerlab()
         state.batch = None
+        try:
+            self._steerlab_plan_forward(kwargs)
+        finally:
+            self._steerlab_write()
+
+    def _steerlab_write(self) -> None:
+        """A compiled model's buffers: this forward's steers, or none (never the last's)."""
+        state, buffers = self._steerlab(), self._steerlab_graph()
+        if buffers is None:
+            return
+        try:
+            buffers.write(state.batch, state.vectors)
+        except Exception as err:
+            buffers.write(None, state.vectors)
+            for row in state.batch.rows if state.batch is not None else []:
+                state.errors.setdefault(row, f"writing the compiled model's steers: {err!r}")
+            state.batch = None
+
+    def _steerlab_plan_forward(self, kwargs: dict) -> None:
+        state = self._steerlab()
         state.reads.new_forward()
         runner = self.model_runner
         batch = runner.input_batch
@@ -203,7 +249,18 @@ class SteerWorker:
                     state.errors.setdefault(plan.names[0], f"laying out the batch: {err!r}")
 
     def _steerlab_done(self) -> None:
-        self._steerlab().batch = None
+        state, buffers = self._steerlab(), self._steerlab_graph()
+        if buffers is not None and state.batch is not None:
+            short = set(buffers.shortfall())
+            for site, steers in state.batch.by_site.items():
+                for row, n in (pair for steer in steers for pair in steer.rows):
+                    if site in short:
+                        state.errors.setdefault(row, f"the compiled model steered fewer tokens "
+                                                f"at {site} than asked")  # fmt: skip
+                    else:
+                        state.fired[row] = state.fired.get(row, 0) + n
+            buffers.write(None, state.vectors)
+        state.batch = None
 
     def _steerlab_apply(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
         """Conditions read ``site`` first, then its steers act, then monitors read."""

@@ -1,0 +1,120 @@
+"""steerlab-tiny on vLLM compiled (``vllm_args={"enforce_eager": False}``): steering built
+into the compiled graph (``engine/vllm/graph.py``), checked against plain HF with hooks
+(``tests/reference.py``), never recompiled for a new steer, kept out of the prefix cache of
+other steers, and refusing what it cannot do before anything is sent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import RefSteer, greedy
+
+import steerlab as sl
+from steerlab.core.ops import SteerError
+
+PROMPTS = ["Once upon a time", "The sea was", "Tell me a story about the forest.", "A cat"]
+NEW = 12
+
+
+def _vec(seed: int, scale: float = 0.4) -> torch.Tensor:
+    return torch.randn(128, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
+                    vllm_args={"block_size": 32, "enable_chunked_prefill": False,
+                               "enforce_eager": False})  # fmt: skip
+    yield model
+    model.engine.close()
+
+
+def test_vllm_compiles_the_model_with_the_steering_inside(compiled):
+    (worker,) = compiled.engine.rpc("steerlab_describe")
+    assert worker["compilation_mode"] != 0 and not worker["enforce_eager"] and worker["graph"]
+    assert compiled.explain(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", _vec(0), 2.0)
+                            ).startswith("vllm compiled")  # fmt: skip
+
+
+# One continuous batch: unsteered rows beside steered ones, every graph site kind, every
+# position form, per-row alphas, and rows with other vectors at one site (one table).
+ROWS = [
+    [],
+    [RefSteer("blocks.1.hook_resid_pre", _vec(1), 2.0)],
+    [RefSteer("blocks.1.hook_resid_pre", _vec(11), -3.0, "generated")],
+    [RefSteer("blocks.2.hook_resid_post", _vec(2), 3.0, "prompt")],
+    [RefSteer("blocks.0.hook_mlp_out", _vec(3), 3.0, "generated")],
+    [RefSteer("blocks.3.hook_attn_out", _vec(4), 4.0, 3)],
+    [RefSteer("hook_embed", _vec(5), 2.0)],
+    [RefSteer("blocks.2.hook_resid_pre", _vec(6), 5.0, "first:2+last:2")],
+    [RefSteer("blocks.1.hook_resid_pre", _vec(1), 6.0), RefSteer("blocks.3.hook_resid_post",
+                                                                 _vec(7), 2.0, "last:3")],
+    [],
+]  # fmt: skip
+
+
+def _requests(lm, rows):
+    from steerlab.engine import Request, Sampling, Steer
+
+    out = []
+    for i, row in enumerate(rows):
+        ids = tuple(lm.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"])
+        steers = tuple(Steer(s.site, s.vector, s.alpha, s.positions, sl.Add()) for s in row)
+        out.append(Request(ids, steers, Sampling(max_new_tokens=NEW), f"r{i}"))
+    return out
+
+
+def test_steered_rows_in_one_batch_equal_plain_hf_with_hooks(compiled, hf):
+    requests = _requests(compiled, ROWS)
+    done = compiled.engine.run(requests)
+    for i, (request, row) in enumerate(zip(requests, ROWS)):
+        want = greedy(hf, list(request.prompt), row, NEW, compiled.eos_ids)
+        assert done[i].tokens == want, i
+    plain = greedy(hf, list(requests[1].prompt), [], NEW, compiled.eos_ids)
+    assert done[1].tokens != plain  # the steers do something here
+    assert compiled.hook_count() == 0
+
+
+def test_twenty_new_steers_compile_nothing_new(compiled, hf):
+    compiled.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", _vec(100), 1.0),
+                      max_new_tokens=4)  # fmt: skip
+    (before,) = compiled.engine.rpc("steerlab_graphs")
+    for k in range(20):
+        v, alpha = _vec(200 + k), 0.5 + k / 4
+        out = compiled.generate(PROMPTS[k % 4], sl.Steer("blocks.2.hook_resid_pre", v, alpha),
+                                max_new_tokens=6)  # fmt: skip
+        if k % 7 == 0:
+            ref = [RefSteer("blocks.2.hook_resid_pre", v, alpha)]
+            assert out.tokens[0] == greedy(hf, out.prompt_tokens[0], ref, 6, compiled.eos_ids)
+    assert compiled.engine.rpc("steerlab_graphs") == [before] and before >= 1
+
+
+def test_a_steered_prefix_is_never_served_to_another_steer(compiled, hf):
+    prompt = "Once upon a time, there was a little fox named Rosa who lived by the sea. " * 2
+    v, w = _vec(30), _vec(31)
+    first = compiled.generate(prompt, sl.Steer("blocks.1.hook_resid_pre", v, 3.0), max_new_tokens=6)
+    plain = compiled.generate(prompt, max_new_tokens=6)
+    other = compiled.generate(prompt, sl.Steer("blocks.1.hook_resid_pre", w, 3.0), max_new_tokens=6)
+    ids = first.prompt_tokens[0]
+    assert plain.tokens[0] == greedy(hf, ids, [], 6, compiled.eos_ids)
+    ref = [RefSteer("blocks.1.hook_resid_pre", w, 3.0)]
+    assert other.tokens[0] == greedy(hf, ids, ref, 6, compiled.eos_ids)
+    assert first.tokens[0] != plain.tokens[0]
+
+
+@pytest.mark.parametrize("steer, what", [
+    (lambda: sl.Steer("blocks.1.hook_resid_pre", _vec(40), 1.0, op=sl.Ablate()), "Ablate"),
+    (lambda: sl.Steer("blocks.1.hook_resid_mid", _vec(41), 1.0), "resid_mid"),
+    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated",
+                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43))), "condition"),
+    (lambda: [sl.Steer("blocks.1.hook_resid_pre", _vec(44), 1.0),
+              sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers at one site"),
+])  # fmt: skip
+def test_what_the_graph_cannot_steer_is_refused_before_it_is_sent(compiled, steer, what):
+    with pytest.raises(SteerError, match="compiled") as info:
+        compiled.generate(PROMPTS[0], steer(), max_new_tokens=4)
+    assert what in str(info.value)
+    assert compiled.hook_count() == 0
+    monitor = sl.Monitor("m", "blocks.1.hook_resid_post", _vec(46))
+    with pytest.raises(SteerError, match="monitor"):
+        compiled.generate(PROMPTS[0], monitor=[monitor], max_new_tokens=4)
