@@ -5,6 +5,8 @@ other steers, and refusing what it cannot do before anything is sent."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from reference import RefSteer, greedy
@@ -118,3 +120,34 @@ def test_what_the_graph_cannot_steer_is_refused_before_it_is_sent(compiled, stee
     monitor = sl.Monitor("m", "blocks.1.hook_resid_post", _vec(46))
     with pytest.raises(SteerError, match="monitor"):
         compiled.generate(PROMPTS[0], monitor=[monitor], max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def compiled_tp2():
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    model = sl.load("steerlab-tiny", backend="vllm", tensor_parallel_size=2, max_model_len=128,
+                    vllm_args={"enforce_eager": False})  # fmt: skip
+    yield model
+    model.engine.close()
+    del os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"]
+
+
+def test_tensor_parallel_2_compiled_rows_equal_hf(compiled_tp2, hf):
+    """Both ranks add the whole vector inside their graphs (the block input is replicated
+    after each all-reduce), as the eager hooks do."""
+    workers = compiled_tp2.engine.rpc("steerlab_describe")
+    assert len(workers) == 2 and all(w["graph"] and not w["enforce_eager"] for w in workers)
+    v = _vec(50)
+    out = compiled_tp2.generate(PROMPTS[:2], sl.Steer("blocks.1.hook_resid_pre", v, [0.0, 3.0]),
+                                max_new_tokens=NEW)  # fmt: skip
+    for row, prompt in enumerate(out.prompt_tokens):
+        ref = [RefSteer("blocks.1.hook_resid_pre", v, out.alphas[row][0])]
+        assert out.tokens[row] == greedy(hf, prompt, ref, NEW, compiled_tp2.eos_ids), row
+    assert out.tokens[1] != out.tokens[0]
+
+
+def test_pipeline_parallel_is_refused_compiled_before_vllm_starts():
+    with pytest.raises(ValueError, match="pipeline"):
+        sl.load("steerlab-tiny", backend="vllm", pipeline_parallel_size=2,
+                vllm_args={"enforce_eager": False})  # fmt: skip

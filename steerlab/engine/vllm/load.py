@@ -70,6 +70,10 @@ def load_vllm(
     eager = extra.pop("enforce_eager", True)
     if not isinstance(eager, bool):
         raise ValueError(f"vllm_args['enforce_eager'] must be True or False; got {eager!r}.")
+    if not eager and pipeline_parallel_size > 1:
+        raise ValueError("Steering inside vLLM's compiled graph (enforce_eager=False) is not "
+                         "built for pipeline parallelism yet: load eagerly, or use tensor "
+                         "parallelism.")  # fmt: skip
     from vllm import LLM
 
     # vLLM's "auto" falls back to pickled .bin weights; steerlab loads safetensors unless
