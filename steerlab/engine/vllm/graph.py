@@ -95,6 +95,7 @@ class GraphBuffers(nn.Module):
         self.register_buffer("applied", torch.zeros(n, dtype=torch.float32, device=device))
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.keys: dict[int, tuple[str, ...]] = {}  # slot -> the vector keys in its table
+        self.last: ForwardBatch | None = None  # the layout in the buffers now
 
     def steer(self, site: str, act: torch.Tensor) -> torch.Tensor:
         """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only."""
@@ -107,11 +108,15 @@ class GraphBuffers(nn.Module):
         return torch.where(on[:, None], act + alpha[:, None] * vector, act)
 
     def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor]) -> None:
-        """This forward's steers into the buffers (``batch``: its layout; None: none)."""
+        """This forward's steers into the buffers (``batch``: its layout; None: none). A
+        steady decode keeps its layout (``batch.Layouts``): then only the count restarts."""
+        self.applied.zero_()
+        if batch is not None and batch is self.last:
+            return
+        self.last = batch
         for slot in self.written:
             self.alpha[slot].zero_()
         self.written = {}
-        self.applied.zero_()
         if batch is None:
             return
         for site, steers in batch.by_site.items():

@@ -259,7 +259,6 @@ class SteerWorker:
                                                 f"at {site} than asked")  # fmt: skip
                     else:
                         state.fired[row] = state.fired.get(row, 0) + n
-            buffers.write(None, state.vectors)
         state.batch = None
 
     def _steerlab_apply(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
