@@ -105,8 +105,11 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests_vllm --durations=10
 
+# steerlab on vLLM, steering inside vLLM's compiled graph, and plain vLLM compiled or eager
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) benchmarks/bench_vllm.py
+	$(VLLM_PY) benchmarks/bench_vllm_graph.py
+	$(VLLM_PY) benchmarks/bench_vllm_compile.py
 
 # TransformerLens 4 beside the 3.9 of .venv (SAELens pins TransformerLens below 4, so this
 # environment has no sae-lens, lm-eval or notebook extras): torch first, from the CPU wheel,
