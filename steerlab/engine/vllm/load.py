@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from steerlab.backends.base import config_eos
@@ -81,23 +82,13 @@ def load_vllm(
     extra.setdefault("load_format", "auto" if trust_remote_code else "safetensors")
     # Scores may list every token (a next-token distribution, say): vLLM's default is 20.
     extra.setdefault("max_logprobs", config.get_text_config().vocab_size)
-    before = {name: os.environ.get(name) for name in (GRAPH_ENV, "VLLM_CACHE_ROOT")}
-    if not eager:  # the workers vLLM starts now build the model with graph steering
-        os.environ[GRAPH_ENV] = "1"
-        os.environ["VLLM_CACHE_ROOT"] = cache_root()
-    try:
+    with _graph_env(eager):
         llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
                   tensor_parallel_size=tensor_parallel_size,
                   pipeline_parallel_size=pipeline_parallel_size, revision=revision,
                   trust_remote_code=trust_remote_code, enforce_eager=eager,
                   worker_extension_cls=WORKER, logprobs_mode="raw_logprobs",  # steerlab's scores
                   **extra)  # fmt: skip
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     _check_eager(llm, eager)
     if pipeline_parallel_size > 1:
         llm.collective_rpc("steerlab_pp_buffers")
@@ -110,6 +101,24 @@ def load_vllm(
     engine = VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
     engine.graph = not eager
     return engine
+
+
+@contextmanager
+def _graph_env(eager: bool) -> Iterator[None]:
+    """While vLLM starts its workers: for a compiled engine, the switch that makes them
+    build the model with graph steering, and a compile cache of its own (``graph.py``)."""
+    before = {name: os.environ.get(name) for name in (GRAPH_ENV, "VLLM_CACHE_ROOT")}
+    if not eager:
+        os.environ[GRAPH_ENV] = "1"
+        os.environ["VLLM_CACHE_ROOT"] = cache_root()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _check_eager(llm: Any, eager: bool = True) -> None:
