@@ -8,7 +8,7 @@ with steerlab's character tokenizer) and each mode (``enforce_eager=True``; comp
 default), one process starts a plain ``vllm.LLM`` (no steerlab worker extension: this is
 vLLM's own speed), times the start, then greedy fixed-length generation at batch 1 and 16
 (best of ``REPEATS``), and reports the compilation mode the worker ran with. Tokens of the
-two modes are compared row for row. The table replaces the marked section of RESULTS.md.
+two modes are compared row for row. The table replaces its section of RESULTS.md (``sections.replace_section``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
-START, END = "<!-- bench-vllm-compile start -->", "<!-- bench-vllm-compile end -->"
+from sections import replace_section
+
 NEW, REPEATS = 32, 3
 PROMPTS = ["Once upon a time", "The sea was calm and", "In the forest there was", "A cat"]
 
@@ -123,17 +123,9 @@ def main() -> None:
             f"{e['tok_s_16']:.0f} / {c['tok_s_16']:.0f}, {c['tok_s_16'] / e['tok_s_16']:.2f}x | "
             f"{'yes' if same else 'no'} |"
         )
-    section = "\n".join(lines)
-    print(section)
+    print("\n".join(lines))
     if "--no-write" not in sys.argv:
-        text = RESULTS.read_text()
-        block = f"{START}\n{section}\n{END}"
-        if START in text:
-            head, rest = text.split(START, 1)
-            text = head + block + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
-        RESULTS.write_text(text)
+        replace_section(lines)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Two engines on one model: compiled with steerlab's graph steering
 (``vllm_args={"enforce_eager": False}``) and eager (steerlab's default). On each, greedy
 fixed-length generation (``NEW`` tokens) at batch 1 and 16: unsteered, and steered (an
 Add at the middle block's ``resid_pre``, every row its own alpha). Times are the best of
-``REPEATS``, each arm in turn. The table replaces the marked section of RESULTS.md.
+``REPEATS``, each arm in turn. The table replaces its section of RESULTS.md (``sections.replace_section``).
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 import torch
+from sections import replace_section
 
 import steerlab as sl
 
 NEW, REPEATS = 32, 5
-RESULTS = Path(__file__).with_name("RESULTS.md")
-START, END = "<!-- bench-vllm-graph start -->", "<!-- bench-vllm-graph end -->"
 PROMPTS = ["Once upon a time", "The sea was calm and", "In the forest there was", "A cat"]
 
 
@@ -87,17 +85,9 @@ def main() -> None:
         print(lines[-1], flush=True)
     compiled.engine.close()
     eager.engine.close()
-    section = "\n".join(lines)
-    print(section)
+    print("\n".join(lines))
     if not args.no_write:
-        text = RESULTS.read_text()
-        block = f"{START}\n{section}\n{END}"
-        if START in text:
-            head, rest = text.split(START, 1)
-            text = head + block + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
-        RESULTS.write_text(text)
+        replace_section(lines)
 
 
 if __name__ == "__main__":

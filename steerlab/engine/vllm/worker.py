@@ -106,21 +106,15 @@ class SteerWorker:
         state = self._steerlab()
         self.steerlab_end()
         model = self._steerlab_model()
-        if self._steerlab_graph() is not None:
-            state.handles = [
-                model.register_forward_pre_hook(
-                    tag(lambda _m, _a, kwargs: self._steerlab_lay_out(kwargs)), with_kwargs=True),
-                model.register_forward_hook(tag(lambda _m, _a, _o: self._steerlab_done())),
-            ]  # fmt: skip
-            return len(state.handles)
-        layout = layout_for(self.model_runner.model_config.hf_config.model_type)
         # The batch is laid out first: this pre-hook goes on before any site's hook.
-        state.handles = [
-            model.register_forward_pre_hook(
-                tag(lambda _m, _a, kwargs: self._steerlab_lay_out(kwargs)), with_kwargs=True),
-            *hooks.install(model, layout, sites, self._steerlab_apply),
-            model.register_forward_hook(tag(lambda _m, _a, _o: self._steerlab_done())),
-        ]  # fmt: skip
+        first = model.register_forward_pre_hook(
+            tag(lambda _m, _a, kwargs: self._steerlab_lay_out(kwargs)), with_kwargs=True)  # fmt: skip
+        at_sites = []
+        if self._steerlab_graph() is None:
+            layout = layout_for(self.model_runner.model_config.hf_config.model_type)
+            at_sites = hooks.install(model, layout, sites, self._steerlab_apply)
+        last = model.register_forward_hook(tag(lambda _m, _a, _o: self._steerlab_done()))
+        state.handles = [first, *at_sites, last]
         return len(state.handles)
 
     def steerlab_end(self) -> int:
