@@ -28,6 +28,7 @@ from steerlab.core.reads import Condition, Gate, gate_tensors, reported_gate
 from steerlab.core.request import Request
 from steerlab.core.sites import Site
 from steerlab.core.steer import (
+    Steer,
     SteerKey,
     steer_data,
     steer_fingerprint,
@@ -100,7 +101,7 @@ class Plan:
     def of(cls, requests: Sequence[Request], names: Sequence[str] = ()) -> Plan:
         """The plan of a call: its requests' steers grouped by ``SteerKey``."""
         index: dict[SteerKey, int] = {}
-        found: list[tuple[Any, list[float]]] = []
+        found: list[tuple[Steer, list[float]]] = []
         carried = []
         for r, request in enumerate(requests):
             mine = []
