@@ -3,13 +3,16 @@ before a forward, what the traced steer computes from it, and the check after it
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import steerlab as sl
+from steerlab.core.ops import FeatureClamp, operand
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
-from steerlab.engine.vllm.graph import GraphBuffers, graph_reason, graph_sites
+from steerlab.engine.vllm.graph import GraphBuffers, graph_reason
 from steerlab.engine.vllm.params import row_tensors, to_vllm
+from steerlab.engine.vllm.sites import vllm_sites
 
 SITE = "blocks.1.hook_resid_pre"
 
@@ -36,7 +39,7 @@ def test_a_forward_is_written_as_per_token_alphas_and_rows_and_steered_by_hand()
     batch = lay_out_forward(["a", "b", "c"], [0, 3, 5, 6], positions, plans,
                             {"a": 3, "b": 3, "c": 3})  # fmt: skip
     assert len(batch.by_site[SITE]) == 2  # two fused Adds, one per positions rule
-    buffers = GraphBuffers(graph_sites(2), 16, 8, torch.float32, torch.device("cpu"))
+    buffers = GraphBuffers(vllm_sites(2), 16, 8, torch.float32, torch.device("cpu"))
     buffers.write(batch, vectors)
     slot = buffers.sites[SITE]
     assert buffers.alpha[slot, :7].tolist() == [2.0, 2.0, 2.0, 0.0, -1.0, 0.0, 0.0]
@@ -54,10 +57,60 @@ def test_a_forward_is_written_as_per_token_alphas_and_rows_and_steered_by_hand()
     assert not buffers.alpha.any() and buffers.shortfall() == []
 
 
+def _feature_clamp(d: int) -> FeatureClamp:
+    g = torch.Generator().manual_seed(3)
+    return FeatureClamp(index=0, value=2.5, architecture="jumprelu", threshold=0.1,
+                           encoder=torch.randn(d, generator=g), bias=torch.tensor(0.2),
+                           b_dec_in=torch.randn(d, generator=g) * 0.1)  # fmt: skip
+
+
+def test_every_operation_with_a_form_steers_in_the_graph_as_it_does_eagerly():
+    """Each op's own ``__call__`` (what the eager hooks run) against the graph's table
+    arithmetic, five ops on five rows of one forward at one site, each its own alpha."""
+    d = 8
+    g = torch.Generator().manual_seed(0)
+    ops = [sl.Add(), sl.Ablate(), sl.Clamp(1.5), sl.Cap(-0.5, 0.25),
+           sl.Rotate(120.0, torch.randn(d, generator=g)), _feature_clamp(d)]  # fmt: skip
+    vectors = [torch.randn(d, generator=g) for _ in ops]
+    alphas = [2.0, 1.0, 0.5, 1.0, 0.75, 1.0]
+    rows = {f"r{k}": (Steer(SITE, v, a, "all", op),)
+            for k, (op, v, a) in enumerate(zip(ops, vectors, alphas))}  # fmt: skip
+    plans, tensors = _plans(rows)
+    ids = list(rows)
+    starts = [2 * k for k in range(len(ids) + 1)]  # two tokens a row
+    positions = torch.tensor([0, 1] * len(ids))
+    batch = lay_out_forward(ids, starts, positions, plans, dict.fromkeys(ids, 2))
+    buffers = GraphBuffers(vllm_sites(2), 16, d, torch.float32, torch.device("cpu"))
+    buffers.write(batch, tensors)
+    act = torch.randn(2 * len(ids), d, generator=g) * 2
+    out = buffers.steer(SITE, act)
+    for k, (op, v, a) in enumerate(zip(ops, vectors, alphas)):
+        mine = act[2 * k : 2 * k + 2]
+        want = op(mine, operand(op, v, torch.float32), torch.full((2, 1), a))
+        torch.testing.assert_close(out[2 * k : 2 * k + 2], want, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(want, mine), op  # each op moves something here
+    assert buffers.shortfall() == []
+
+
+def test_a_site_read_is_captured_before_and_after_its_steer():
+    v = torch.randn(8)
+    plans, tensors = _plans({"a": (Steer(SITE, v, 2.0, "all", sl.Add()),)})
+    batch = lay_out_forward(["a"], [0, 3], torch.tensor([0, 1, 2]), plans, {"a": 3})
+    buffers = GraphBuffers(vllm_sites(2), 16, 8, torch.float32, torch.device("cpu"))
+    buffers.write(batch, tensors, reads=([SITE], [SITE, "blocks.0.hook_mlp_out"]))
+    act = torch.randn(3, 8)
+    out = buffers.steer(SITE, act)
+    buffers.steer("blocks.0.hook_resid_post", act + 1)  # read by nothing: the spare slot
+    got = {(site, after): t[:3].clone() for site, after, t in buffers.captured()}
+    assert torch.equal(got[SITE, False], act) and torch.equal(got[SITE, True], out)
+    assert ("blocks.0.hook_mlp_out", True) in got and len(got) == 3
+    with pytest.raises(ValueError, match="captures"):
+        buffers.write(batch, tensors, reads=([f"s{k}" for k in range(7)], []))
+
+
 def test_what_the_graph_holds_and_what_it_refuses():
-    assert graph_reason(SITE, sl.Add(), gated=False) is None
-    assert "Ablate" in graph_reason(SITE, sl.Ablate(), gated=False)
-    assert "condition" in graph_reason(SITE, sl.Add(), gated=True)
-    assert "resid_mid" in graph_reason("blocks.0.hook_resid_mid", sl.Add(), gated=False)
-    assert graph_sites(1) == ["hook_embed", "blocks.0.hook_resid_pre", "blocks.0.hook_attn_out",
-                              "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post"]  # fmt: skip
+    assert graph_reason(sl.Add(), gated=False) is None
+    assert graph_reason(sl.Ablate(), gated=False) is None
+    reft = sl.LoReFT(SITE, torch.eye(2, 8), torch.zeros(2, 8), torch.zeros(2))
+    assert "no table form" in graph_reason(reft, gated=False)
+    assert "read='token'" in graph_reason(sl.Add(), gated=True)

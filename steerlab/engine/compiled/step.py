@@ -11,11 +11,11 @@ its own graph, cached.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
+from steerlab.core.ops.table import apply_terms
 from steerlab.core.positions import touched
 from steerlab.engine.compiled.families import Family
 from steerlab.engine.compiled.tables import slot_of
@@ -52,39 +52,8 @@ def steer(
     for term in terms:
         on = on | (c[term] != 0)
     gate = live & where & on  # [B]
-    new = act
-    if "add" in terms:
-        new = new + c["add"][:, None] * c["vector"]
-    if "proj" in terms:
-        along = (act * c["unit"]).sum(-1)  # [B]
-        moved = torch.clamp(along, min=c["low"], max=c["high"]) - along  # [B]
-        new = new + (c["proj"] * moved)[:, None] * c["unit"]
-    if "feat" in terms:
-        pre = (act * c["encoder"]).sum(-1) + c["bias"]  # [B]: an SAE feature's pre-activation
-        f = torch.relu(pre) * (pre > c["threshold"]).to(act.dtype)
-        new = new + (c["feat"] * (c["value"] - f))[:, None] * c["vector"]
-    if "rot" in terms:
-        along_b1, along_b2 = turned(act, c)
-        new = new + along_b1 + along_b2  # in the order core.ops.Rotate adds them
+    new = apply_terms(act, c, terms)
     return torch.where(gate[:, None], new, act)[:, None]
-
-
-def turned(act: torch.Tensor, c: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a rotation adds to ``act [B, d]`` along each axis of its plane (0 on rows
-    without one): the component in the plane of ``unit`` and ``toward`` turned ``rot`` of
-    the way to ``angle``, as ``core.ops.Rotate`` turns it."""
-    b1, toward = c["unit"], c["toward"]
-    rest = toward - (toward * b1).sum(-1, keepdim=True) * b1
-    length = rest.norm(dim=-1, keepdim=True)
-    b2 = rest / length.clamp_min(torch.finfo(act.dtype).tiny)
-    x, y = (act * b1).sum(-1), (act * b2).sum(-1)  # [B]
-    radius, phi = torch.hypot(x, y), torch.atan2(y, x)
-    turn = torch.remainder(c["angle"] - phi + math.pi, 2 * math.pi) - math.pi
-    to = phi + c["rot"] * turn
-    keep = ((c["rot"] != 0) & ((c["adaptive"] == 0) | (x > 0)))[:, None]
-    zero = torch.zeros_like(act)
-    return (torch.where(keep, (radius * torch.cos(to) - x)[:, None] * b1, zero),
-            torch.where(keep, (radius * torch.sin(to) - y)[:, None] * b2, zero))  # fmt: skip
 
 
 def attend(

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from steerlab.core.ops import STRENGTHS, TERMS, Form, form_of, operand, unit
+from steerlab.core.ops import STRENGTHS, TERMS, form_of
+from steerlab.core.ops.table import NUMBERS, WIDE, form_columns
 from steerlab.core.positions import position_form
 from steerlab.core.sites import EMBED, FORWARD_KINDS, Site
 from steerlab.engine.compiled.fit import decode_steers
@@ -46,11 +47,9 @@ class SteerTable:
     def __init__(self, n_sites: int, batch: int, d_model: int, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
         shape = (n_sites, batch)
-        wide = ("vector", "unit", *(f for f in Form._fields if _is_tensor(f)))
-        numbers = [f for f in Form._fields if not _is_tensor(f)]
         self.columns: dict[str, torch.Tensor] = {
-            **{n: torch.zeros(*shape, d_model, dtype=dtype, device=device) for n in wide},
-            **{n: torch.zeros(shape, dtype=dtype, device=device) for n in numbers},
+            **{n: torch.zeros(*shape, d_model, dtype=dtype, device=device) for n in WIDE},
+            **{n: torch.zeros(shape, dtype=dtype, device=device) for n in NUMBERS},
             "on_prompt": torch.zeros(shape, dtype=torch.bool, device=device),
             "on_generated": torch.zeros(shape, dtype=torch.bool, device=device),
             "from_pos": torch.zeros(shape, dtype=torch.long, device=device),
@@ -69,21 +68,11 @@ class SteerTable:
         for row in range(plan.rows):
             for steer, given in decode_steers(plan, row):  # prompt-only ones act in the prefill
                 at = slot(Site.parse(steer.site))
-                form = form_of(steer.op)
-                assert form is not None, "fit.steer_reason keeps custom operations eager"
+                assert form_of(steer.op) is not None, "fit.steer_reason keeps custom ops eager"
                 assert isinstance(steer.vector, torch.Tensor)
                 alpha = torch.tensor(given, dtype=dtype).item()  # eager casts alpha too
-                columns["vector"][at, row] = steer.vector.to(device, dtype)
-                if form.proj or form.rot:  # what the eager op computes from its operand
-                    columns["unit"][at, row] = unit(operand(steer.op, steer.vector, dtype, device))
-                for name, value in form._asdict().items():
-                    if isinstance(value, torch.Tensor):
-                        value = value.to(device, dtype)
-                    elif value is None:
-                        continue
-                    elif name in STRENGTHS:
-                        value = value * alpha
-                    columns[name][at, row] = value
+                for name, value in form_columns(steer.op, steer.vector, dtype, device).items():
+                    columns[name][at, row] = value * alpha if name in STRENGTHS else value
                 on_prompt, on_generated, from_pos = position_form(steer.positions)
                 columns["on_prompt"][at, row] = on_prompt
                 columns["on_generated"][at, row] = on_generated
@@ -103,11 +92,6 @@ def spec_of(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
             slots.add(slot(Site.parse(steer.site)))
             terms.update(t for t in TERMS if getattr(form, t))
     return tuple(sorted(slots)), tuple(t for t in TERMS if t in terms)
-
-
-def _is_tensor(field: str) -> bool:
-    """A ``Form`` field that holds a ``[d_model]`` tensor (its annotation says so)."""
-    return "Tensor" in str(Form.__annotations__[field])
 
 
 class StaticCache:

@@ -30,7 +30,7 @@ from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
-from steerlab.engine.vllm.graph import graph_reason
+from steerlab.engine.vllm.graph import CAPTURES, graph_reason
 from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
@@ -61,6 +61,7 @@ class VLLMEngine:
         self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
         self.graph = False  # steering built into a compiled model (load_vllm sets it)
+        self.why_eager = ""  # why it runs eagerly, when it does (load_vllm sets it)
         self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
         vllm_config = llm.llm_engine.vllm_config
         self.pipeline_stages: int = vllm_config.parallel_config.pipeline_parallel_size
@@ -189,9 +190,9 @@ class VLLMEngine:
 
     def compile(self, **_: Any) -> None:
         raise NotImplementedError(
-            "vLLM compiles at load, not afterwards: sl.load(..., backend='vllm', "
-            "vllm_args={'enforce_eager': False}) builds steerlab's steering into vLLM's "
-            "compiled graph (Add steers only); lm.compile() is the in-process engine's."
+            "vLLM compiles at load, not afterwards: sl.load(..., backend='vllm') builds "
+            "steerlab's steering into vLLM's compiled graph (unless loaded with "
+            "vllm_args={'enforce_eager': True}); lm.compile() is the in-process engine's."
         )
 
     def explain(self, requests: Sequence[Request], **_: Any) -> str:
@@ -201,9 +202,14 @@ class VLLMEngine:
         if why is not None:
             return f"refused: {why}"
         if self.graph:
-            return ("vllm compiled: vLLM runs its compiled model, whose Add steers read each "
-                    "forward's rows from static buffers (loaded with enforce_eager=False)")  # fmt: skip
-        text = "vllm: the vLLM engine decodes every call, eagerly, in its workers"
+            text = ("vllm compiled: vLLM runs its compiled model, whose steers read each "
+                    "forward's rows from static buffers")  # fmt: skip
+            if any(r.reads for r in requests):
+                text += ("; conditions and monitors read activations the graph captures, "
+                         "after each forward")  # fmt: skip
+            return text
+        why = f" ({self.why_eager})" if self.why_eager else ""
+        text = f"vllm: the vLLM engine decodes every call, eagerly{why}, in its workers"
         if any(r.reads for r in requests):
             text += ("; conditions are decided and monitors read there, at prefill and each "
                      "step, with no prefix-cache reads for these rows")  # fmt: skip
@@ -254,21 +260,35 @@ class VLLMEngine:
 
 
 def compiled_reason(requests: Sequence[Request]) -> str | None:
-    """What a compiled model (``graph.py``) cannot steer, or None: other ops than Add,
-    conditions, monitors, sites outside the graph, two steers at one site of a row."""
-    for i, r in enumerate(requests):
-        if r.monitors:
-            return ("a monitor is read eagerly only; this engine was loaded compiled "
-                    "(vllm_args={'enforce_eager': False}): load it eagerly for monitors")  # fmt: skip
-        plan = Plan.of([r])
-        sites = [s.site for s, alpha in plan.of_row(0) if alpha != 0 or s.gate is not None]
+    """What a compiled model (``graph.py``) cannot steer, or None: operations without a
+    table form, per-token conditions, a condition gating a steer on the prompt, sites
+    outside the graph, two steers at one site of a row, more sites read than it captures."""
+    plan = Plan.of(requests)
+    for i in range(plan.rows):
+        steers = [s for s, alpha in plan.of_row(i) if alpha != 0 or s.gate is not None]
+        sites = [s.site for s in steers]
         if len(set(sites)) < len(sites):
             return f"row {i} has two steers at one site (the compiled graph holds one per site)"
-        for s, alpha in plan.of_row(0):
-            why = graph_reason(s.site, s.op, s.gate is not None)
-            if why is not None and (alpha != 0 or s.gate is not None):
-                return (f"{why}; this engine was loaded compiled (vllm_args="
-                        "{'enforce_eager': False}): load it eagerly for this steer")  # fmt: skip
+        n = len(requests[i].prompt)
+        for s in steers:
+            why = graph_reason(s.op, s.gate is not None and s.gate.per_token)
+            at = np.arange(n)
+            if (
+                why is None
+                and s.gate is not None
+                and position_mask(s.positions, at, at >= n, n).any()
+            ):
+                why = (f"the condition gating the steer at {s.site} is read after each forward, "
+                       "so compiled it can gate generated tokens only (positions='generated')")  # fmt: skip
+            if why is not None:
+                return (f"{why}; this engine was loaded compiled: load it with vllm_args="
+                        "{'enforce_eager': True} for this steer")  # fmt: skip
+    reads = {(c.site, False) for c in plan.leaves} | {(m.site, True) for m in plan.all_monitors}
+    if len(reads) > CAPTURES:
+        return (
+            f"{len(reads)} sites read by conditions and monitors; the compiled model "
+            f"captures {CAPTURES} a forward: load it with vllm_args={{'enforce_eager': True}}"
+        )
     return None
 
 

@@ -28,21 +28,22 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from steerlab.core.ops import Add
-from steerlab.core.sites import EMBED, Site
+from steerlab.core.ops import OPS, STRENGTHS, form_of, table
+from steerlab.core.ops.table import NUMBERS, WIDE, apply_terms, form_columns
 from steerlab.engine.vllm import hooks
 from steerlab.engine.vllm.batch import ForwardBatch
-from steerlab.engine.vllm.sites import layout_for
+from steerlab.engine.vllm.sites import layout_for, vllm_sites
 
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
-GRAPH_KINDS = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
-ROWS = 32  # distinct vectors one site may read in one forward
+ROWS = 32  # distinct steers one site may read in one forward
+CAPTURES = 6  # sites whose activations one forward may read (conditions, monitors)
 
 
 def cache_root() -> str:
@@ -53,36 +54,43 @@ def cache_root() -> str:
     base = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
         os.path.expanduser("~"), ".cache", "vllm")  # fmt: skip
     digest = hashlib.sha256()
-    for module in (__file__, hooks.__file__):
+    for module in (__file__, hooks.__file__, table.__file__):
         digest.update(Path(module).read_bytes())
     return os.path.join(base, f"steerlab-graph-{digest.hexdigest()[:16]}")
 
 
-def graph_sites(n_layers: int) -> list[str]:
-    """The sites the compiled model steers at, in forward order."""
-    return [EMBED] + [f"blocks.{layer}.{kind}" for layer in range(n_layers)
-                      for kind in GRAPH_KINDS]  # fmt: skip
-
-
-def graph_reason(site: str, op: object, gated: bool) -> str | None:
-    """Why a steer cannot run inside the compiled graph, or None."""
-    if type(op) is not Add:  # a subclass of Add may compute something else
-        return (f"{type(op).__name__} is applied eagerly only: compiled, steerlab's vLLM "
-                "engine applies Add")  # fmt: skip
+def graph_reason(op: object, gated: bool) -> str | None:
+    """Why a steer cannot run inside the compiled graph, or None (``gated``: it has a
+    per-token condition, which decides each position inside the forward). Every site the
+    vLLM engine steers is in the graph."""
+    if form_of(op) is None:  # type: ignore[arg-type]
+        return (f"{op!r} has no table form (compiled: {', '.join(sorted(OPS))} with a form; "
+                "a LoReFT, a top-k feature clamp or a custom operation runs eagerly only)")  # fmt: skip
     if gated:
-        return "a condition (when=) is decided eagerly only"
-    if Site.parse(site).kind not in (EMBED, *GRAPH_KINDS):
-        return f"{site} is steered eagerly only (compiled: the embedding, {', '.join(GRAPH_KINDS)})"
+        return ("a read='token' condition decides each position inside the forward; "
+                "compiled, conditions are read after each forward")  # fmt: skip
     return None
 
 
+Gating = Callable[[str, Any], torch.Tensor]  # (site, a gated SiteSteer) -> [tokens] bool
+
+
 class GraphBuffers(nn.Module):
-    """The steering data a compiled model reads, at fixed addresses (rewritten in place)."""
+    """The steering data a compiled model reads, at fixed addresses (rewritten in place).
+
+    Per site, a table of ``ROWS`` steers (``core.ops.table``'s columns: the vector, its
+    unit direction, each ``Form`` field at alpha 1); per token, its alpha and its row.
+    ``capture``: ``CAPTURES`` activations the worker reads after the forward (conditions
+    before a site's steer, monitors after it), and a last slot every other site writes to.
+    """
 
     alpha: torch.Tensor  # [sites, max tokens]: each token's alpha at each site (0: not steered)
     index: torch.Tensor  # [sites, max tokens]: the table row each token reads
-    table: torch.Tensor  # [sites, ROWS, d_model]: the vectors each site reads this forward
     applied: torch.Tensor  # [sites]: tokens each site steered in the last forward
+    capture: torch.Tensor  # [CAPTURES + 1, max tokens, d_model]
+    stash: torch.Tensor  # [max tokens, d_model]: a GPT-2 block's input, for its resid_mid
+    before: torch.Tensor  # [sites]: the capture slot of each site's activation before its steer
+    after: torch.Tensor  # [sites]: ... and after it
 
     def __init__(self, sites: list[str], max_tokens: int, d_model: int, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
@@ -91,26 +99,47 @@ class GraphBuffers(nn.Module):
         n = len(sites)
         self.register_buffer("alpha", torch.zeros(n, max_tokens, dtype=dtype, device=device))
         self.register_buffer("index", torch.zeros(n, max_tokens, dtype=torch.long, device=device))
-        self.register_buffer("table", torch.zeros(n, ROWS, d_model, dtype=dtype, device=device))
         self.register_buffer("applied", torch.zeros(n, dtype=torch.float32, device=device))
+        self.columns: dict[str, torch.Tensor] = {}
+        for name in (*WIDE, *NUMBERS):
+            shape = (n, ROWS, d_model) if name in WIDE else (n, ROWS)
+            self.register_buffer(f"column_{name}", torch.zeros(shape, dtype=dtype, device=device))
+            self.columns[name] = getattr(self, f"column_{name}")
+        shape = (CAPTURES + 1, max_tokens, d_model)
+        self.register_buffer("capture", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("before", torch.full((n,), CAPTURES, dtype=torch.long, device=device))
+        self.register_buffer("after", torch.full((n,), CAPTURES, dtype=torch.long, device=device))
+        self.register_buffer("stash", torch.zeros(max_tokens, d_model, dtype=dtype, device=device))
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
-        self.keys: dict[int, tuple[str, ...]] = {}  # slot -> the vector keys in its table
+        self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
+        self.read: tuple[dict[str, int], dict[str, int]] = ({}, {})  # site -> capture slot
         self.last: ForwardBatch | None = None  # the layout in the buffers now
 
     def steer(self, site: str, act: torch.Tensor) -> torch.Tensor:
         """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only."""
         slot = self.sites[site]
         tokens = act.shape[0]
+        self.capture[self.before[slot], :tokens] = act
         alpha = self.alpha[slot, :tokens].to(act.dtype)
-        vector = self.table[slot][self.index[slot, :tokens]].to(act.dtype)  # [tokens, d]
+        index = self.index[slot, :tokens]
+        c = {name: column[slot][index].to(act.dtype) for name, column in self.columns.items()}
+        for name in STRENGTHS:
+            c[name] = c[name] * alpha
         on = alpha != 0
         self.applied[slot] += on.sum().to(torch.float32)
-        return torch.where(on[:, None], act + alpha[:, None] * vector, act)
+        out = torch.where(on[:, None], apply_terms(act, c), act)
+        self.capture[self.after[slot], :tokens] = out
+        return out
 
-    def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor]) -> None:
-        """This forward's steers into the buffers (``batch``: its layout; None: none). A
-        steady decode keeps its layout (``batch.Layouts``): then only the count restarts."""
+    def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor],
+              gating: Gating | None = None,
+              reads: tuple[list[str], list[str]] = ([], [])) -> None:  # fmt: skip
+        """This forward's steers into the buffers (``batch``: its layout; None: none), each
+        gated steer's alphas where ``gating`` says it fires, and the capture slots of the
+        sites read before and after their steers (``reads``). A steady decode keeps its
+        layout (``batch.Layouts``): then only the count restarts."""
         self.applied.zero_()
+        self._captures(*reads)
         if batch is not None and batch is self.last:
             return
         self.last = batch
@@ -121,35 +150,48 @@ class GraphBuffers(nn.Module):
             return
         for site, steers in batch.by_site.items():
             slot = self.sites[site]
-            keys, alpha, index = self._merged(steers)
-            if len(keys) > ROWS:
-                raise ValueError(f"{len(keys)} distinct vectors at {site} in one forward; the "
+            entries, alpha, index = _merged(site, steers, gating)
+            if len(entries) > ROWS:
+                raise ValueError(f"{len(entries)} distinct steers at {site} in one forward; the "
                                  f"compiled table holds {ROWS}")  # fmt: skip
-            if keys != self.keys.get(slot):
-                stacked = torch.stack([vectors[k] for k in keys])
-                self.table[slot, : len(keys)].copy_(stacked.to(self.table.dtype))
-                self.keys[slot] = keys
+            if entries != self.entries.get(slot):
+                self._table(slot, entries, vectors)
             tokens = alpha.shape[0]
             self.alpha[slot, :tokens].copy_(alpha.to(self.alpha.dtype))
             self.index[slot, :tokens].copy_(index)
             self.written[slot] = int((alpha != 0).sum())
 
-    @staticmethod
-    def _merged(steers: list[Any]) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
-        """One site's fused Adds (one per positions rule) as one: every token has at most
-        one steer at a site (the engine refused two on a row), so their alphas are
-        disjoint; each token's row is its own steer's vector."""
-        keys: list[str] = []
-        alpha = torch.zeros_like(steers[0].alphas)
-        index = torch.zeros(alpha.shape[0], dtype=torch.long)
-        for steer in steers:
-            offset = len(keys)
-            keys += steer.vector_keys
-            on = steer.alphas != 0
-            alpha = torch.where(on, steer.alphas, alpha)
-            own = steer.index if steer.index is not None else torch.zeros_like(index)
-            index = torch.where(on, own + offset, index)
-        return tuple(keys), alpha, index
+    def _table(self, slot: int, entries: tuple, vectors: dict[str, torch.Tensor]) -> None:
+        """Rewrite ``slot``'s table rows: each entry's columns, zero where its form is silent."""
+        dtype, device = self.alpha.dtype, self.alpha.device
+        for column in self.columns.values():
+            column[slot].zero_()
+        for row, (key, op) in enumerate(entries):
+            for name, value in form_columns(op, vectors[key], dtype, device).items():
+                self.columns[name][slot, row] = value
+        self.entries[slot] = entries
+
+    def _captures(self, before: list[str], after: list[str]) -> None:
+        """Point the sites read this forward at capture slots, every other at the spare."""
+        if len(before) + len(after) > CAPTURES:
+            raise ValueError(f"{len(before) + len(after)} sites read in one forward; the "
+                             f"compiled model captures {CAPTURES}")  # fmt: skip
+        read = ({s: k for k, s in enumerate(before)},
+                {s: len(before) + k for k, s in enumerate(after)})  # fmt: skip
+        if read == self.read:
+            return
+        for buffer, slots in zip((self.before, self.after), read):
+            buffer.fill_(CAPTURES)
+            for site, k in slots.items():
+                buffer[self.sites[site]] = k
+        self.read = read
+
+    def captured(self) -> Iterator[tuple[str, bool, torch.Tensor]]:
+        """``(site, after its steer, activation [max tokens, d])`` of each site read in the
+        last forward (views of the buffer: read them before the next forward)."""
+        for after, slots in enumerate(self.read):
+            for site, k in slots.items():
+                yield site, bool(after), self.capture[k]
 
     def shortfall(self) -> list[str]:
         """The sites that steered fewer tokens than the last forward asked of them."""
@@ -160,14 +202,38 @@ class GraphBuffers(nn.Module):
         return [names[slot] for slot, n in self.written.items() if applied[slot] < n]
 
 
+def _merged(site: str, steers: list[Any],
+            gating: Gating | None) -> tuple[tuple, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """One site's steers as one table: every token has at most one steer at a site (the
+    engine refused two on a row), so their alphas are disjoint; each token's row is its
+    own steer's (a fused Add's vector by its ``index``). A gated steer keeps its alphas
+    only where its gate fires."""
+    entries: list[tuple[str, Any]] = []
+    alpha = torch.zeros_like(steers[0].alphas)
+    index = torch.zeros(alpha.shape[0], dtype=torch.long)
+    for steer in steers:
+        offset = len(entries)
+        entries += [(key, steer.op) for key in steer.vector_keys]
+        alphas = steer.alphas
+        if steer.gate is not None:
+            assert gating is not None, "a gated steer needs its gate's decisions"
+            alphas = alphas * gating(site, steer)[: alphas.shape[0]].to(alphas.dtype)
+        on = alphas != 0
+        alpha = torch.where(on, alphas, alpha)
+        own = steer.index if steer.index is not None else torch.zeros_like(index)
+        index = torch.where(on, own + offset, index)
+    return tuple(entries), alpha, index
+
+
 def install(model: nn.Module, model_type: str, n_layers: int, max_tokens: int,
             d_model: int) -> GraphBuffers:  # fmt: skip
     """Buffers and graph hooks on ``model`` (before vLLM compiles it)."""
     param = next(model.parameters())
-    sites = graph_sites(n_layers)
+    sites = vllm_sites(n_layers)
     buffers = GraphBuffers(sites, max_tokens, d_model, param.dtype, param.device)
     model.steerlab_graph = buffers  # a submodule: its buffers are the model's
-    hooks.install(model, layout_for(model_type), sites, buffers.steer, tagged=False)
+    hooks.install(model, layout_for(model_type), sites, buffers.steer, tagged=False,
+                  stash=buffers.stash)  # fmt: skip
     return buffers
 
 

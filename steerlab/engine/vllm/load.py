@@ -34,11 +34,14 @@ def load_vllm(
 ) -> VLLMEngine:
     """Start a vLLM engine on ``path`` with steerlab's worker extension.
 
-    Eager by default: hooks on vLLM's modules steer with every op, condition and monitor.
-    ``vllm_args={"enforce_eager": False}`` lets vLLM compile the model with steerlab's
-    steering built in before it does (``graph.py``): Add steers only, ungated, at the
-    embedding and the blocks' resid_pre, attn_out, mlp_out and resid_post; anything else
-    is refused before it is sent. The first start compiles (see the README's figures).
+    Compiled by default, as vLLM is: steerlab builds its steering into the model before
+    vLLM compiles it (``graph.py``): every operation with a table form, at the embedding
+    and the blocks' resid_pre, attn_out, mlp_out and resid_post, one per site and row;
+    monitors, and whole-prompt conditions gating generated tokens. Anything else is
+    refused before it is sent, with the reason. ``vllm_args={"enforce_eager": True}``
+    runs eagerly, with hooks on vLLM's modules: every op, site, condition and monitor.
+    Pipeline parallelism runs eagerly. The first compiled start compiles (see the
+    README's figures); later ones load the compiled graph from vLLM's cache.
 
     Args:
         path: a local HF-format folder or a hub id.
@@ -68,13 +71,7 @@ def load_vllm(
     layout_for(config.model_type)  # refuse an unknown family before starting anything
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision,
                                               trust_remote_code=trust_remote_code)  # fmt: skip
-    eager = extra.pop("enforce_eager", True)
-    if not isinstance(eager, bool):
-        raise ValueError(f"vllm_args['enforce_eager'] must be True or False; got {eager!r}.")
-    if not eager and pipeline_parallel_size > 1:
-        raise ValueError("Steering inside vLLM's compiled graph (enforce_eager=False) is not "
-                         "built for pipeline parallelism yet: load eagerly, or use tensor "
-                         "parallelism.")  # fmt: skip
+    eager, why_eager = _mode(extra.pop("enforce_eager", None), pipeline_parallel_size)
     from vllm import LLM
 
     # vLLM's "auto" falls back to pickled .bin weights; steerlab loads safetensors unless
@@ -99,8 +96,24 @@ def load_vllm(
     eos = {i for i in {tokenizer.eos_token_id} | config_eos(generation) if i is not None}
     pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
     engine = VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
-    engine.graph = not eager
+    engine.graph, engine.why_eager = not eager, why_eager
     return engine
+
+
+def _mode(asked: object, stages: int) -> tuple[bool, str]:
+    """Whether vLLM runs eagerly, and why (``asked``: ``vllm_args["enforce_eager"]``, None
+    when not given). Compiled unless asked, or pipeline parallel (not built compiled)."""
+    if asked is not None and not isinstance(asked, bool):
+        raise ValueError(f"vllm_args['enforce_eager'] must be True or False; got {asked!r}.")
+    if stages > 1:
+        if asked is False:
+            raise ValueError("Steering inside vLLM's compiled graph (enforce_eager=False) is "
+                             "not built for pipeline parallelism yet: load eagerly, or use "
+                             "tensor parallelism.")  # fmt: skip
+        return True, "pipeline parallelism runs eagerly (the compiled steering is not built for it)"
+    if asked:
+        return True, "loaded with vllm_args={'enforce_eager': True}"
+    return False, ""
 
 
 @contextmanager
