@@ -3,8 +3,8 @@ eager steering (``make bench-vllm``'s companion, in .venv-vllm):
 
     .venv-vllm/bin/python benchmarks/bench_vllm_graph.py [--model PATH] [--no-write]
 
-Two engines on one model: compiled with steerlab's graph steering
-(``vllm_args={"enforce_eager": False}``) and eager (steerlab's default). On each, greedy
+Two engines on one model: compiled with steerlab's graph steering (the default) and
+eager (``vllm_args={"enforce_eager": True}``). On each, greedy
 fixed-length generation (``NEW`` tokens) at batch 1 and 16: unsteered, and steered (an
 Add at the middle block's ``resid_pre``, every row its own alpha). Times are the best of
 ``REPEATS``, each arm in turn. The table replaces its section of RESULTS.md (``sections.replace_section``).
@@ -56,11 +56,11 @@ def main() -> None:
     args = parser.parse_args()
     common = {"block_size": 32, "enable_chunked_prefill": False}
     start = time.perf_counter()
-    compiled = sl.load(args.model, backend="vllm", max_model_len=128,
-                       vllm_args={**common, "enforce_eager": False})  # fmt: skip
+    compiled = sl.load(args.model, backend="vllm", max_model_len=128, vllm_args=common)
     compiled_start = time.perf_counter() - start
     start = time.perf_counter()
-    eager = sl.load(args.model, backend="vllm", max_model_len=128, vllm_args=common)
+    eager = sl.load(args.model, backend="vllm", max_model_len=128,
+                    vllm_args={**common, "enforce_eager": True})  # fmt: skip
     eager_start = time.perf_counter() - start
     lines = [
         "## vLLM: steering inside the compiled graph (`benchmarks/bench_vllm_graph.py`)",

@@ -29,7 +29,8 @@ for name, value in {
 
 @pytest.fixture(scope="session")
 def lm():
-    """steerlab-tiny on vLLM, one engine shared by the toy and server modules."""
+    """steerlab-tiny on vLLM in its default mode (compiled, steering inside the graph), one
+    engine shared by the toy, server and parity modules."""
     import steerlab as sl
 
     # vLLM caches only full KV blocks, 128 tokens by default on CPU: smaller blocks let the
@@ -40,6 +41,25 @@ def lm():
                     vllm_args={"block_size": 32, "enable_chunked_prefill": False})  # fmt: skip
     yield model
     model.engine.close()
+
+
+@pytest.fixture(scope="session")
+def eager():
+    """The same engine run eagerly (``enforce_eager=True``): hooks on vLLM's modules, for
+    what the compiled graph refuses (LoReFT, per-token conditions, gates on the prompt)."""
+    import steerlab as sl
+
+    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
+                    vllm_args={"block_size": 32, "enable_chunked_prefill": False,
+                               "enforce_eager": True})  # fmt: skip
+    yield model
+    model.engine.close()
+
+
+@pytest.fixture(params=["compiled", "eager"])
+def each(request):
+    """Each mode's engine in turn."""
+    return request.getfixturevalue("lm" if request.param == "compiled" else "eager")
 
 
 @pytest.fixture(scope="session")

@@ -104,22 +104,58 @@ def test_a_steered_prefix_is_never_served_to_another_steer(compiled, hf):
     assert first.tokens[0] != plain.tokens[0]
 
 
+def _reft():
+    R = torch.linalg.qr(torch.randn(128, 2, generator=torch.Generator().manual_seed(3)))[0].T
+    return sl.LoReFT("blocks.1.hook_resid_pre", R.contiguous(), torch.zeros(2, 128), torch.ones(2))
+
+
 @pytest.mark.parametrize("steer, what", [
-    (lambda: sl.Steer("blocks.1.hook_resid_pre", _vec(40), 1.0, op=sl.Ablate()), "Ablate"),
-    (lambda: sl.Steer("blocks.1.hook_resid_mid", _vec(41), 1.0), "resid_mid"),
+    (lambda: _reft().steer(), "no table form"),
     (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated",
-                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43))), "condition"),
+                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43), read="token")),
+     "read='token'"),
+    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all",
+                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43))),
+     "generated tokens only"),
     (lambda: [sl.Steer("blocks.1.hook_resid_pre", _vec(44), 1.0),
               sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers at one site"),
 ])  # fmt: skip
 def test_what_the_graph_cannot_steer_is_refused_before_it_is_sent(compiled, steer, what):
-    with pytest.raises(SteerError, match="compiled") as info:
+    with pytest.raises(SteerError, match="enforce_eager") as info:
         compiled.generate(PROMPTS[0], steer(), max_new_tokens=4)
     assert what in str(info.value)
     assert compiled.hook_count() == 0
-    monitor = sl.Monitor("m", "blocks.1.hook_resid_post", _vec(46))
-    with pytest.raises(SteerError, match="monitor"):
-        compiled.generate(PROMPTS[0], monitor=[monitor], max_new_tokens=4)
+    many = [sl.Monitor(f"m{k}", f"blocks.{k % 4}.hook_resid_post", _vec(60 + k)) for k in range(4)]
+    many += [sl.Monitor(f"n{k}", f"blocks.{k % 4}.hook_mlp_out", _vec(70 + k)) for k in range(3)]
+    with pytest.raises(SteerError, match="captures 6"):
+        compiled.generate(PROMPTS[0], monitor=many, max_new_tokens=4)
+
+
+def test_ops_sites_monitors_and_a_condition_in_one_compiled_batch_equal_hf(compiled, hf):
+    """Every operation with a table form at every site kind (resid_mid included), a
+    monitor, and a whole-prompt condition gating generated tokens, in one continuous
+    batch: tokens equal plain HF with hooks, the monitor equals HF's hidden states."""
+    from steerlab.engine import Request, Sampling, Steer
+
+    toward = _vec(90)
+    rows = [
+        (sl.Ablate(), RefSteer("blocks.2.hook_mlp_out", _vec(80), 1.0, "generated", "ablate")),
+        (sl.Clamp(6.0), RefSteer("blocks.1.hook_resid_post", _vec(81), 1.0, "all", "clamp", 6.0)),
+        (sl.Cap(1.0, 1.5), RefSteer("blocks.1.hook_resid_mid", _vec(82), 0.5, 4, "cap",
+                                    low=1.0, high=1.5)),
+        (sl.Rotate(150.0, toward), RefSteer("blocks.2.hook_resid_pre", _vec(83), 1.0, "all",
+                                            "rotate", toward=toward, angle=150.0)),
+        (sl.Add(), RefSteer("blocks.0.hook_resid_mid", _vec(84), 6.0, "prompt")),
+    ]  # fmt: skip
+    requests = []
+    for i, (op, ref) in enumerate(rows):
+        ids = tuple(compiled.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"])
+        steer = Steer(ref.site, ref.vector, ref.alpha, ref.positions, op)
+        requests.append(Request(ids, (steer,), Sampling(max_new_tokens=NEW), f"op{i}"))
+    done = compiled.engine.run(requests)
+    for i, (request, (_, ref)) in enumerate(zip(requests, rows)):
+        assert done[i].tokens == greedy(hf, list(request.prompt), [ref], NEW, compiled.eos_ids), i
+    assert compiled.hook_count() == 0
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""The shared engine parity suite (``tests/engine_parity.py``) on vLLM: the same cases the
-local engine runs, eager and compiled, each against plain transformers with torch hooks."""
+"""The shared engine parity suite (``tests/engine_parity.py``) on vLLM, compiled (steering
+inside vLLM's graph, the default) and eager: the same cases the local engine runs, each
+against plain transformers with torch hooks."""
 
 from __future__ import annotations
 
@@ -15,23 +16,39 @@ from engine_parity import (
 )
 
 import steerlab as sl
+from steerlab.core.ops import SteerError
+from steerlab.engine.vllm.graph import graph_reason
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_each_position_rule_and_operation_equals_plain_hooks(lm, hf, name):
-    check_case(lm, hf, name)
+def test_each_position_rule_and_operation_equals_plain_hooks(each, hf, name):
+    """Compiled, a case whose operation has no table form (LoReFT, a top-k feature clamp)
+    is refused before it is sent, with the eager load named; every other case runs in the
+    graph and equals the reference."""
+    if each.engine.graph and graph_reason(CASES[name].steerlab_op(), False) is not None:
+        with pytest.raises(SteerError, match="no table form.*enforce_eager"):
+            check_case(each, hf, name)
+        return
+    check_case(each, hf, name)
 
 
-def test_rows_with_different_steers_in_one_batch_equal_plain_hooks(lm, hf):
-    check_mixed_rows(lm, hf)
+def _kept(lm):
+    """Compiled: the cases whose operation the graph holds (the rest are refused, above)."""
+    return (
+        (lambda case: graph_reason(case.steerlab_op(), False) is None) if lm.engine.graph else None
+    )
 
 
-def test_feature_clamps_beside_other_rows_equal_plain_hooks(lm, hf):
-    check_feature_rows(lm, hf)
+def test_rows_with_different_steers_in_one_batch_equal_plain_hooks(each, hf):
+    check_mixed_rows(each, hf, _kept(each))
 
 
-def test_the_context_window_at_its_edge(lm, hf):
-    check_context_edge(lm, hf)
+def test_feature_clamps_beside_other_rows_equal_plain_hooks(each, hf):
+    check_feature_rows(each, hf, _kept(each))
+
+
+def test_the_context_window_at_its_edge(each, hf):
+    check_context_edge(each, hf)
 
 
 def test_penalties_bias_and_min_tokens_equal_hf_and_the_local_engine(lm, hf):

@@ -27,15 +27,16 @@ def local():
 
 @pytest.mark.parametrize("mode", ["mean", "last"])
 @pytest.mark.parametrize("compare", ["above", "below"])
-def test_batch_of_8_with_mixed_rows_equals_ibm_cast_row_by_row(lm, hf, mode, compare):
-    check_cast_rows(lm, hf, mode, compare)
+def test_batch_of_8_with_mixed_rows_equals_ibm_cast_row_by_row(each, hf, mode, compare):
+    check_cast_rows(each, hf, mode, compare)
 
 
-def test_monitors_equal_plain_transformers_hidden_states_of_the_steered_text(lm, hf):
-    check_monitors_against_hf(lm, hf)
+def test_monitors_equal_plain_transformers_hidden_states_of_the_steered_text(each, hf):
+    check_monitors_against_hf(each, hf)
 
 
-def test_rows_that_did_not_fire_are_identical_to_unsteered_rows(lm, hf):
+def test_rows_that_did_not_fire_are_identical_to_unsteered_rows(each, hf):
+    lm = each
     ref = cast(median_threshold(lm, hf))
     gated = lm.generate(PROMPTS, steer=steer_of(ref, condition(ref)), max_new_tokens=NEW,
                         stop_at_eos=False)  # fmt: skip
@@ -63,10 +64,13 @@ def _same(got, want) -> None:
                                        rtol=1e-4, equal_nan=True)  # fmt: skip
 
 
-def test_every_kind_of_gate_and_monitor_equals_the_local_engine(lm, hf, local):
+def test_every_kind_of_gate_and_monitor_equals_the_local_engine(each, hf, local):
     """Prompt gates (mean, last, any_of), a steer on the prompt gated by an earlier site,
     a per-token gate, a sweep whose alpha-0 rows still report their decision, and two
-    monitors: the same tokens, decisions, scores and traces as the in-process engine."""
+    monitors: the same tokens, decisions, scores and traces as the in-process engine.
+    Compiled, the gate on the prompt and the per-token gate are refused (a condition is
+    read after each forward there), and the rest run inside the graph."""
+    lm = each
     t = median_threshold(lm, hf)
     above, below = cast(t, "above"), cast(t, "below")
     last = cast(median_threshold(lm, hf, "last"), "above", "last")
@@ -84,17 +88,24 @@ def test_every_kind_of_gate_and_monitor_equals_the_local_engine(lm, hf, local):
         dict(steer=steer_of(above, condition(above)), monitor=monitor),
         dict(monitor=monitor),
     ]  # fmt: skip
-    for case in cases:
+    for k, case in enumerate(cases):
         kwargs = dict(max_new_tokens=NEW, stop_at_eos=False, **case)
+        if lm.engine.graph and k in (1, 2):
+            with pytest.raises(sl.SteerError, match="enforce_eager"):
+                lm.generate(PROMPTS, **kwargs)
+            continue
         got, want = lm.generate(PROMPTS, **kwargs), local.generate(PROMPTS, **kwargs)
         _same(got, want)
     assert lm.hook_count() == 0
 
 
-def test_explain_says_where_conditions_are_decided(lm, hf):
+def test_explain_says_where_conditions_are_decided(lm, eager, hf):
     ref = cast(median_threshold(lm, hf))
+    why = eager.explain(PROMPTS, steer_of(ref, condition(ref)))
+    assert why.startswith("vllm: the vLLM engine decodes every call, eagerly (loaded with")
+    assert "conditions are decided" in why
     why = lm.explain(PROMPTS, steer_of(ref, condition(ref)))
-    assert why.startswith("vllm:") and "conditions are decided" in why
+    assert why.startswith("vllm compiled:") and "after each forward" in why
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +113,8 @@ def chunked():
     """An engine that feeds at most 32 tokens a forward: longer prompts come in chunks."""
     model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
                     vllm_args={"block_size": 32, "max_num_batched_tokens": 32,
-                               "max_num_seqs": 8, "enable_chunked_prefill": True})  # fmt: skip
+                               "max_num_seqs": 8, "enable_chunked_prefill": True,
+                               "enforce_eager": True})  # fmt: skip
     yield model
     model.engine.close()
 

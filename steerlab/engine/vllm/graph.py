@@ -119,7 +119,8 @@ class GraphBuffers(nn.Module):
         """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only."""
         slot = self.sites[site]
         tokens = act.shape[0]
-        self.capture[self.before[slot], :tokens] = act
+        at = torch.arange(tokens, device=act.device)
+        self.capture.index_put_((self.before[slot].expand(tokens), at), act)
         alpha = self.alpha[slot, :tokens].to(act.dtype)
         index = self.index[slot, :tokens]
         c = {name: column[slot][index].to(act.dtype) for name, column in self.columns.items()}
@@ -128,7 +129,7 @@ class GraphBuffers(nn.Module):
         on = alpha != 0
         self.applied[slot] += on.sum().to(torch.float32)
         out = torch.where(on[:, None], apply_terms(act, c), act)
-        self.capture[self.after[slot], :tokens] = out
+        self.capture.index_put_((self.after[slot].expand(tokens), at), out)
         return out
 
     def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor],
