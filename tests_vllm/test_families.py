@@ -1,5 +1,6 @@
-"""Qwen2 and Qwen3 on vLLM: tiny random models whose vLLM classes are not Llama's own, steered
-at every kind of site in one continuous batch, row for row equal to plain HF with hooks.
+"""Qwen2 and Qwen3 on vLLM (compiled, its default): tiny random models whose vLLM classes are
+not Llama's own, steered at every kind of site in one continuous batch, row for row equal
+to plain HF with hooks.
 
 The site table gives them Llama's form (``pair``: layers pass ``(delta, residual)``); this
 checks that against vLLM's own Qwen modules rather than assuming it. One engine per family.
@@ -53,6 +54,11 @@ def test_every_site_kind_in_one_batch_equals_hf(family):
         requests.append(Request(ids, row, Sampling(max_new_tokens=NEW), f"r{i}"))
         refs.append([RefSteer(site, v, 1.0, where, op, 3.0)
                      for (site, op, where), v in zip(steers, vectors)])  # fmt: skip
+    if lm.engine.graph:  # compiled, two steers at one site of a row are refused
+        with pytest.raises(sl.SteerError, match="two steers at one site"):
+            lm.engine.run(requests)
+        keep = [i for i, steers in enumerate(ROWS) if len({s for s, _, _ in steers}) == len(steers)]
+        requests, refs = [requests[i] for i in keep], [refs[i] for i in keep]
     done = lm.engine.run(requests)
     plain = {}
     for i, (request, ref) in enumerate(zip(requests, refs)):
@@ -60,5 +66,5 @@ def test_every_site_kind_in_one_batch_equals_hf(family):
         assert done[i].tokens == expected, (name, i)
         plain.setdefault(request.prompt, greedy(hf, list(request.prompt), [], NEW, lm.eos_ids))
     changed = sum(d.tokens != plain[r.prompt] for d, r in zip(done, requests))
-    assert changed >= len(ROWS) - 3, name  # most steers change their row
+    assert changed >= len(requests) - 3, name  # most steers change their row
     assert lm.hook_count() == 0

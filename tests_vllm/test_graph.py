@@ -23,12 +23,9 @@ def _vec(seed: int, scale: float = 0.4) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
-                    vllm_args={"block_size": 32, "enable_chunked_prefill": False,
-                               "enforce_eager": False})  # fmt: skip
-    yield model
-    model.engine.close()
+def compiled(lm):
+    """The session's engine: vLLM's default mode, compiled, with the steering inside."""
+    return lm
 
 
 def test_vllm_compiles_the_model_with_the_steering_inside(compiled):
@@ -110,7 +107,7 @@ def _reft():
 
 
 @pytest.mark.parametrize("steer, what", [
-    (lambda: _reft().steer(), "no table form"),
+    (lambda: _reft(), "no table form"),
     (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated",
                       when=sl.Condition("blocks.1.hook_resid_post", _vec(43), read="token")),
      "read='token'"),

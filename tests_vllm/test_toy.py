@@ -206,10 +206,14 @@ def test_hooks_that_never_ran_fail_the_call(lm, monkeypatch):
     assert lm.generate(PROMPTS[0], max_new_tokens=4).tokens  # the engine still works
 
 
-def test_a_hook_error_fails_the_request(lm):
+def test_a_hook_error_fails_the_request(each):
+    """A vector the workers never got: eagerly the hook fails, compiled the write before
+    the forward does; either way the request fails, naming the vector."""
+    lm = each
     v = _vec(15)
-    lm.engine._sent.add(Steer("hook_embed", v, 1.0, "all", sl.Add()).vector_key)
-    with pytest.raises(SteerHookError, match="never sent"):
+    key = Steer("hook_embed", v, 1.0, "all", sl.Add()).vector_key
+    lm.engine._sent.add(key)
+    with pytest.raises(SteerHookError, match=f"{key} was never sent"):
         lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", v, alpha=2.0),
                     max_new_tokens=4)  # fmt: skip
     assert lm.hook_count() == 0
@@ -293,9 +297,9 @@ def test_compiled_engines_are_refused():
         _check_eager(Compiled())
 
 
-def test_this_engine_runs_eager(lm):
-    (worker,) = lm.engine.llm.collective_rpc("steerlab_describe")
-    assert worker["enforce_eager"] and worker["compilation_mode"] == 0
+def test_an_eager_engine_runs_eager(eager):
+    (worker,) = eager.engine.llm.collective_rpc("steerlab_describe")
+    assert worker["enforce_eager"] and worker["compilation_mode"] == 0 and not worker["graph"]
 
 
 class _Custom:

@@ -268,7 +268,8 @@ def compiled_reason(requests: Sequence[Request]) -> str | None:
         steers = [s for s, alpha in plan.of_row(i) if alpha != 0 or s.gate is not None]
         sites = [s.site for s in steers]
         if len(set(sites)) < len(sites):
-            return f"row {i} has two steers at one site (the compiled graph holds one per site)"
+            return (f"row {i} has two steers at one site (the compiled graph holds one per "
+                    "site): load with vllm_args={'enforce_eager': True} for it")  # fmt: skip
         n = len(requests[i].prompt)
         for s in steers:
             why = graph_reason(s.op, s.gate is not None and s.gate.per_token)

@@ -1,27 +1,36 @@
 """Steering inside vLLM's compiled graph: the plan's steers as data in static buffers.
 
-With ``vllm_args={"enforce_eager": False}`` vLLM compiles the model (torch.compile; on a
-GPU, CUDA graphs too). A hook added after that never runs, so steerlab builds its steering
-into the model before vLLM compiles it: importing ``worker.py`` in a worker process (vLLM
-does, for ``worker_extension_cls``) wraps ``BaseModelLoader.load_model`` (no fork of vLLM),
-and, when ``STEERLAB_VLLM_GRAPH`` is set, every model it builds gets:
+vLLM compiles the model (torch.compile; on a GPU, CUDA graphs too) unless loaded with
+``vllm_args={"enforce_eager": True}``. A hook added after that never runs, so steerlab
+builds its steering into the model before vLLM compiles it: importing ``worker.py`` in a
+worker process (vLLM does, for ``worker_extension_cls``) wraps
+``BaseModelLoader.load_model`` (no fork of vLLM), and, when ``STEERLAB_VLLM_GRAPH`` is set,
+every model it builds gets:
 
-- buffers at fixed addresses: per site, a table of vectors (``ROWS`` rows), and per token
-  of a forward its alpha and the table row it reads (``alpha``, ``index``), and a count of
-  the tokens each site steered (``applied``);
-- a hook at every graph site (``GRAPH_KINDS`` of every block, and the embedding) that
-  computes ``act + alpha * table[index]`` where alpha is not 0: tensors only, traced into
-  the compiled graph, holding no value of any request.
+- buffers at fixed addresses (``GraphBuffers``): per site, a table of ``ROWS`` steers in
+  ``core.ops.table``'s columns (the vector, its unit direction, each ``Form`` field), and
+  per token of a forward its alpha and table row; a count of the tokens each site steered
+  (``applied``); ``CAPTURES`` slots for activations that conditions and monitors read;
+- a hook at every site the vLLM engine steers (the embedding, and each block's five)
+  that applies its row's ``Form`` terms where the token's alpha is not 0
+  (``core.ops.table.apply_terms``, the local compiled step's arithmetic) and copies the
+  activation before and after into its capture slots: tensors only, traced into the
+  compiled graph, holding no value of any request.
 
 Before each forward the worker, in the model's outer module (which vLLM does not compile),
 writes that forward's rows into the buffers in place (``write``): the same per-token
 layout the eager hooks use (``batch.lay_out_forward``), so positions, per-row alphas and
-mixed rows mean the same. After it, ``applied`` is compared with what was written: a
-site that steered fewer tokens than asked fails its rows (``SteerHookError``), so a graph
-that lost its steering cannot pass unnoticed.
+mixed rows mean the same; a gated steer's alphas are zero on rows whose condition did not
+fire. After it, the worker reads the captured activations into the same ``WorkerReads``
+the eager hooks feed (so a prompt condition decides after the forward that read the
+prompt's end, in time for the first generated token), and compares ``applied`` with what
+was written: a site that steered fewer tokens than asked fails its rows
+(``SteerHookError``), so a graph that lost its steering cannot pass unnoticed.
 
-Compiled, steerlab applies ``Add`` only, ungated, one steer per site and row, at the sites
-above; the engine refuses anything else before a request is sent, and says why.
+What the graph cannot hold is refused before a request is sent, with the reason
+(``graph_reason`` and the engine's ``compiled_reason``): an operation without a table form
+(LoReFT, a top-k feature clamp), a per-token condition, a condition gating prompt tokens,
+two steers at one site of a row.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from steerlab.core.ops import OPS, STRENGTHS, form_of, table
+from steerlab.core.ops import STRENGTHS, form_of, table
 from steerlab.core.ops.table import NUMBERS, WIDE, apply_terms, form_columns
 from steerlab.engine.vllm import hooks
 from steerlab.engine.vllm.batch import ForwardBatch
@@ -64,8 +73,9 @@ def graph_reason(op: object, gated: bool) -> str | None:
     per-token condition, which decides each position inside the forward). Every site the
     vLLM engine steers is in the graph."""
     if form_of(op) is None:  # type: ignore[arg-type]
-        return (f"{op!r} has no table form (compiled: {', '.join(sorted(OPS))} with a form; "
-                "a LoReFT, a top-k feature clamp or a custom operation runs eagerly only)")  # fmt: skip
+        return (f"{op!r} has no table form (compiled: Add, Ablate, Clamp, Cap, Rotate and a "
+                "standard or jumprelu FeatureClamp; a LoReFT, a top-k feature clamp or a "
+                "custom operation runs eagerly only)")  # fmt: skip
     if gated:
         return ("a read='token' condition decides each position inside the forward; "
                 "compiled, conditions are read after each forward")  # fmt: skip
@@ -85,6 +95,8 @@ class GraphBuffers(nn.Module):
     """
 
     alpha: torch.Tensor  # [sites, max tokens]: each token's alpha at each site (0: not steered)
+    wide: torch.Tensor  # [sites, ROWS, len(WIDE), d_model]: the table's [d_model] columns
+    numbers: torch.Tensor  # [sites, ROWS, len(NUMBERS)]: and its numbers
     index: torch.Tensor  # [sites, max tokens]: the table row each token reads
     applied: torch.Tensor  # [sites]: tokens each site steered in the last forward
     capture: torch.Tensor  # [CAPTURES + 1, max tokens, d_model]
@@ -100,11 +112,10 @@ class GraphBuffers(nn.Module):
         self.register_buffer("alpha", torch.zeros(n, max_tokens, dtype=dtype, device=device))
         self.register_buffer("index", torch.zeros(n, max_tokens, dtype=torch.long, device=device))
         self.register_buffer("applied", torch.zeros(n, dtype=torch.float32, device=device))
-        self.columns: dict[str, torch.Tensor] = {}
-        for name in (*WIDE, *NUMBERS):
-            shape = (n, ROWS, d_model) if name in WIDE else (n, ROWS)
-            self.register_buffer(f"column_{name}", torch.zeros(shape, dtype=dtype, device=device))
-            self.columns[name] = getattr(self, f"column_{name}")
+        # the table's columns packed in two tensors, so a token's row is two gathers
+        wide, numbers = (n, ROWS, len(WIDE), d_model), (n, ROWS, len(NUMBERS))
+        self.register_buffer("wide", torch.zeros(wide, dtype=dtype, device=device))
+        self.register_buffer("numbers", torch.zeros(numbers, dtype=dtype, device=device))
         shape = (CAPTURES + 1, max_tokens, d_model)
         self.register_buffer("capture", torch.zeros(shape, dtype=dtype, device=device))
         self.register_buffer("before", torch.full((n,), CAPTURES, dtype=torch.long, device=device))
@@ -123,7 +134,10 @@ class GraphBuffers(nn.Module):
         self.capture.index_put_((self.before[slot].expand(tokens), at), act)
         alpha = self.alpha[slot, :tokens].to(act.dtype)
         index = self.index[slot, :tokens]
-        c = {name: column[slot][index].to(act.dtype) for name, column in self.columns.items()}
+        wide = self.wide[slot][index].to(act.dtype)  # [tokens, len(WIDE), d]
+        numbers = self.numbers[slot][index].to(act.dtype)  # [tokens, len(NUMBERS)]
+        c = {name: wide[:, k] for k, name in enumerate(WIDE)}
+        c.update({name: numbers[:, k] for k, name in enumerate(NUMBERS)})
         for name in STRENGTHS:
             c[name] = c[name] * alpha
         on = alpha != 0
@@ -164,12 +178,18 @@ class GraphBuffers(nn.Module):
 
     def _table(self, slot: int, entries: tuple, vectors: dict[str, torch.Tensor]) -> None:
         """Rewrite ``slot``'s table rows: each entry's columns, zero where its form is silent."""
+        missing = [key for key, _ in entries if key not in vectors]
+        if missing:
+            raise KeyError(f"vector {missing[0]} was never sent to this worker")
         dtype, device = self.alpha.dtype, self.alpha.device
-        for column in self.columns.values():
-            column[slot].zero_()
+        self.wide[slot].zero_()
+        self.numbers[slot].zero_()
         for row, (key, op) in enumerate(entries):
             for name, value in form_columns(op, vectors[key], dtype, device).items():
-                self.columns[name][slot, row] = value
+                if name in WIDE:
+                    self.wide[slot, row, WIDE.index(name)] = value
+                else:
+                    self.numbers[slot, row, NUMBERS.index(name)] = value
         self.entries[slot] = entries
 
     def _captures(self, before: list[str], after: list[str]) -> None:
