@@ -21,7 +21,8 @@ def lm():
     # One OpenMP thread per rank, on cores 0 and 1; no core held back for the engine.
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    model = sl.load("steerlab-tiny", backend="vllm", tensor_parallel_size=2, max_model_len=128)
+    model = sl.load("steerlab-tiny", backend="vllm", tensor_parallel_size=2, max_model_len=128,
+                    vllm_args={"enforce_eager": True})  # compiled: test_graph.py
     yield model
     model.engine.close()
     del os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"]
