@@ -212,7 +212,9 @@ def load(
         tensor_parallel_size: vLLM only: GPUs each layer is split over.
         pipeline_parallel_size: vLLM only: stages the layers are split into.
         max_model_len: vLLM only: the longest prompt plus completion, in tokens.
-        vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...).
+        vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...);
+            ``{"enforce_eager": True}`` runs vLLM eagerly (compiled by default, with the
+            steering built into the graph: see ``engine/vllm/graph.py``).
 
     >>> load("steerlab-tiny", backend="hf")
     SteerableModel(steerlab-tiny, backend='hf', n_layers=4, d_model=128, hooks=0)

@@ -3,7 +3,6 @@ before a forward, what the traced steer computes from it, and the check after it
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import steerlab as sl
@@ -92,25 +91,9 @@ def test_every_operation_with_a_form_steers_in_the_graph_as_it_does_eagerly():
     assert buffers.shortfall() == []
 
 
-def test_a_site_read_is_captured_before_and_after_its_steer():
-    v = torch.randn(8)
-    plans, tensors = _plans({"a": (Steer(SITE, v, 2.0, "all", sl.Add()),)})
-    batch = lay_out_forward(["a"], [0, 3], torch.tensor([0, 1, 2]), plans, {"a": 3})
-    buffers = GraphBuffers(vllm_sites(2), 16, 8, torch.float32, torch.device("cpu"))
-    buffers.write(batch, tensors, reads=([SITE], [SITE, "blocks.0.hook_mlp_out"]))
-    act = torch.randn(3, 8)
-    out = buffers.steer(SITE, act)
-    buffers.steer("blocks.0.hook_resid_post", act + 1)  # read by nothing: the spare slot
-    got = {(site, after): t[:3].clone() for site, after, t in buffers.captured()}
-    assert torch.equal(got[SITE, False], act) and torch.equal(got[SITE, True], out)
-    assert ("blocks.0.hook_mlp_out", True) in got and len(got) == 3
-    with pytest.raises(ValueError, match="captures"):
-        buffers.write(batch, tensors, reads=([f"s{k}" for k in range(7)], []))
-
-
 def test_what_the_graph_holds_and_what_it_refuses():
     assert graph_reason(sl.Add(), gated=False) is None
     assert graph_reason(sl.Ablate(), gated=False) is None
     reft = sl.LoReFT(SITE, torch.eye(2, 8), torch.zeros(2, 8), torch.zeros(2))
     assert "no table form" in graph_reason(reft, gated=False)
-    assert "read='token'" in graph_reason(sl.Add(), gated=True)
+    assert "condition" in graph_reason(sl.Add(), gated=True)

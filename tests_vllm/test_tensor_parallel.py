@@ -1,5 +1,6 @@
-"""Tensor parallel 2 on CPU (two worker processes): every rank adds the whole vector, since
-the block input is replicated after each all-reduce; rows still equal plain HF."""
+"""Tensor parallel 2 on CPU (two worker processes), eager: every rank adds the whole
+vector, since the block input is replicated after each all-reduce; rows still equal plain
+HF (compiled: ``test_graph.py``)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ def lm():
     # One OpenMP thread per rank, on cores 0 and 1; no core held back for the engine.
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    model = sl.load("steerlab-tiny", backend="vllm", tensor_parallel_size=2, max_model_len=128,
-                    vllm_args={"enforce_eager": True})  # compiled: test_graph.py
+    model = sl.load(
+        "steerlab-tiny",
+        backend="vllm",
+        tensor_parallel_size=2,
+        max_model_len=128,
+        vllm_args={"enforce_eager": True},
+    )  # compiled: test_graph.py
     yield model
     model.engine.close()
     del os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"]

@@ -30,7 +30,7 @@ from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
-from steerlab.engine.vllm.graph import CAPTURES, graph_reason
+from steerlab.engine.vllm.graph import graph_reason
 from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
@@ -202,12 +202,8 @@ class VLLMEngine:
         if why is not None:
             return f"refused: {why}"
         if self.graph:
-            text = ("vllm compiled: vLLM runs its compiled model, whose steers read each "
+            return ("vllm compiled: vLLM runs its compiled model, whose steers read each "
                     "forward's rows from static buffers")  # fmt: skip
-            if any(r.reads for r in requests):
-                text += ("; conditions and monitors read activations the graph captures, "
-                         "after each forward")  # fmt: skip
-            return text
         why = f" ({self.why_eager})" if self.why_eager else ""
         text = f"vllm: the vLLM engine decodes every call, eagerly{why}, in its workers"
         if any(r.reads for r in requests):
@@ -261,35 +257,22 @@ class VLLMEngine:
 
 def compiled_reason(requests: Sequence[Request]) -> str | None:
     """What a compiled model (``graph.py``) cannot steer, or None: operations without a
-    table form, per-token conditions, a condition gating a steer on the prompt, sites
-    outside the graph, two steers at one site of a row, more sites read than it captures."""
+    table form, conditions, monitors, two steers at one site of a row."""
+    eager = "; this engine was loaded compiled: load it with vllm_args={'enforce_eager': True}"
     plan = Plan.of(requests)
+    if plan.all_monitors:
+        return f"a monitor is read eagerly only (the compiled graph does not read activations out){eager}"
     for i in range(plan.rows):
         steers = [s for s, alpha in plan.of_row(i) if alpha != 0 or s.gate is not None]
         sites = [s.site for s in steers]
         if len(set(sites)) < len(sites):
-            return (f"row {i} has two steers at one site (the compiled graph holds one per "
-                    "site): load with vllm_args={'enforce_eager': True} for it")  # fmt: skip
-        n = len(requests[i].prompt)
+            return (
+                f"row {i} has two steers at one site (the compiled graph holds one per site){eager}"
+            )
         for s in steers:
-            why = graph_reason(s.op, s.gate is not None and s.gate.per_token)
-            at = np.arange(n)
-            if (
-                why is None
-                and s.gate is not None
-                and position_mask(s.positions, at, at >= n, n).any()
-            ):
-                why = (f"the condition gating the steer at {s.site} is read after each forward, "
-                       "so compiled it can gate generated tokens only (positions='generated')")  # fmt: skip
+            why = graph_reason(s.op, s.gate is not None)
             if why is not None:
-                return (f"{why}; this engine was loaded compiled: load it with vllm_args="
-                        "{'enforce_eager': True} for this steer")  # fmt: skip
-    reads = {(c.site, False) for c in plan.leaves} | {(m.site, True) for m in plan.all_monitors}
-    if len(reads) > CAPTURES:
-        return (
-            f"{len(reads)} sites read by conditions and monitors; the compiled model "
-            f"captures {CAPTURES} a forward: load it with vllm_args={{'enforce_eager': True}}"
-        )
+                return f"{why}{eager}"
     return None
 
 

@@ -10,34 +10,32 @@ every model it builds gets:
 - buffers at fixed addresses (``GraphBuffers``): per site, a table of ``ROWS`` steers in
   ``core.ops.table``'s columns (the vector, its unit direction, each ``Form`` field), and
   per token of a forward its alpha and table row; a count of the tokens each site steered
-  (``applied``); ``CAPTURES`` slots for activations that conditions and monitors read;
-- a hook at every site the vLLM engine steers (the embedding, and each block's five)
-  that applies its row's ``Form`` terms where the token's alpha is not 0
-  (``core.ops.table.apply_terms``, the local compiled step's arithmetic) and copies the
-  activation before and after into its capture slots: tensors only, traced into the
-  compiled graph, holding no value of any request.
+  (``applied``);
+- a hook at every site the vLLM engine steers (the embedding, and each block's five) that
+  applies its row's ``Form`` terms where the token's alpha is not 0
+  (``core.ops.table.apply_terms``, the local compiled step's arithmetic): tensors only,
+  traced into the compiled graph, holding no value of any request.
 
 Before each forward the worker, in the model's outer module (which vLLM does not compile),
 writes that forward's rows into the buffers in place (``write``): the same per-token
 layout the eager hooks use (``batch.lay_out_forward``), so positions, per-row alphas and
-mixed rows mean the same; a gated steer's alphas are zero on rows whose condition did not
-fire. After it, the worker reads the captured activations into the same ``WorkerReads``
-the eager hooks feed (so a prompt condition decides after the forward that read the
-prompt's end, in time for the first generated token), and compares ``applied`` with what
-was written: a site that steered fewer tokens than asked fails its rows
-(``SteerHookError``), so a graph that lost its steering cannot pass unnoticed.
+mixed rows mean the same. After it, ``applied`` is compared with what was written: a
+site that steered fewer tokens than asked fails its rows (``SteerHookError``), so a graph
+that lost its steering cannot pass unnoticed.
 
 What the graph cannot hold is refused before a request is sent, with the reason
 (``graph_reason`` and the engine's ``compiled_reason``): an operation without a table form
-(LoReFT, a top-k feature clamp), a per-token condition, a condition gating prompt tokens,
-two steers at one site of a row.
+(LoReFT, a top-k feature clamp), two steers at one site of a row, and conditions and
+monitors. Those read activations out of the forward; copying an activation into a buffer
+at a site chosen per forward (a data-dependent index) made inductor copy the whole
+buffer at every site (measured: 20 us a site at 512 tokens, 130 us at 4096, on the
+toy), so it is not built; they run eagerly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +50,6 @@ from steerlab.engine.vllm.sites import layout_for, vllm_sites
 
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
 ROWS = 32  # distinct steers one site may read in one forward
-CAPTURES = 6  # sites whose activations one forward may read (conditions, monitors)
 
 
 def cache_root() -> str:
@@ -70,19 +67,15 @@ def cache_root() -> str:
 
 def graph_reason(op: object, gated: bool) -> str | None:
     """Why a steer cannot run inside the compiled graph, or None (``gated``: it has a
-    per-token condition, which decides each position inside the forward). Every site the
-    vLLM engine steers is in the graph."""
+    condition). Every site the vLLM engine steers is in the graph."""
     if form_of(op) is None:  # type: ignore[arg-type]
         return (f"{op!r} has no table form (compiled: Add, Ablate, Clamp, Cap, Rotate and a "
                 "standard or jumprelu FeatureClamp; a LoReFT, a top-k feature clamp or a "
                 "custom operation runs eagerly only)")  # fmt: skip
     if gated:
-        return ("a read='token' condition decides each position inside the forward; "
-                "compiled, conditions are read after each forward")  # fmt: skip
+        return ("a condition (when=) is decided eagerly only: the compiled graph does not "
+                "read activations out (see engine/vllm/graph.py)")  # fmt: skip
     return None
-
-
-Gating = Callable[[str, Any], torch.Tensor]  # (site, a gated SiteSteer) -> [tokens] bool
 
 
 class GraphBuffers(nn.Module):
@@ -90,8 +83,6 @@ class GraphBuffers(nn.Module):
 
     Per site, a table of ``ROWS`` steers (``core.ops.table``'s columns: the vector, its
     unit direction, each ``Form`` field at alpha 1); per token, its alpha and its row.
-    ``capture``: ``CAPTURES`` activations the worker reads after the forward (conditions
-    before a site's steer, monitors after it), and a last slot every other site writes to.
     """
 
     alpha: torch.Tensor  # [sites, max tokens]: each token's alpha at each site (0: not steered)
@@ -99,10 +90,7 @@ class GraphBuffers(nn.Module):
     numbers: torch.Tensor  # [sites, ROWS, len(NUMBERS)]: and its numbers
     index: torch.Tensor  # [sites, max tokens]: the table row each token reads
     applied: torch.Tensor  # [sites]: tokens each site steered in the last forward
-    capture: torch.Tensor  # [CAPTURES + 1, max tokens, d_model]
     stash: torch.Tensor  # [max tokens, d_model]: a GPT-2 block's input, for its resid_mid
-    before: torch.Tensor  # [sites]: the capture slot of each site's activation before its steer
-    after: torch.Tensor  # [sites]: ... and after it
 
     def __init__(self, sites: list[str], max_tokens: int, d_model: int, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
@@ -116,22 +104,15 @@ class GraphBuffers(nn.Module):
         wide, numbers = (n, ROWS, len(WIDE), d_model), (n, ROWS, len(NUMBERS))
         self.register_buffer("wide", torch.zeros(wide, dtype=dtype, device=device))
         self.register_buffer("numbers", torch.zeros(numbers, dtype=dtype, device=device))
-        shape = (CAPTURES + 1, max_tokens, d_model)
-        self.register_buffer("capture", torch.zeros(shape, dtype=dtype, device=device))
-        self.register_buffer("before", torch.full((n,), CAPTURES, dtype=torch.long, device=device))
-        self.register_buffer("after", torch.full((n,), CAPTURES, dtype=torch.long, device=device))
         self.register_buffer("stash", torch.zeros(max_tokens, d_model, dtype=dtype, device=device))
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
-        self.read: tuple[dict[str, int], dict[str, int]] = ({}, {})  # site -> capture slot
         self.last: ForwardBatch | None = None  # the layout in the buffers now
 
     def steer(self, site: str, act: torch.Tensor) -> torch.Tensor:
         """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only."""
         slot = self.sites[site]
         tokens = act.shape[0]
-        at = torch.arange(tokens, device=act.device)
-        self.capture.index_put_((self.before[slot].expand(tokens), at), act)
         alpha = self.alpha[slot, :tokens].to(act.dtype)
         index = self.index[slot, :tokens]
         wide = self.wide[slot][index].to(act.dtype)  # [tokens, len(WIDE), d]
@@ -142,19 +123,12 @@ class GraphBuffers(nn.Module):
             c[name] = c[name] * alpha
         on = alpha != 0
         self.applied[slot] += on.sum().to(torch.float32)
-        out = torch.where(on[:, None], apply_terms(act, c), act)
-        self.capture.index_put_((self.after[slot].expand(tokens), at), out)
-        return out
+        return torch.where(on[:, None], apply_terms(act, c), act)
 
-    def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor],
-              gating: Gating | None = None,
-              reads: tuple[list[str], list[str]] = ([], [])) -> None:  # fmt: skip
-        """This forward's steers into the buffers (``batch``: its layout; None: none), each
-        gated steer's alphas where ``gating`` says it fires, and the capture slots of the
-        sites read before and after their steers (``reads``). A steady decode keeps its
-        layout (``batch.Layouts``): then only the count restarts."""
+    def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor]) -> None:
+        """This forward's steers into the buffers (``batch``: its layout; None: none). A
+        steady decode keeps its layout (``batch.Layouts``): then only the count restarts."""
         self.applied.zero_()
-        self._captures(*reads)
         if batch is not None and batch is self.last:
             return
         self.last = batch
@@ -165,7 +139,7 @@ class GraphBuffers(nn.Module):
             return
         for site, steers in batch.by_site.items():
             slot = self.sites[site]
-            entries, alpha, index = _merged(site, steers, gating)
+            entries, alpha, index = _merged(site, steers)
             if len(entries) > ROWS:
                 raise ValueError(f"{len(entries)} distinct steers at {site} in one forward; the "
                                  f"compiled table holds {ROWS}")  # fmt: skip
@@ -192,28 +166,6 @@ class GraphBuffers(nn.Module):
                     self.numbers[slot, row, NUMBERS.index(name)] = value
         self.entries[slot] = entries
 
-    def _captures(self, before: list[str], after: list[str]) -> None:
-        """Point the sites read this forward at capture slots, every other at the spare."""
-        if len(before) + len(after) > CAPTURES:
-            raise ValueError(f"{len(before) + len(after)} sites read in one forward; the "
-                             f"compiled model captures {CAPTURES}")  # fmt: skip
-        read = ({s: k for k, s in enumerate(before)},
-                {s: len(before) + k for k, s in enumerate(after)})  # fmt: skip
-        if read == self.read:
-            return
-        for buffer, slots in zip((self.before, self.after), read):
-            buffer.fill_(CAPTURES)
-            for site, k in slots.items():
-                buffer[self.sites[site]] = k
-        self.read = read
-
-    def captured(self) -> Iterator[tuple[str, bool, torch.Tensor]]:
-        """``(site, after its steer, activation [max tokens, d])`` of each site read in the
-        last forward (views of the buffer: read them before the next forward)."""
-        for after, slots in enumerate(self.read):
-            for site, k in slots.items():
-                yield site, bool(after), self.capture[k]
-
     def shortfall(self) -> list[str]:
         """The sites that steered fewer tokens than the last forward asked of them."""
         if not self.written:
@@ -223,24 +175,20 @@ class GraphBuffers(nn.Module):
         return [names[slot] for slot, n in self.written.items() if applied[slot] < n]
 
 
-def _merged(site: str, steers: list[Any],
-            gating: Gating | None) -> tuple[tuple, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _merged(site: str, steers: list[Any]) -> tuple[tuple, torch.Tensor, torch.Tensor]:
     """One site's steers as one table: every token has at most one steer at a site (the
     engine refused two on a row), so their alphas are disjoint; each token's row is its
-    own steer's (a fused Add's vector by its ``index``). A gated steer keeps its alphas
-    only where its gate fires."""
+    own steer's (a fused Add's vector by its ``index``)."""
     entries: list[tuple[str, Any]] = []
     alpha = torch.zeros_like(steers[0].alphas)
     index = torch.zeros(alpha.shape[0], dtype=torch.long)
     for steer in steers:
+        if steer.gate is not None:
+            raise ValueError(f"a conditioned steer at {site} cannot run compiled")
         offset = len(entries)
         entries += [(key, steer.op) for key in steer.vector_keys]
-        alphas = steer.alphas
-        if steer.gate is not None:
-            assert gating is not None, "a gated steer needs its gate's decisions"
-            alphas = alphas * gating(site, steer)[: alphas.shape[0]].to(alphas.dtype)
-        on = alphas != 0
-        alpha = torch.where(on, alphas, alpha)
+        on = steer.alphas != 0
+        alpha = torch.where(on, steer.alphas, alpha)
         own = steer.index if steer.index is not None else torch.zeros_like(index)
         index = torch.where(on, own + offset, index)
     return tuple(entries), alpha, index

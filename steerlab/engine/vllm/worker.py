@@ -12,7 +12,6 @@ them: nothing is logged and skipped.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,37 +199,17 @@ class SteerWorker:
             self._steerlab_write()
 
     def _steerlab_write(self) -> None:
-        """A compiled model's buffers: this forward's steers, or none (never the last's),
-        each gated one where its row's decision so far lets it act, and the sites whose
-        activations its conditions and monitors read."""
+        """A compiled model's buffers: this forward's steers, or none (never the last's)."""
         state, buffers = self._steerlab(), self._steerlab_graph()
         if buffers is None:
             return
-        batch = state.batch
-
-        def gating(site: str, steer: SiteSteer) -> torch.Tensor:
-            assert batch is not None
-            return state.reads.mask(site, steer, batch, steer.alphas.shape[0], state.errors)
-
         try:
-            buffers.write(batch, state.vectors, gating, self._steerlab_read_sites())
+            buffers.write(state.batch, state.vectors)
         except Exception as err:
             buffers.write(None, state.vectors)
-            for row in batch.rows if batch is not None else []:
+            for row in state.batch.rows if state.batch is not None else []:
                 state.errors.setdefault(row, f"writing the compiled model's steers: {err!r}")
             state.batch = None
-
-    def _steerlab_read_sites(self) -> tuple[list[str], list[str]]:
-        """The sites this forward's requests read: conditions' (before the steers there)
-        and monitors' (after them), each once, in order."""
-        state = self._steerlab()
-        batch = state.batch
-        rows = [
-            state.reads.rows[r] for r in (batch.req_ids if batch else []) if r in state.reads.rows
-        ]
-        before = {c.site: None for reads in rows for c in reads.state.leaves}
-        after = {m.site: None for reads in rows for m in reads.plan.monitors[0]}
-        return list(before), list(after)
 
     def _steerlab_plan_forward(self, kwargs: dict) -> None:
         state = self._steerlab()
@@ -266,16 +245,8 @@ class SteerWorker:
     def _steerlab_done(self) -> None:
         state, buffers = self._steerlab(), self._steerlab_graph()
         if buffers is not None and state.batch is not None:
-            batch = state.batch
-            for site, after, act in buffers.captured():  # what the eager hooks read in place
-                read = (
-                    functools.partial(state.reads.after, site, act, batch)
-                    if after
-                    else functools.partial(state.reads.before, site, act, batch, state.errors)
-                )
-                self._steerlab_reads(site, read)
             short = set(buffers.shortfall())
-            for site, steers in batch.by_site.items():
+            for site, steers in state.batch.by_site.items():
                 for row, n in (pair for steer in steers for pair in steer.rows):
                     if site in short:
                         state.errors.setdefault(row, f"the compiled model steered fewer tokens "
