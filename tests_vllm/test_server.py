@@ -32,6 +32,15 @@ def server(lm):
         yield url, app.state.steerlab.batcher
 
 
+@pytest.fixture(scope="module")
+def eager_server(eager):
+    """The same server on the eager engine (conditions and monitors run eagerly only)."""
+    app = create_app(ServedModels(eager), name=MODEL, api_key=KEY,
+                     limits=Limits(max_n=4, max_rows=32), window_ms=50)  # fmt: skip
+    with serve_in_background(app) as url:
+        yield url, app.state.steerlab.batcher
+
+
 def _vec(seed: int, scale: float = 0.4) -> torch.Tensor:
     return torch.randn(128, generator=torch.Generator().manual_seed(seed)) * scale
 
@@ -227,12 +236,13 @@ def test_the_command_line_loads_vllm_and_serves(lm, monkeypatch):
     assert reply.json()["choices"][0]["token_ids"] == local.tokens[0]
 
 
-def test_conditions_and_monitors_through_the_server_on_vllm(server, lm, hf):
-    """A conditioned steering entry and a monitor, answered from vLLM's workers: the same
-    decisions, scores and traces as the local engine gives, in full and streamed."""
+def test_conditions_and_monitors_through_the_server_on_vllm(server, eager_server, lm, hf):
+    """A conditioned steering entry and a monitor, answered from vLLM's (eager) workers:
+    the same decisions, scores and traces as the local engine gives, in full and streamed.
+    The compiled engine's server refuses them with a 400 that names the eager load."""
     from reads_parity import PROMPTS, cast, condition, median_threshold, steer_of
 
-    url, _ = server
+    url, _ = eager_server
     ref = cast(median_threshold(lm, hf))
     steer = steer_of(ref, condition(ref))
     m = _vec(61, 1.0)
@@ -242,6 +252,8 @@ def test_conditions_and_monitors_through_the_server_on_vllm(server, lm, hf):
     body = {"model": MODEL, "prompt": PROMPTS[:4], "max_tokens": 6, "temperature": 0,
             "ignore_eos": True, "steering": [steer.to_data()],
             "monitor": [{"name": "m", "site": "blocks.2.hook_resid_post", "vector": m.tolist()}]}  # fmt: skip
+    refused = _post(server[0], "/v1/completions", body)
+    assert refused.status_code == 400 and "enforce_eager" in refused.text
     reply = _post(url, "/v1/completions", body)
     assert reply.status_code == 200, reply.text
     choices = reply.json()["choices"]
