@@ -24,8 +24,7 @@ MODEL = "steerlab-tiny"
 SITE = "blocks.1.hook_resid_pre"
 
 
-@pytest.fixture(scope="module")
-def server(lm):
+def _serve(lm):
     app = create_app(ServedModels(lm), name=MODEL, api_key=KEY,
                      limits=Limits(max_n=4, max_rows=32), window_ms=50)  # fmt: skip
     with serve_in_background(app) as url:
@@ -33,12 +32,14 @@ def server(lm):
 
 
 @pytest.fixture(scope="module")
+def server(lm):
+    yield from _serve(lm)
+
+
+@pytest.fixture(scope="module")
 def eager_server(eager):
     """The same server on the eager engine (conditions and monitors run eagerly only)."""
-    app = create_app(ServedModels(eager), name=MODEL, api_key=KEY,
-                     limits=Limits(max_n=4, max_rows=32), window_ms=50)  # fmt: skip
-    with serve_in_background(app) as url:
-        yield url, app.state.steerlab.batcher
+    yield from _serve(eager)
 
 
 def _vec(seed: int, scale: float = 0.4) -> torch.Tensor:
