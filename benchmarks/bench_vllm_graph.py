@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import torch
 from sections import replace_section
 
 import steerlab as sl
 
-NEW, REPEATS = 32, 5
+NEW, REPEATS = 32, 7
 PROMPTS = ["Once upon a time", "The sea was calm and", "In the forest there was", "A cat"]
 
 
@@ -73,12 +76,21 @@ def _plain(path: str, batches: tuple[int, ...]) -> dict[int, float]:
 
 
 def _best(lm: sl.SteerableModel, rows: list) -> float:
-    lm.engine.run(rows)  # warm-up
-    best = float("inf")
+    (best,) = _interleaved(lambda: lm.engine.run(rows))
+    return best
+
+
+def _interleaved(*runs: Callable[[], object]) -> list[float]:
+    """Best time of each of ``runs`` over ``REPEATS`` rounds, each round running every
+    one in turn (after a warm-up each), so a slow spell of the machine hits them alike."""
+    for run in runs:
+        run()
+    best = [float("inf")] * len(runs)
     for _ in range(REPEATS):
-        start = time.perf_counter()
-        lm.engine.run(rows)
-        best = min(best, time.perf_counter() - start)
+        for k, run in enumerate(runs):
+            start = time.perf_counter()
+            run()
+            best[k] = min(best[k], time.perf_counter() - start)
     return best
 
 
@@ -96,10 +108,12 @@ def main() -> None:
                     vllm_args={**common, "enforce_eager": True})  # fmt: skip
     eager_start = time.perf_counter() - start
     lines = [
-        "## vLLM: steering inside the compiled graph (`benchmarks/bench_vllm_graph.py`)",
+        f"## vLLM: steering inside the compiled graph, {Path(args.model).name} "
+        "(`benchmarks/bench_vllm_graph.py`)",
         "",
-        f"{args.model}, float32, greedy, {NEW} new tokens, best of {REPEATS}; steered: an Add "
-        "at the middle block's resid_pre, each row its own alpha. Engine start (this run, "
+        f"{args.model}, float32, greedy, {NEW} new tokens, best of {REPEATS} rounds (each "
+        "round runs the three arms in turn); steered at the middle block's resid_pre, each "
+        "row its own alpha: an Add, or one of five ops a row. Engine start (this run, "
         f"with whatever compile cache it found): compiled {compiled_start:.0f} s, eager "
         f"{eager_start:.0f} s.",
         "",
@@ -108,9 +122,11 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for batch, mixed in ((1, False), (16, False), (16, True)):
-        t_plain = _best(compiled, _rows(compiled, batch, False))
-        t_steer = _best(compiled, _rows(compiled, batch, True, mixed))
-        t_eager = _best(eager, _rows(eager, batch, True, mixed))
+        plain_rows = _rows(compiled, batch, False)
+        steered_rows = _rows(compiled, batch, True, mixed)
+        t_plain, t_steer, t_eager = _interleaved(
+            partial(compiled.engine.run, plain_rows), partial(compiled.engine.run, steered_rows),
+            partial(eager.engine.run, steered_rows))  # fmt: skip
         tok = batch * NEW
         what = "5 ops, a row each" if mixed else "Add, alphas per row"
         lines.append(f"| {batch}, {what} | {tok / t_plain:.0f} | {tok / t_steer:.0f} | "
