@@ -92,7 +92,6 @@ class GraphBuffers(nn.Module):
     numbers: torch.Tensor  # [sites, ROWS, len(NUMBERS)]: and its numbers
     index: torch.Tensor  # [sites, max tokens]: the table row each token reads
     applied: torch.Tensor  # [sites]: tokens each site steered in the last forward
-    stash: torch.Tensor  # [max tokens, d_model]: a GPT-2 block's input, for its resid_mid
 
     def __init__(self, sites: list[str], max_tokens: int, d_model: int, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
@@ -106,7 +105,6 @@ class GraphBuffers(nn.Module):
         wide, numbers = (n, ROWS, len(WIDE), d_model), (n, ROWS, len(NUMBERS))
         self.register_buffer("wide", torch.zeros(wide, dtype=dtype, device=device))
         self.register_buffer("numbers", torch.zeros(numbers, dtype=dtype, device=device))
-        self.register_buffer("stash", torch.zeros(max_tokens, d_model, dtype=dtype, device=device))
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now
@@ -203,8 +201,7 @@ def install(model: nn.Module, model_type: str, n_layers: int, max_tokens: int,
     sites = vllm_sites(n_layers)
     buffers = GraphBuffers(sites, max_tokens, d_model, param.dtype, param.device)
     model.steerlab_graph = buffers  # a submodule: its buffers are the model's
-    hooks.install(model, layout_for(model_type), sites, buffers.steer, tagged=False,
-                  stash=buffers.stash)  # fmt: skip
+    hooks.install(model, layout_for(model_type), sites, buffers.steer, tagged=False)
     return buffers
 
 

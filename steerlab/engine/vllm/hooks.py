@@ -66,22 +66,17 @@ def _block_input(block: nn.Module, name: str, apply: Apply, form: str,
     return block.register_forward_pre_hook(mark(hook), with_kwargs=True)
 
 
-def _mid_full(block: nn.Module, attn: nn.Module, name: str, apply: Apply, mark: Mark,
-              stash: torch.Tensor | None) -> list[RemovableHandle]:  # fmt: skip
+def _mid_full(block: nn.Module, attn: nn.Module, name: str, apply: Apply,
+              mark: Mark) -> list[RemovableHandle]:  # fmt: skip
     """GPT-2 keeps ``resid_mid`` in a local variable: it is the block input plus the attention
-    output, so steering it rewrites the attention output (as the HF backend does). The
-    block input is remembered in a list, or in ``stash`` (``[max tokens, d]``, a buffer a
-    compiled graph writes and reads in place)."""
+    output, so steering it rewrites the attention output (as the HF backend does)."""
     block_input: list[torch.Tensor] = []
 
     def remember(_m: nn.Module, args: tuple) -> None:
-        if stash is None:
-            block_input[:] = [args[0]]
-        else:
-            stash[: args[0].shape[0]] = args[0]
+        block_input[:] = [args[0]]
 
     def steer(_m: nn.Module, _args: Any, attn_out: torch.Tensor) -> Any:
-        resid_pre = block_input[0] if stash is None else stash[: attn_out.shape[0]]
+        resid_pre = block_input[0]
         new_mid = apply(name, resid_pre + attn_out)
         return None if new_mid is None else new_mid - resid_pre
 
@@ -100,14 +95,13 @@ def _mid_pair(norm: nn.Module, name: str, apply: Apply, mark: Mark) -> Removable
 
 
 def install(model: nn.Module, layout: VLLMLayout, sites: Iterable[str], apply: Apply, *,
-            tagged: bool = True, stash: torch.Tensor | None = None) -> list[RemovableHandle]:  # fmt: skip
+            tagged: bool = True) -> list[RemovableHandle]:  # fmt: skip
     """Hook ``sites`` (in forward order) that live on this worker; returns the handles.
 
     With pipeline parallelism a worker holds only some layers: sites elsewhere are skipped
     here and hooked on the worker that holds them. ``tagged`` False: hooks that are part
     of the model (a compiled model's graph steering, ``graph.py``), which no call owns,
-    counts or removes; ``stash``: where such hooks keep a GPT-2 block's input for its
-    ``resid_mid``.
+    counts or removes.
     """
     mark: Mark = tag if tagged else _as_is
     handles: list[RemovableHandle] = []
@@ -133,8 +127,7 @@ def install(model: nn.Module, layout: VLLMLayout, sites: Iterable[str], apply: A
         elif layout.mid_norm is not None:
             handles.append(_mid_pair(block.get_submodule(layout.mid_norm), name, apply, mark))
         else:
-            attn = block.get_submodule(layout.attn)
-            handles += _mid_full(block, attn, name, apply, mark, stash)
+            handles += _mid_full(block, block.get_submodule(layout.attn), name, apply, mark)
     return handles
 
 
