@@ -1,4 +1,4 @@
-"""steerlab-tiny on vLLM compiled (``vllm_args={"enforce_eager": False}``): steering built
+"""steerlab-tiny on vLLM compiled (its default; ``enforce_eager=False``): steering built
 into the compiled graph (``engine/vllm/graph.py``), checked against plain HF with hooks
 (``tests/reference.py``), never recompiled for a new steer, kept out of the prefix cache of
 other steers, and refusing what it cannot do before anything is sent."""

@@ -35,13 +35,12 @@ def load_vllm(
     """Start a vLLM engine on ``path`` with steerlab's worker extension.
 
     Compiled by default, as vLLM is: steerlab builds its steering into the model before
-    vLLM compiles it (``graph.py``): every operation with a table form, at the embedding
-    and the blocks' resid_pre, attn_out, mlp_out and resid_post, one per site and row;
-    monitors, and whole-prompt conditions gating generated tokens. Anything else is
-    refused before it is sent, with the reason. ``vllm_args={"enforce_eager": True}``
-    runs eagerly, with hooks on vLLM's modules: every op, site, condition and monitor.
-    Pipeline parallelism runs eagerly. The first compiled start compiles (see the
-    README's figures); later ones load the compiled graph from vLLM's cache.
+    vLLM compiles it (``graph.py``): every operation with a table form, at every site, one
+    per site and row. Anything else (LoReFT, a top-k feature clamp, conditions, monitors,
+    two steers at one site of a row) is refused before it is sent, with the reason.
+    ``vllm_args={"enforce_eager": True}`` runs eagerly, with hooks on vLLM's modules:
+    every op, site, condition and monitor. Pipeline parallelism runs eagerly. A compiled
+    start compiles (see the README's figures).
 
     Args:
         path: a local HF-format folder or a hub id.
