@@ -60,9 +60,9 @@ class Form(NamedTuple):
               from its angle φ to φ + rot·α·(angle − φ) along the shorter arc, its length
               kept (only where a = act · u > 0 when ``adaptive``)
 
-    Every field is a column of the compiled step's table (``engine/compiled/tables.py``
-    derives them from these fields; the fields named in ``STRENGTHS`` are stored times α),
-    so a new term is new fields here and its arithmetic in the step, and nothing else.
+    Every field is a column of the table-driven engines' tables (``core/ops/table.py``
+    fills a row from these fields; the fields named in ``STRENGTHS`` are times α), so a new
+    term is new fields here and its arithmetic in ``core/ops/table.py``, and nothing else.
     Add sets ``add``; the projection operations set ``proj`` and say where the projection
     goes; a feature clamp sets ``feat`` and reads its SAE feature (``encoder`` ``[d_model]``,
     ``bias`` with ``b_dec`` folded in, ``threshold``, ``value``); a rotation sets ``rot``,

@@ -83,7 +83,7 @@ class Rotate(Op):
         kind = torch.promote_types(direction.dtype, torch.float32)
         b1 = unit(direction.to(kind))
         toward = unit(self.on(direction.device)["toward"].to(kind))
-        rest = toward - (toward @ b1) * b1
+        rest = across(toward, b1)
         if float(rest.norm()) < 1e-4:
             return None
         return b1, rest / rest.norm()
@@ -110,3 +110,9 @@ class Rotate(Op):
     def __repr__(self) -> str:
         kind = ", adaptive" if self.adaptive else ""
         return f"Rotate(angle={self.angle:g}, toward[{self.toward.shape[0]}]{kind})"
+
+
+def across(toward: torch.Tensor, b1: torch.Tensor) -> torch.Tensor:
+    """The part of ``toward`` orthogonal to the unit ``b1``: a rotation plane's second axis
+    before it is normalised (``Rotate`` and the table form's ``plane`` both use it)."""
+    return toward - (toward @ b1) * b1

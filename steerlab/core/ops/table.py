@@ -15,6 +15,7 @@ import torch
 
 from steerlab.core.ops.base import STRENGTHS, Form, Operation, unit
 from steerlab.core.ops.data import form_of, operand
+from steerlab.core.ops.rotate import across
 
 
 def is_wide(field: str) -> bool:
@@ -45,7 +46,7 @@ def form_columns(op: Operation, vector: torch.Tensor, dtype: torch.dtype,
     if form.rot and form.toward is not None:
         wide = torch.promote_types(vector.dtype, torch.float32)
         b1, toward = unit(vector.to(wide)), unit(form.toward.to(vector.device, wide))
-        rest = toward - (toward @ b1) * b1
+        rest = across(toward, b1)
         out["plane"] = (rest / rest.norm()).to(device, dtype)
     for name, value in form._asdict().items():
         if isinstance(value, torch.Tensor):
