@@ -7,6 +7,7 @@ import torch
 
 import steerlab as sl
 from steerlab.core.ops import FeatureClamp, operand
+from steerlab.core.sites import EMBED
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
 from steerlab.engine.vllm.graph import GraphBuffers, graph_reason
@@ -92,8 +93,156 @@ def test_every_operation_with_a_form_steers_in_the_graph_as_it_does_eagerly():
 
 
 def test_what_the_graph_holds_and_what_it_refuses():
-    assert graph_reason(sl.Add(), gated=False) is None
-    assert graph_reason(sl.Ablate(), gated=False) is None
+    mean = sl.Condition(SITE, torch.ones(8))
+    token = sl.Condition(SITE, torch.ones(8), read="token")
+    assert graph_reason(sl.Add()) is None
+    assert graph_reason(sl.Ablate()) is None
     reft = sl.LoReFT(SITE, torch.eye(2, 8), torch.zeros(2, 8), torch.zeros(2))
-    assert "no table form" in graph_reason(reft, gated=False)
-    assert "condition" in graph_reason(sl.Add(), gated=True)
+    assert "no table form" in graph_reason(reft)
+    assert graph_reason(sl.Add(), mean, on_prompt=False) is None  # gates generated tokens
+    assert "generated tokens only" in graph_reason(sl.Add(), mean, on_prompt=True)
+    assert "per-token" in graph_reason(sl.Add(), token, on_prompt=False)
+
+
+def _reading_rows(d: int):
+    """Three requests: ``a`` reads a mean cosine condition (gating a steer on generated
+    tokens; it does not fire) and two monitors, ``b`` a last-token projection condition and one monitor, ``c``
+    nothing; prompts of 5, 3 and 2 tokens."""
+    g = torch.Generator().manual_seed(7)
+    mean = sl.Condition("blocks.0.hook_resid_post", torch.randn(d, generator=g), 0.9)
+    last = sl.Condition("blocks.1.hook_resid_pre", torch.randn(d, generator=g), 0.1,
+                        read="last", score="projection")  # fmt: skip
+    monitors = [sl.Monitor(n, s, torch.randn(d, generator=g)) for n, s in
+                [("m0", EMBED), ("m1", "blocks.1.hook_resid_post"), ("m2", EMBED)]]  # fmt: skip
+    v = torch.randn(d, generator=g)
+    steers = {"a": (Steer("blocks.1.hook_resid_pre", v, 3.0, "generated", sl.Add(), when=mean),),
+              "b": (Steer("blocks.1.hook_resid_post", v, 2.0, "generated", sl.Add(), when=last),),
+              "c": ()}  # fmt: skip
+    watch = {"a": tuple(monitors[:2]), "b": (monitors[2],), "c": ()}
+    lengths = {"a": 5, "b": 3, "c": 2}
+    vectors, plans, requests = {}, {}, {}
+    for rid, mine in steers.items():
+        requests[rid] = Request(tuple(range(lengths[rid])), mine, Sampling(max_new_tokens=4),
+                                rid, monitors=watch[rid])  # fmt: skip
+        vectors.update(row_tensors(requests[rid]))
+        extra = to_vllm(requests[rid], rid.upper(), revision="", eos_ids=set()).sampling
+        plans[rid] = parse_plan(extra.get("extra_args"), vectors)
+    return plans, vectors, lengths
+
+
+FORWARDS = [  # (rows, positions): a's prompt in two chunks, then decodes
+    ([("a", [0, 1, 2]), ("b", [0, 1, 2]), ("c", [0, 1])]),
+    ([("a", [3, 4]), ("b", [3]), ("c", [2])]),
+    ([("a", [5]), ("b", [4]), ("c", [3])]),
+]
+
+
+def test_conditions_and_monitors_read_in_the_graph_equal_the_eager_reads():
+    """The graph's reads (``graph_reads.py``: prompt sums by a weights matmul, monitors by
+    projections, stored at the last site), fed to one ``WorkerReads``, against the eager
+    hooks' reads fed the same activations: the same decisions, scores and traces; the
+    gated steers act on generated tokens only where their row fired."""
+    from types import SimpleNamespace
+
+    from steerlab.engine.vllm.reads import WorkerReads
+
+    d = 8
+    plans, vectors, lengths = _reading_rows(d)
+    sites = vllm_sites(2)
+    buffers = GraphBuffers(sites, 16, d, torch.float32, torch.device("cpu"))
+    graph, eager = WorkerReads(), WorkerReads()
+    for reads in (graph, eager):
+        for rid, plan in plans.items():
+            reads.track(rid, plan, SimpleNamespace(num_prompt_tokens=lengths[rid]))
+    g = torch.Generator().manual_seed(11)
+    for rows in FORWARDS:
+        ids = [rid for rid, _ in rows]
+        starts = [0, *torch.tensor([len(p) for _, p in rows]).cumsum(0).tolist()]
+        positions = torch.tensor([p for _, ps in rows for p in ps] + [0])  # one pad
+        batch = lay_out_forward(ids, starts, positions, plans, lengths)
+        errors: dict[str, str] = {}
+
+        def gate(site, steer, batch=batch, errors=errors):
+            return graph.mask(site, steer, batch, steer.alphas.shape[0], errors)
+
+        buffers.write(batch, vectors, gate)
+        buffers.reads.prepare(batch, graph, errors)
+        for site in sites:
+            act = torch.randn(len(positions), d, generator=g)
+            eager.before(site, act, batch, errors)
+            out = buffers.steer(site, act)
+            eager.after(site, out, batch)
+        buffers.reads.feed(batch, graph, errors)
+        assert errors == {}
+        if rows[0][1] == [5]:  # decoding: each gated steer acts where its row fired
+            for rid, site in (("a", "blocks.1.hook_resid_pre"), ("b", "blocks.1.hook_resid_post")):
+                k = ids.index(rid)
+                fired = eager.rows[rid].decision(plans[rid].gates[0])[0]
+                alpha = buffers.alpha[buffers.sites[site], starts[k]].item()
+                assert alpha == (plans[rid].of_row(0)[0][1] if fired else 0.0)
+    fired = []
+    for rid in ("a", "b"):
+        got, want = graph.rows[rid].report(), eager.rows[rid].report()
+        assert got["decided"] and want["decided"] and got["fired"] == want["fired"]
+        fired.append(got["fired"])
+        assert abs(got["score"] - want["score"]) < 1e-5
+        assert (
+            set(got["monitors"])
+            == set(want["monitors"])
+            == {m.name for m in plans[rid].monitors[0]}
+        )
+        for name, (at, values) in want["monitors"].items():
+            fed = [p for rows in FORWARDS for r, ps in rows if r == rid for p in ps]
+            assert got["monitors"][name][0] == at == fed
+            torch.testing.assert_close(torch.tensor(got["monitors"][name][1]),
+                                       torch.tensor(values), rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert "c" not in graph.rows
+    assert fired == [False, True]  # a gate that shut and one that let its steer act
+
+
+def test_the_reads_leave_a_compiled_graph_as_its_outputs():
+    """Under torch.compile (fullgraph, guards dropped, as vLLM compiles), the reads the last
+    site stores come out of the graph each call, with the values of the buffers written
+    for that call, equal to the same sites run eagerly; nothing is recompiled."""
+    from types import SimpleNamespace
+
+    from torch._dynamo.utils import counters
+
+    from steerlab.engine.vllm.reads import WorkerReads
+
+    d = 8
+    plans, vectors, lengths = _reading_rows(d)
+    sites = vllm_sites(2)
+    buffers = GraphBuffers(sites, 16, d, torch.float32, torch.device("cpu"))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for k, site in enumerate(sites):
+            x = buffers.steer(site, torch.tanh(x * (1.0 + 0.1 * k)))
+        return x
+
+    compiled = torch.compile(forward, fullgraph=True, dynamic=True,
+                             options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})  # fmt: skip
+    g = torch.Generator().manual_seed(5)
+    before = counters["stats"]["unique_graphs"]
+    for rows in FORWARDS[:2]:
+        reads = WorkerReads()
+        for rid, plan in plans.items():
+            reads.track(rid, plan, SimpleNamespace(num_prompt_tokens=lengths[rid]))
+        ids = [rid for rid, _ in rows]
+        starts = [0, *torch.tensor([len(p) for _, p in rows]).cumsum(0).tolist()]
+        positions = torch.tensor([p for _, ps in rows for p in ps] + [0])  # one pad
+        batch = lay_out_forward(ids, starts, positions, {r: plans[r] for r in ids}, lengths)
+        errors: dict[str, str] = {}
+        buffers.reads.prepare(batch, reads, errors)
+        x = torch.randn(len(positions), d, generator=g)
+        with torch.no_grad():
+            got = compiled(x)
+            out = dict(buffers.reads.out)
+            buffers.reads.out.clear()
+            want = forward(x)
+        assert errors == {} and set(out) == {"taps", "monitors"}
+        torch.testing.assert_close(got, want)
+        for key in out:
+            torch.testing.assert_close(out[key], buffers.reads.out[key])
+        assert out["taps"].abs().sum() > 0 and out["monitors"].abs().sum() > 0
+    assert counters["stats"]["unique_graphs"] == before + 1

@@ -69,32 +69,58 @@ class GateState:
         if c.per_token:
             self.token[c] = c.scores(act.reshape(-1, d)).reshape(act.shape[:-1])
             return None
-        device = act.device
+        rows, pos, flat = rows.reshape(-1), pos.reshape(-1), act.reshape(-1, d)
+        keep = self.kept(c, rows, pos, d, act.device)
+        wide = flat.to(torch.float32) * keep[:, None]
+        sums = torch.zeros(self.n, d, device=act.device).index_add_(0, rows, wide)
+        high = self._highest(rows, pos, keep)
+        last = keep & (pos == high[rows])
+        lasts = torch.zeros(self.n, d, device=act.device)
+        lasts[rows[last]] = flat[last].to(torch.float32)
+        return self.add(c, rows, pos, keep, sums, lasts)
+
+    def kept(self, c: Condition, rows: torch.Tensor, pos: torch.Tensor, d: int,
+             device: torch.device) -> torch.Tensor:  # fmt: skip
+        """Which of the positions ``pos [n]`` on rows ``rows [n]`` prompt condition ``c``
+        reads (``[n]`` bool): each position once, from the row's ``reads_from`` on, none
+        past its prompt where its length is known. ``d``: the activation's width."""
         if c not in self.sums:
             self.sums[c] = torch.zeros(self.n, d, device=device)
             self.counts[c] = torch.zeros(self.n, device=device)
             self.lasts[c] = torch.zeros(self.n, d, device=device)
             self.next_pos[c] = self.reads_from.to(device)
-        rows, pos, flat = rows.reshape(-1), pos.reshape(-1), act.reshape(-1, d)
         keep = pos >= self.next_pos[c][rows]
         if self.prompt_len is not None:
             keep &= pos < self.prompt_len.to(device)[rows]
-        wide = flat.to(torch.float32) * keep[:, None]
-        self.sums[c].index_add_(0, rows, wide)
+        return keep
+
+    def add(self, c: Condition, rows: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
+            sums: torch.Tensor, lasts: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Add what ``c`` read at the ``keep`` positions (``kept``): per row, ``sums
+        [rows, d]`` of their activations and ``lasts [rows, d]``, the activation at the
+        highest one (float32; anything on a row that kept none). Returns ``[rows]`` bool:
+        the rows whose positions did not follow on from what they had read. The eager
+        engines sum the activations themselves (``update``); vLLM's compiled graph sums
+        them inside the graph and hands the sums over (``engine/vllm/graph_reads.py``)."""
+        device = sums.device
+        self.sums[c] += sums
         self.counts[c].index_add_(0, rows, keep.to(torch.float32))
         low = torch.full((self.n,), torch.iinfo(torch.long).max, device=device)
         low = low.scatter_reduce(0, rows[keep], pos[keep], "amin")
-        high = torch.full((self.n,), -1, device=device, dtype=torch.long)
-        high = high.scatter_reduce(0, rows[keep], pos[keep], "amax")
-        last = keep & (pos == high[rows])
-        self.lasts[c][rows[last]] = flat[last].to(torch.float32)
+        high = self._highest(rows, pos, keep)
         read = high >= 0
+        self.lasts[c] = torch.where(read[:, None], lasts, self.lasts[c])
         many = torch.zeros(self.n, device=device, dtype=torch.long).index_add_(0, rows, keep.long())
         # what was read skipped positions: it starts past the next one, or has holes
         gap = read & ((low != self.next_pos[c]) | (many != high - low + 1))
         self.next_pos[c] = torch.where(read, high + 1, self.next_pos[c])
         self._decided.clear()
         return gap
+
+    def _highest(self, rows: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Per row, the highest kept position (-1: none)."""
+        high = torch.full((self.n,), -1, device=pos.device, dtype=torch.long)
+        return high.scatter_reduce(0, rows[keep], pos[keep], "amax")
 
     def spread(self, k: int) -> None:
         """After a shared prefix fed only the first row of each run of ``k``: every row of a

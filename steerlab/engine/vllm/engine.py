@@ -257,11 +257,10 @@ class VLLMEngine:
 
 def compiled_reason(requests: Sequence[Request]) -> str | None:
     """What a compiled model (``graph.py``) cannot steer, or None: operations without a
-    table form, conditions, monitors, two steers at one site of a row."""
+    table form, two steers at one site of a row, per-token conditions, a condition gating a
+    steer that acts on a prompt token."""
     eager = "; this engine was loaded compiled: load it with vllm_args={'enforce_eager': True}"
     plan = Plan.of(requests)
-    if plan.all_monitors:
-        return f"a monitor is read eagerly only (the compiled graph does not read activations out){eager}"
     for i in range(plan.rows):
         steers = [s for s, alpha in plan.of_row(i) if alpha != 0 or s.gate is not None]
         sites = [s.site for s in steers]
@@ -269,8 +268,13 @@ def compiled_reason(requests: Sequence[Request]) -> str | None:
             return (
                 f"row {i} has two steers at one site (the compiled graph holds one per site){eager}"
             )
+        n = len(requests[i].prompt)
+        at = np.arange(n)
         for s in steers:
-            why = graph_reason(s.op, s.gate is not None)
+            on_prompt = s.gate is not None and bool(
+                position_mask(s.positions, at, at >= n, n).any()
+            )
+            why = graph_reason(s.op, s.gate, on_prompt)
             if why is not None:
                 return f"{why}{eager}"
     return None

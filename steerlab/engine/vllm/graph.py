@@ -23,20 +23,21 @@ mixed rows mean the same. After it, ``applied`` is compared with what was writte
 site that steered fewer tokens than asked fails its rows (``SteerHookError``), so a graph
 that lost its steering cannot pass unnoticed.
 
+Conditions and monitors read inside the graph too, and what they read leaves it as the
+graph's outputs (``graph_reads.py``).
+
 What the graph cannot hold is refused before a request is sent, with the reason
 (``graph_reason`` and the engine's ``compiled_reason``): an operation without a table form
-(LoReFT, a top-k feature clamp), two steers at one site of a row, and conditions and
-monitors. Those read activations out of the forward; copying an activation into a buffer
-at a site chosen per forward (a data-dependent index) made inductor copy the whole
-buffer at every capture (measured on a 21-site stack of d_model 128 under inductor: about
-20 us a capture with room for 512 tokens, 160 us with room for 4096), so it is not
-built; they run eagerly.
+(LoReFT, a top-k feature clamp), two steers at one site of a row, a per-token condition,
+and a condition gating a steer that acts on the prompt (a decision comes after the forward
+that read the prompt).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,12 @@ from torch import nn
 
 from steerlab.core.ops import STRENGTHS, form_of, table
 from steerlab.core.ops.table import NUMBERS, WIDE, apply_terms, form_columns
-from steerlab.engine.vllm import hooks
-from steerlab.engine.vllm.batch import ForwardBatch
+from steerlab.engine.vllm import graph_reads, hooks
+from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
+from steerlab.engine.vllm.graph_reads import GraphReads
 from steerlab.engine.vllm.sites import layout_for, vllm_sites
 
+Gate = Callable[[str, SiteSteer], torch.Tensor]  # where a gated steer may act: [tokens] bool
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
 ROWS = 32  # distinct steers one site may read in one forward
 
@@ -61,21 +64,26 @@ def cache_root() -> str:
     base = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
         os.path.expanduser("~"), ".cache", "vllm")  # fmt: skip
     digest = hashlib.sha256()
-    for module in (__file__, hooks.__file__, table.__file__):
+    for module in (__file__, hooks.__file__, table.__file__, graph_reads.__file__):
         digest.update(Path(module).read_bytes())
     return os.path.join(base, f"steerlab-graph-{digest.hexdigest()[:16]}")
 
 
-def graph_reason(op: object, gated: bool) -> str | None:
-    """Why a steer cannot run inside the compiled graph, or None (``gated``: it has a
-    condition). Every site the vLLM engine steers is in the graph."""
+def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str | None:
+    """Why a steer cannot run inside the compiled graph, or None. ``gate``: its condition
+    (``core.reads.Gate``) or None; ``on_prompt``: whether it may act on a prompt token.
+    Every site the vLLM engine steers is in the graph."""
     if form_of(op) is None:  # type: ignore[arg-type]
         return (f"{op!r} has no table form (compiled: Add, Ablate, Clamp, Cap, Rotate and a "
                 "standard or jumprelu FeatureClamp; a LoReFT, a top-k feature clamp or a "
                 "custom operation runs eagerly only)")  # fmt: skip
-    if gated:
-        return ("a condition (when=) is decided eagerly only: the compiled graph does not "
-                "read activations out (see engine/vllm/graph.py)")  # fmt: skip
+    if gate is not None and gate.per_token:
+        return ("a per-token condition (read='token') gates the very forward that reads it; "
+                "the compiled graph hands what it read over after each forward, so it runs "
+                "eagerly only")  # fmt: skip
+    if gate is not None and on_prompt:
+        return ("a condition is decided after the forward that reads the prompt, so compiled "
+                "it gates generated tokens only (positions='generated')")  # fmt: skip
     return None
 
 
@@ -105,6 +113,8 @@ class GraphBuffers(nn.Module):
         wide, numbers = (n, ROWS, len(WIDE), d_model), (n, ROWS, len(NUMBERS))
         self.register_buffer("wide", torch.zeros(wide, dtype=dtype, device=device))
         self.register_buffer("numbers", torch.zeros(numbers, dtype=dtype, device=device))
+        self.reads = GraphReads(sites, max_tokens, d_model, device)  # conditions, monitors
+        self.last_site = sites[-1]  # the forward's last: it stores the reads
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now
@@ -112,6 +122,7 @@ class GraphBuffers(nn.Module):
     def steer(self, site: str, act: torch.Tensor) -> torch.Tensor:
         """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only."""
         slot = self.sites[site]
+        self.reads.before(slot, act)
         tokens = act.shape[0]
         alpha = self.alpha[slot, :tokens].to(act.dtype)
         index = self.index[slot, :tokens]
@@ -123,10 +134,16 @@ class GraphBuffers(nn.Module):
             c[name] = c[name] * alpha
         on = alpha != 0
         self.applied[slot] += on.sum().to(torch.float32)
-        return torch.where(on[:, None], apply_terms(act, c), act)
+        out = torch.where(on[:, None], apply_terms(act, c), act)
+        self.reads.after(slot, out)
+        if site == self.last_site:
+            self.reads.finish()
+        return out
 
-    def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor]) -> None:
-        """This forward's steers into the buffers (``batch``: its layout; None: none). A
+    def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor],
+              gate: Gate | None = None) -> None:  # fmt: skip
+        """This forward's steers into the buffers (``batch``: its layout; None: none), a
+        gated steer's alphas where ``gate`` lets it act (its row's decision so far). A
         steady decode keeps its layout (``batch.Layouts``): then only the count restarts."""
         self.applied.zero_()
         if batch is not None and batch is self.last:
@@ -139,7 +156,7 @@ class GraphBuffers(nn.Module):
             return
         for site, steers in batch.by_site.items():
             slot = self.sites[site]
-            entries, alpha, index = _merged(site, steers)
+            entries, alpha, index = _merged(site, steers, gate)
             if len(entries) > ROWS:
                 raise ValueError(f"{len(entries)} distinct steers at {site} in one forward; the "
                                  f"compiled table holds {ROWS}")  # fmt: skip
@@ -175,20 +192,24 @@ class GraphBuffers(nn.Module):
         return [names[slot] for slot, n in self.written.items() if applied[slot] < n]
 
 
-def _merged(site: str, steers: list[Any]) -> tuple[tuple, torch.Tensor, torch.Tensor]:
+def _merged(site: str, steers: list[SiteSteer],
+            gate: Gate | None) -> tuple[tuple, torch.Tensor, torch.Tensor]:  # fmt: skip
     """One site's steers as one table: every token has at most one steer at a site (the
     engine refused two on a row), so their alphas are disjoint; each token's row is its
-    own steer's (a fused Add's vector by its ``index``)."""
+    own steer's (a fused Add's vector by its ``index``), its alpha 0 where a gate shuts."""
     entries: list[tuple[str, Any]] = []
     alpha = torch.zeros_like(steers[0].alphas)
     index = torch.zeros(alpha.shape[0], dtype=torch.long)
     for steer in steers:
+        alphas = steer.alphas
         if steer.gate is not None:
-            raise ValueError(f"a conditioned steer at {site} cannot run compiled")
+            if gate is None:
+                raise ValueError(f"a conditioned steer at {site} with no decision to read")
+            alphas = alphas * gate(site, steer).to(alphas.device)
         offset = len(entries)
         entries += [(key, steer.op) for key in steer.vector_keys]
-        on = steer.alphas != 0
-        alpha = torch.where(on, steer.alphas, alpha)
+        on = alphas != 0
+        alpha = torch.where(on, alphas, alpha)
         own = steer.index if steer.index is not None else torch.zeros_like(index)
         index = torch.where(on, own + offset, index)
     return tuple(entries), alpha, index

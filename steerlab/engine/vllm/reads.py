@@ -57,7 +57,33 @@ class RowReads:
         if not len(pos) or int(pos.min()) >= self.prompt_len:
             return None
         at = torch.from_numpy(pos).to(act.device)
-        gap = self.state.update(c, act, torch.zeros_like(at), at)
+        return self._gap(c, self.state.update(c, act, torch.zeros_like(at), at), pos)
+
+    def kept(self, pos: np.ndarray) -> torch.Tensor | None:
+        """Which of this forward's positions ``pos`` the request's prompt conditions read
+        (the same for each: they read the same forwards), or None where they read none."""
+        leaves = [c for c in self.state.leaves if not c.per_token]
+        if not leaves or not len(pos) or int(pos.min()) >= self.prompt_len:
+            return None
+        at = torch.from_numpy(pos)
+        rows = torch.zeros_like(at)
+        d = leaves[0].direction.shape[-1]
+        keeps = [self.state.kept(c, rows, at, d, torch.device("cpu")) for c in leaves]
+        if any(not torch.equal(k, keeps[0]) for k in keeps):
+            raise ValueError("this row's prompt conditions have read different positions")
+        return keeps[0] if bool(keeps[0].any()) else None
+
+    def add_read(self, c: Condition, pos: np.ndarray, keep: torch.Tensor, total: torch.Tensor,
+                 last: torch.Tensor) -> str | None:  # fmt: skip
+        """Add what a compiled graph read for ``c`` at the ``keep`` positions of ``pos``:
+        their activations' ``total [d]`` and the ``last [d]`` of them (``GateState.add``);
+        returns an error, or None."""
+        at = torch.from_numpy(pos)
+        gap = self.state.add(c, torch.zeros_like(at), at, keep, total[None].cpu(), last[None].cpu())
+        return self._gap(c, gap, pos)
+
+    @staticmethod
+    def _gap(c: Condition, gap: torch.Tensor | None, pos: np.ndarray) -> str | None:
         if gap is not None and bool(gap[0]):
             return (f"the condition at {c.site} saw prompt positions {pos.tolist()} that do "
                     "not follow on from what it had read: part of the prompt was not fed (a "
@@ -115,7 +141,7 @@ class WorkerReads:
     def new_forward(self) -> None:
         self.token.clear()
 
-    def _reading(self, batch: ForwardBatch) -> Iterator[tuple[int, RowReads, tuple[int, int]]]:
+    def reading(self, batch: ForwardBatch) -> Iterator[tuple[int, RowReads, tuple[int, int]]]:
         """``(index, reads, (first token, end))`` of every request in the forward that reads."""
         counts = np.bincount(batch.owner, minlength=len(batch.req_ids))
         ends = np.cumsum(counts)
@@ -128,7 +154,7 @@ class WorkerReads:
                errors: dict[str, str]) -> None:  # fmt: skip
         """Read ``site``'s activation ``act [tokens, d]`` for every condition there."""
         real = len(batch.owner)
-        for _, reads, (a, b) in self._reading(batch):
+        for _, reads, (a, b) in self.reading(batch):
             for c in reads.state.leaves:
                 if c.site != site:
                     continue
@@ -155,7 +181,7 @@ class WorkerReads:
         fired = np.zeros(len(batch.req_ids), dtype=bool)
         first = np.zeros(len(batch.req_ids), dtype=np.int64)
         touched = steer.touched[:real].numpy()
-        for i, reads, (a, b) in self._reading(batch):
+        for i, reads, (a, b) in self.reading(batch):
             if not touched[a:b].any():
                 continue
             decided = reads.decision(gate)
@@ -175,7 +201,7 @@ class WorkerReads:
         kept on the device until the row reports: no sync in the loop."""
         values: dict[Monitor, torch.Tensor] = {}  # one product per monitor (by content)
         real = len(batch.owner)
-        for _, reads, (a, b) in self._reading(batch):
+        for _, reads, (a, b) in self.reading(batch):
             for m in reads.plan.monitors[0]:
                 if m.site != site:
                     continue

@@ -199,15 +199,25 @@ class SteerWorker:
             self._steerlab_write()
 
     def _steerlab_write(self) -> None:
-        """A compiled model's buffers: this forward's steers, or none (never the last's)."""
+        """A compiled model's buffers: this forward's steers, or none (never the last's),
+        each gated one where its row's decision so far lets it act; and what its
+        conditions and monitors read (``graph_reads.py``)."""
         state, buffers = self._steerlab(), self._steerlab_graph()
         if buffers is None:
             return
+        batch = state.batch
+
+        def gate(site: str, steer: SiteSteer) -> torch.Tensor:
+            assert batch is not None
+            return state.reads.mask(site, steer, batch, steer.alphas.shape[0], state.errors)
+
         try:
-            buffers.write(state.batch, state.vectors)
+            buffers.write(batch, state.vectors, gate)
+            buffers.reads.prepare(batch, state.reads, state.errors)
         except Exception as err:
             buffers.write(None, state.vectors)
-            for row in state.batch.rows if state.batch is not None else []:
+            buffers.reads.prepare(None, state.reads, state.errors)
+            for row in batch.rows if batch is not None else []:
                 state.errors.setdefault(row, f"writing the compiled model's steers: {err!r}")
             state.batch = None
 
@@ -245,6 +255,8 @@ class SteerWorker:
     def _steerlab_done(self) -> None:
         state, buffers = self._steerlab(), self._steerlab_graph()
         if buffers is not None and state.batch is not None:
+            self._steerlab_reads("the compiled model's reads", lambda: buffers.reads.feed(
+                state.batch, state.reads, state.errors))  # fmt: skip
             short = set(buffers.shortfall())
             for site, steers in state.batch.by_site.items():
                 for row, n in (pair for steer in steers for pair in steer.rows):

@@ -1,0 +1,179 @@
+"""Conditions and monitors inside vLLM's compiled graph: what they read leaves the graph as
+its outputs, never through a buffer the graph writes.
+
+Writing an activation into a buffer from inside the graph made inductor copy the whole
+buffer at every write (``graph.py``). A tensor a traced hook stores on a Python object,
+though, becomes an output of the compiled graph: dynamo replays the store after the graph
+runs, and an output costs only its memory. So every site computes two small reads from
+buffers the worker fills before the forward (``GraphReads``), and the last site stores
+them, one tensor each:
+
+- for prompt conditions, before the site's steers: ``weights @ act``, per row that reads
+  its prompt in this forward (up to ``QUERIES``) the sum of the tokens its conditions
+  read (``GateState.kept``) and the last of them, in float32; ``select`` keeps it for the
+  sites conditions read in this forward (up to ``TAPS``): ``[TAPS, 2 * QUERIES, d]``;
+- for monitors, after the site's steers: ``act @ monitor[site].T``, each token's
+  projection on the unit directions of up to ``MONITORS`` monitors: ``[tokens, sites *
+  MONITORS]``.
+
+After the forward the worker hands them to the state the eager hooks feed (``reads.py``):
+each condition's ``GateState.add``, each monitor's trace. A decision therefore comes
+after the forward that read the prompt: compiled, a gate can only let a steer act on
+generated tokens (the engine refuses the rest, ``compiled_reason``), and the worker folds
+the decision into the alphas it writes. A forward that should have read and stored
+nothing is an error for its reading rows, never a silent gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from steerlab.core.monitors import Monitor
+from steerlab.core.ops import unit
+from steerlab.engine.vllm.batch import ForwardBatch
+from steerlab.engine.vllm.reads import RowReads, WorkerReads
+
+QUERIES = 16  # rows one forward reads the prompt of
+TAPS = 4  # sites one forward's conditions read
+MONITORS = 8  # distinct monitors read at one site in one forward
+
+
+@dataclass
+class _Query:
+    """One row's prompt read in this forward: its reads, its tokens ``[a, b)`` of the
+    forward, which of them its conditions read, and its rows in ``weights``."""
+
+    reads: RowReads
+    span: tuple[int, int]
+    keep: torch.Tensor  # [b - a] bool
+    q: int
+
+
+class GraphReads(nn.Module):
+    """The read buffers of a compiled model, and what its last forward read."""
+
+    weights: torch.Tensor  # [2 * QUERIES, max tokens]: rows' sums, then their last tokens
+    select: torch.Tensor  # [sites, TAPS] bool: the tap a site's sums go to
+    monitor: torch.Tensor  # [sites, MONITORS, d_model]: unit directions, float32
+
+    def __init__(self, sites: list[str], max_tokens: int, d_model: int,
+                 device: torch.device) -> None:  # fmt: skip
+        super().__init__()
+        self.sites = {name: k for k, name in enumerate(sites)}
+        n = len(sites)
+        self.register_buffer("weights", torch.zeros(2 * QUERIES, max_tokens, device=device))
+        self.register_buffer("select", torch.zeros(n, TAPS, dtype=torch.bool, device=device))
+        self.register_buffer("monitor", torch.zeros(n, MONITORS, d_model, device=device))
+        self.out: dict[str, torch.Tensor] = {}  # what the last forward stored
+        self._trace: dict[str, Any] = {}  # while a forward runs
+        self.taps: dict[str, int] = {}  # site -> tap, this forward
+        self.columns: dict[tuple[str, Monitor], int] = {}  # (site, monitor) -> column
+        self.queries: list[_Query] = []
+
+    # --- inside the forward (traced) ------------------------------------------------------
+
+    def before(self, slot: int, act: torch.Tensor) -> None:
+        """The sums and last tokens of the rows reading their prompt, at site ``slot``."""
+        rows = self.weights[:, : act.shape[0]] @ act.to(torch.float32)  # [2Q, d]
+        taps = self._trace.get("taps")
+        here = self.select[slot][:, None, None]
+        self._trace["taps"] = (torch.where(here, rows, 0.0) if taps is None else
+                               torch.where(here, rows, taps))  # fmt: skip
+
+    def after(self, slot: int, act: torch.Tensor) -> None:
+        """Each token's projections on the monitors at site ``slot``."""
+        read = act.to(torch.float32) @ self.monitor[slot].T  # [tokens, MONITORS]
+        self._trace.setdefault("monitors", []).append(read)
+
+    def finish(self) -> None:
+        """At the forward's last site: store the forward's reads (graph outputs)."""
+        self.out["taps"] = self._trace.pop("taps")
+        self.out["monitors"] = torch.cat(self._trace.pop("monitors"), 1)
+
+    # --- in the worker, around the forward ------------------------------------------------
+
+    def prepare(self, batch: ForwardBatch | None, reads: WorkerReads,
+                errors: dict[str, str]) -> None:  # fmt: skip
+        """Fill the buffers for the rows of ``batch`` that read (None: nothing reads)."""
+        for query in self.queries:
+            self.weights[:, query.span[0] : query.span[1]] = 0.0
+        self.queries, self.taps, self.columns = [], {}, {}
+        self.select.zero_()
+        self.out.clear()
+        if batch is None or not batch.req_ids:
+            return
+        for _, row, span in reads.reading(batch):
+            try:
+                if any(c.per_token for c in row.state.leaves):
+                    raise ValueError("a per-token condition (read='token') gates the forward "
+                                     "that reads it, so it runs eagerly only: load with "
+                                     "vllm_args={'enforce_eager': True}")  # fmt: skip
+                self._monitors(row)
+                self._prompt(row, span, batch.pos[span[0] : span[1]])
+            except ValueError as err:
+                errors.setdefault(row.name, str(err))
+
+    def _prompt(self, row: RowReads, span: tuple[int, int], pos: np.ndarray) -> None:
+        keep = row.kept(pos)
+        if keep is None:
+            return
+        sites = {c.site for c in row.state.leaves if not c.per_token}
+        new = [s for s in sites if s not in self.taps]
+        if len(self.queries) == QUERIES or len(self.taps) + len(new) > TAPS:
+            raise ValueError(
+                f"the compiled model reads the prompts of {QUERIES} rows at {TAPS} sites in "
+                "one forward, and this one asks for more: load with vllm_args="
+                "{'enforce_eager': True} or 'max_num_seqs' lower")  # fmt: skip
+        for site in new:
+            self.taps[site] = len(self.taps)
+            self.select[self.sites[site], self.taps[site]] = True
+        q = len(self.queries)
+        a, b = span
+        self.weights[q, a:b] = keep.to(self.weights.dtype)
+        self.weights[QUERIES + q, a + int(np.flatnonzero(keep.numpy())[-1])] = 1.0
+        self.queries.append(_Query(row, span, keep, q))
+
+    def _monitors(self, row: RowReads) -> None:
+        for m in row.plan.monitors[0]:
+            if (m.site, m) in self.columns:
+                continue
+            slot = self.sites[m.site]
+            k = sum(site == m.site for site, _ in self.columns)
+            if k == MONITORS:
+                raise ValueError(f"more than {MONITORS} monitors at {m.site} in one forward; "
+                                 "the compiled model reads that many: load with "
+                                 "vllm_args={'enforce_eager': True}")  # fmt: skip
+            self.monitor[slot, k] = unit(m.direction.to(self.monitor.device), torch.float32)
+            self.columns[(m.site, m)] = slot * MONITORS + k
+
+    def feed(self, batch: ForwardBatch, reads: WorkerReads, errors: dict[str, str]) -> None:
+        """After the forward: what it read, into each row's conditions and monitors."""
+        if not self.queries and not self.columns:
+            return
+        if "taps" not in self.out:
+            for _, row, _ in reads.reading(batch):
+                errors.setdefault(row.name, "the compiled model read nothing for this row's "
+                                  "conditions and monitors in a forward")  # fmt: skip
+            return
+        taps = self.out["taps"]
+        picked = self.out["monitors"][:, list(self.columns.values())]  # [tokens, read]
+        column = {key: k for k, key in enumerate(self.columns)}
+        for query in self.queries:
+            a, b = query.span
+            for c in query.reads.state.leaves:
+                if c.per_token:
+                    continue
+                tap = taps[self.taps[c.site]]
+                error = query.reads.add_read(c, batch.pos[a:b], query.keep, tap[query.q],
+                                             tap[QUERIES + query.q])  # fmt: skip
+                if error is not None:
+                    errors.setdefault(query.reads.name, error)
+        for _, row, (a, b) in reads.reading(batch):
+            for m in row.plan.monitors[0]:
+                values = picked[a:b, column[(m.site, m)]]
+                row.traces.setdefault(m.name, []).append((batch.pos[a:b], values))
