@@ -108,8 +108,12 @@ def _reft():
 
 @pytest.mark.parametrize("steer, what", [
     (lambda: _reft(), "no table form"),
+    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all",
+                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43))),
+     "generated tokens only"),
     (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated",
-                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43))), "condition"),
+                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43), read="token")),
+     "per-token"),
     (lambda: [sl.Steer("blocks.1.hook_resid_pre", _vec(44), 1.0),
               sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers at one site"),
 ])  # fmt: skip
@@ -118,9 +122,6 @@ def test_what_the_graph_cannot_steer_is_refused_before_it_is_sent(compiled, stee
         compiled.generate(PROMPTS[0], steer(), max_new_tokens=4)
     assert what in str(info.value)
     assert compiled.hook_count() == 0
-    monitor = sl.Monitor("m", "blocks.1.hook_resid_post", _vec(46))
-    with pytest.raises(SteerError, match="monitor is read eagerly only"):
-        compiled.generate(PROMPTS[0], monitor=[monitor], max_new_tokens=4)
 
 
 def test_operations_at_every_site_kind_in_one_compiled_batch_equal_hf(compiled, hf):

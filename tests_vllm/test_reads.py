@@ -1,6 +1,7 @@
-"""Conditions (CAST) and monitors on vLLM, eager (the compiled graph refuses them): decided
-and read inside its workers, against IBM's CAST as plain hooks, plain transformers' hidden
-states, and the local engine."""
+"""Conditions (CAST) and monitors on vLLM, compiled (read inside the graph, handed over
+after each forward) and eager (hooks on vLLM's modules): decided and read inside its
+workers, against IBM's CAST as plain hooks, plain transformers' hidden states, and the
+local engine."""
 
 from __future__ import annotations
 
@@ -28,16 +29,16 @@ def local():
 
 @pytest.mark.parametrize("mode", ["mean", "last"])
 @pytest.mark.parametrize("compare", ["above", "below"])
-def test_batch_of_8_with_mixed_rows_equals_ibm_cast_row_by_row(eager, hf, mode, compare):
-    check_cast_rows(eager, hf, mode, compare)
+def test_batch_of_8_with_mixed_rows_equals_ibm_cast_row_by_row(each, hf, mode, compare):
+    check_cast_rows(each, hf, mode, compare)
 
 
-def test_monitors_equal_plain_transformers_hidden_states_of_the_steered_text(eager, hf):
-    check_monitors_against_hf(eager, hf)
+def test_monitors_equal_plain_transformers_hidden_states_of_the_steered_text(each, hf):
+    check_monitors_against_hf(each, hf)
 
 
-def test_rows_that_did_not_fire_are_identical_to_unsteered_rows(eager, hf):
-    lm = eager
+def test_rows_that_did_not_fire_are_identical_to_unsteered_rows(each, hf):
+    lm = each
     ref = cast(median_threshold(lm, hf))
     gated = lm.generate(PROMPTS, steer=steer_of(ref, condition(ref)), max_new_tokens=NEW,
                         stop_at_eos=False)  # fmt: skip
@@ -65,13 +66,14 @@ def _same(got, want) -> None:
                                        rtol=1e-4, equal_nan=True)  # fmt: skip
 
 
-def test_every_kind_of_gate_and_monitor_equals_the_local_engine(eager, hf, local):
+def test_every_kind_of_gate_and_monitor_equals_the_local_engine(each, hf, local):
     """Prompt gates (mean, last, any_of), a steer on the prompt gated by an earlier site,
     a per-token gate, a sweep whose alpha-0 rows still report their decision, and two
     monitors: the same tokens, decisions, scores and traces as the in-process engine.
-    Compiled, the gate on the prompt and the per-token gate are refused (a condition is
-    read after each forward there), and the rest run inside the graph."""
-    lm = eager
+    Compiled, the gate on the prompt and the per-token gate are refused, with why (a
+    decision comes after the forward that read the prompt), and the rest run inside the
+    graph."""
+    lm = each
     t = median_threshold(lm, hf)
     above, below = cast(t, "above"), cast(t, "below")
     last = cast(median_threshold(lm, hf, "last"), "above", "last")
@@ -89,8 +91,14 @@ def test_every_kind_of_gate_and_monitor_equals_the_local_engine(eager, hf, local
         dict(steer=steer_of(above, condition(above)), monitor=monitor),
         dict(monitor=monitor),
     ]  # fmt: skip
-    for case in cases:
+    refused = {1: "generated tokens only", 2: "per-token"} if lm.engine.graph else {}
+    for k, case in enumerate(cases):
         kwargs = dict(max_new_tokens=NEW, stop_at_eos=False, **case)
+        if k in refused:
+            assert refused[k] in lm.explain(PROMPTS, case["steer"])
+            with pytest.raises(sl.SteerError, match="enforce_eager"):
+                lm.generate(PROMPTS, **kwargs)
+            continue
         got, want = lm.generate(PROMPTS, **kwargs), local.generate(PROMPTS, **kwargs)
         _same(got, want)
     assert lm.hook_count() == 0
@@ -101,7 +109,10 @@ def test_explain_says_where_conditions_are_decided(lm, eager, hf):
     why = eager.explain(PROMPTS, steer_of(ref, condition(ref)))
     assert why.startswith("vllm: the vLLM engine decodes every call, eagerly (loaded with")
     assert "conditions are decided" in why
-    why = lm.explain(PROMPTS, steer_of(ref, condition(ref)))  # compiled: refused, with why
+    why = lm.explain(PROMPTS, steer_of(ref, condition(ref)))
+    assert why.startswith("vllm compiled:") and "read inside the graph" in why
+    on_prompt = sl.Steer("blocks.2.hook_resid_pre", ref.vector, 4.0, when=condition(ref))
+    why = lm.explain(PROMPTS, on_prompt)  # compiled: refused, with why
     assert why.startswith("refused: a condition") and "enforce_eager': True" in why
 
 

@@ -202,8 +202,13 @@ class VLLMEngine:
         if why is not None:
             return f"refused: {why}"
         if self.graph:
-            return ("vllm compiled: vLLM runs its compiled model, whose steers read each "
+            text = ("vllm compiled: vLLM runs its compiled model, whose steers read each "
                     "forward's rows from static buffers")  # fmt: skip
+            if any(r.reads for r in requests):
+                text += ("; conditions and monitors are read inside the graph and handed over "
+                         "after each forward (a decision gates the tokens generated after "
+                         "it), with no prefix-cache reads for these rows")  # fmt: skip
+            return text
         why = f" ({self.why_eager})" if self.why_eager else ""
         text = f"vllm: the vLLM engine decodes every call, eagerly{why}, in its workers"
         if any(r.reads for r in requests):

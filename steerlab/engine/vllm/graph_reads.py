@@ -57,7 +57,10 @@ class _Query:
 class GraphReads(nn.Module):
     """The read buffers of a compiled model, and what its last forward read."""
 
-    weights: torch.Tensor  # [2 * QUERIES, max tokens]: rows' sums, then their last tokens
+    # [max tokens, 2 * QUERIES]: rows' sums, then their last tokens (tokens first: a
+    # slice of the first dimension is contiguous whatever its length, so the matmul's
+    # layout never depends on the token count, which dynamo would then specialise)
+    weights: torch.Tensor
     select: torch.Tensor  # [sites, TAPS] bool: the tap a site's sums go to
     monitor: torch.Tensor  # [sites, MONITORS, d_model]: unit directions, float32
 
@@ -66,7 +69,7 @@ class GraphReads(nn.Module):
         super().__init__()
         self.sites = {name: k for k, name in enumerate(sites)}
         n = len(sites)
-        self.register_buffer("weights", torch.zeros(2 * QUERIES, max_tokens, device=device))
+        self.register_buffer("weights", torch.zeros(max_tokens, 2 * QUERIES, device=device))
         self.register_buffer("select", torch.zeros(n, TAPS, dtype=torch.bool, device=device))
         self.register_buffer("monitor", torch.zeros(n, MONITORS, d_model, device=device))
         self.out: dict[str, torch.Tensor] = {}  # what the last forward stored
@@ -79,7 +82,7 @@ class GraphReads(nn.Module):
 
     def before(self, slot: int, act: torch.Tensor) -> None:
         """The sums and last tokens of the rows reading their prompt, at site ``slot``."""
-        rows = self.weights[:, : act.shape[0]] @ act.to(torch.float32)  # [2Q, d]
+        rows = self.weights[: act.shape[0]].T @ act.to(torch.float32)  # [2Q, d]
         taps = self._trace.get("taps")
         here = self.select[slot][:, None, None]
         self._trace["taps"] = (torch.where(here, rows, 0.0) if taps is None else
@@ -101,7 +104,7 @@ class GraphReads(nn.Module):
                 errors: dict[str, str]) -> None:  # fmt: skip
         """Fill the buffers for the rows of ``batch`` that read (None: nothing reads)."""
         for query in self.queries:
-            self.weights[:, query.span[0] : query.span[1]] = 0.0
+            self.weights[query.span[0] : query.span[1]] = 0.0
         self.queries, self.taps, self.columns = [], {}, {}
         self.select.zero_()
         self.out.clear()
@@ -134,8 +137,8 @@ class GraphReads(nn.Module):
             self.select[self.sites[site], self.taps[site]] = True
         q = len(self.queries)
         a, b = span
-        self.weights[q, a:b] = keep.to(self.weights.dtype)
-        self.weights[QUERIES + q, a + int(np.flatnonzero(keep.numpy())[-1])] = 1.0
+        self.weights[a:b, q] = keep.to(self.weights.dtype)
+        self.weights[a + int(np.flatnonzero(keep.numpy())[-1]), QUERIES + q] = 1.0
         self.queries.append(_Query(row, span, keep, q))
 
     def _monitors(self, row: RowReads) -> None:
