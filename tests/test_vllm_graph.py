@@ -7,7 +7,7 @@ import torch
 
 import steerlab as sl
 from steerlab.core.ops import FeatureClamp, operand
-from steerlab.core.sites import EMBED
+from steerlab.core.sites import EMBED, Site
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
 from steerlab.engine.vllm.graph import GraphBuffers, graph_reason
@@ -149,6 +149,7 @@ def test_conditions_and_monitors_read_in_the_graph_equal_the_eager_reads():
     d = 8
     plans, vectors, lengths = _reading_rows(d)
     sites = vllm_sites(2)
+    in_order = sorted(sites, key=lambda name: Site.parse(name).forward_order)
     buffers = GraphBuffers(sites, 16, d, torch.float32, torch.device("cpu"))
     graph, eager = WorkerReads(), WorkerReads()
     for reads in (graph, eager):
@@ -167,7 +168,7 @@ def test_conditions_and_monitors_read_in_the_graph_equal_the_eager_reads():
 
         buffers.write(batch, vectors, gate)
         buffers.reads.prepare(batch, graph, errors)
-        for site in sites:
+        for site in in_order:  # as the model's hooks run
             act = torch.randn(len(positions), d, generator=g)
             eager.before(site, act, batch, errors)
             out = buffers.steer(site, act)
@@ -213,12 +214,13 @@ def test_the_reads_leave_a_compiled_graph_as_its_outputs():
     d = 8
     plans, vectors, lengths = _reading_rows(d)
     sites = vllm_sites(2)
+    in_order = sorted(sites, key=lambda name: Site.parse(name).forward_order)
     # room for 9 tokens, the first forward's count, as vLLM's first (dummy) forward fills
     # its token budget: a layout that depends on the count would specialise it there
     buffers = GraphBuffers(sites, 9, d, torch.float32, torch.device("cpu"))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        for k, site in enumerate(sites):
+        for k, site in enumerate(in_order):
             x = buffers.steer(site, torch.tanh(x * (1.0 + 0.1 * k)))
         return x
 

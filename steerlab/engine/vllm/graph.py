@@ -46,6 +46,7 @@ from torch import nn
 
 from steerlab.core.ops import STRENGTHS, form_of, table
 from steerlab.core.ops.table import NUMBERS, WIDE, apply_terms, form_columns
+from steerlab.core.sites import Site
 from steerlab.engine.vllm import graph_reads, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
 from steerlab.engine.vllm.graph_reads import GraphReads
@@ -114,7 +115,8 @@ class GraphBuffers(nn.Module):
         self.register_buffer("wide", torch.zeros(wide, dtype=dtype, device=device))
         self.register_buffer("numbers", torch.zeros(numbers, dtype=dtype, device=device))
         self.reads = GraphReads(sites, max_tokens, d_model, device)  # conditions, monitors
-        self.last_site = sites[-1]  # the forward's last: it stores the reads
+        # the forward's last site: it stores the reads
+        self.last_site = max(sites, key=lambda name: Site.parse(name).forward_order)
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now

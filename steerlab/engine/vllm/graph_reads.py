@@ -91,12 +91,14 @@ class GraphReads(nn.Module):
     def after(self, slot: int, act: torch.Tensor) -> None:
         """Each token's projections on the monitors at site ``slot``."""
         read = act.to(torch.float32) @ self.monitor[slot].T  # [tokens, MONITORS]
-        self._trace.setdefault("monitors", []).append(read)
+        self._trace.setdefault("monitors", {})[slot] = read
 
     def finish(self) -> None:
-        """At the forward's last site: store the forward's reads (graph outputs)."""
+        """At the forward's last site: store the forward's reads (graph outputs), the
+        monitors' columns in site order (``slot * MONITORS + k``)."""
         self.out["taps"] = self._trace.pop("taps")
-        self.out["monitors"] = torch.cat(self._trace.pop("monitors"), 1)
+        reads = self._trace.pop("monitors")
+        self.out["monitors"] = torch.cat([reads[slot] for slot in range(len(self.sites))], 1)
 
     # --- in the worker, around the forward ------------------------------------------------
 
