@@ -64,15 +64,23 @@ def _feature_clamp(d: int) -> FeatureClamp:
                            b_dec_in=torch.randn(d, generator=g) * 0.1)  # fmt: skip
 
 
+def _loreft(d: int, rank: int, g: torch.Generator) -> sl.LoReFT:
+    R = torch.linalg.qr(torch.randn(d, rank, generator=g))[0].T.contiguous()
+    return sl.LoReFT(SITE, R, torch.randn(rank, d, generator=g), torch.randn(rank, generator=g))
+
+
 def test_every_operation_with_a_form_steers_in_the_graph_as_it_does_eagerly():
     """Each op's own ``__call__`` (what the eager hooks run) against the graph's table
-    arithmetic, five ops on five rows of one forward at one site, each its own alpha."""
+    arithmetic, eight ops (two LoReFTs among them) on eight rows of one forward at one
+    site, each its own alpha."""
     d = 8
     g = torch.Generator().manual_seed(0)
+    h = torch.Generator().manual_seed(1)
+    refts = [_loreft(d, rank, h) for rank in (2, 3)]  # two, stacked in one set of columns
     ops = [sl.Add(), sl.Ablate(), sl.Clamp(1.5), sl.Cap(-0.5, 0.25),
-           sl.Rotate(120.0, torch.randn(d, generator=g)), _feature_clamp(d)]  # fmt: skip
+           sl.Rotate(120.0, torch.randn(d, generator=g)), _feature_clamp(d), *refts]  # fmt: skip
     vectors = [torch.randn(d, generator=g) for _ in ops]
-    alphas = [2.0, 1.0, 0.5, 1.0, 0.75, 1.0]
+    alphas = [2.0, 1.0, 0.5, 1.0, 0.75, 1.0, 1.0, 0.5]
     rows = {f"r{k}": (Steer(SITE, v, a, "all", op),)
             for k, (op, v, a) in enumerate(zip(ops, vectors, alphas))}  # fmt: skip
     plans, tensors = _plans(rows)
@@ -97,8 +105,11 @@ def test_what_the_graph_holds_and_what_it_refuses():
     token = sl.Condition(SITE, torch.ones(8), read="token")
     assert graph_reason(sl.Add()) is None
     assert graph_reason(sl.Ablate()) is None
-    reft = sl.LoReFT(SITE, torch.eye(2, 8), torch.zeros(2, 8), torch.zeros(2))
-    assert "no table form" in graph_reason(reft)
+    assert graph_reason(sl.LoReFT(SITE, torch.eye(2, 8), torch.zeros(2, 8), torch.zeros(2))) is None
+    # a top-k clamp's feature depends on the other features: no table form
+    topk = FeatureClamp(value=1.0, index=0, encoder=torch.randn(8, 16), bias=torch.zeros(16),
+                        b_dec_in=torch.zeros(8), architecture="topk", k=2)  # fmt: skip
+    assert "no table form" in graph_reason(topk)
     assert graph_reason(sl.Add(), mean, on_prompt=False) is None  # gates generated tokens
     assert "generated tokens only" in graph_reason(sl.Add(), mean, on_prompt=True)
     assert "per-token" in graph_reason(sl.Add(), token, on_prompt=False)

@@ -12,7 +12,7 @@ import torch
 from reference import RefSteer, greedy
 
 import steerlab as sl
-from steerlab.core.ops import SteerError
+from steerlab.core.ops import FeatureClamp, SteerError
 
 PROMPTS = ["Once upon a time", "The sea was", "Tell me a story about the forest.", "A cat"]
 NEW = 12
@@ -101,13 +101,16 @@ def test_a_steered_prefix_is_never_served_to_another_steer(compiled, hf):
     assert first.tokens[0] != plain.tokens[0]
 
 
-def _reft():
-    R = torch.linalg.qr(torch.randn(128, 2, generator=torch.Generator().manual_seed(3)))[0].T
-    return sl.LoReFT("blocks.1.hook_resid_pre", R.contiguous(), torch.zeros(2, 128), torch.ones(2))
+def _topk():
+    """A top-k feature clamp: whether a feature is on depends on the others (no table form)."""
+    g = torch.Generator().manual_seed(3)
+    return FeatureClamp(value=1.0, index=0, encoder=torch.randn(128, 16, generator=g),
+                           bias=torch.zeros(16), b_dec_in=torch.zeros(128), architecture="topk",
+                           k=2)  # fmt: skip
 
 
 @pytest.mark.parametrize("steer, what", [
-    (lambda: _reft(), "no table form"),
+    (lambda: sl.Steer("blocks.1.hook_resid_pre", _vec(41), 1.0, op=_topk()), "no table form"),
     (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all",
                       when=sl.Condition("blocks.1.hook_resid_post", _vec(43))),
      "generated tokens only"),

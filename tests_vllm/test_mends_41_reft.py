@@ -25,8 +25,8 @@ def _parts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     )
 
 
-def test_a_loreft_passed_as_it_is_steers_on_vllm_as_the_reference_does(eager, hf):
-    lm = eager  # a LoReFT runs eagerly on vLLM (no table form)
+def test_a_loreft_passed_as_it_is_steers_on_vllm_as_the_reference_does(each, hf):
+    lm = each  # compiled, in the graph's LoReFT columns; eager, a hook
     R, W, b = _parts()
     for positions, scale in (("first:3+last:3", 1.0), ("all", 0.5)):
         reft = sl.LoReFT(SITE, R, W, b, positions=positions) * scale

@@ -22,10 +22,10 @@ from steerlab.engine.vllm.graph import graph_reason
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_position_rule_and_operation_equals_plain_hooks(each, hf, name):
-    """Compiled, a case whose operation has no table form (LoReFT, a top-k feature clamp)
-    is refused before it is sent, with the eager load named; every other case runs in the
+    """Compiled, a case whose operation has no table form (a top-k feature clamp) is
+    refused before it is sent, with the eager load named; every other case runs in the
     graph and equals the reference."""
-    if each.engine.graph and graph_reason(CASES[name].steerlab_op(), False) is not None:
+    if each.engine.graph and graph_reason(CASES[name].steerlab_op()) is not None:
         with pytest.raises(SteerError, match="no table form.*enforce_eager"):
             check_case(each, hf, name)
         return
@@ -34,9 +34,7 @@ def test_each_position_rule_and_operation_equals_plain_hooks(each, hf, name):
 
 def _kept(lm):
     """Compiled: the cases whose operation the graph holds (the rest are refused, above)."""
-    return (
-        (lambda case: graph_reason(case.steerlab_op(), False) is None) if lm.engine.graph else None
-    )
+    return (lambda case: graph_reason(case.steerlab_op()) is None) if lm.engine.graph else None
 
 
 def test_rows_with_different_steers_in_one_batch_equal_plain_hooks(each, hf):

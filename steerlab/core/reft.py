@@ -32,6 +32,23 @@ ORTHONORMAL_TOLERANCE = 1e-3  # |R Rᵀ − I| beyond this is not orthonormal ro
 _FORMAT = "steerlab.loreft"
 
 
+def low_rank_edit(act: torch.Tensor, R: torch.Tensor, W: torch.Tensor, b: torch.Tensor,
+                  keep: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """THE LoReFT edit ``Rᵀ(W h + b − R h)`` of each row of ``act [n, d]`` (``R``, ``W``
+    ``[rank, d]``, ``b [rank]``): ``[n, d]``. ``keep [n, rank]`` bool, where given, keeps
+    each row's own columns of ``R``, ``W`` and ``b`` (vLLM's compiled graph stacks the
+    LoReFTs of a forward in one set and gives each token its own; the others add exact
+    zeros).
+
+    >>> low_rank_edit(torch.zeros(1, 2), torch.eye(2), torch.zeros(2, 2), torch.ones(2))
+    tensor([[1., 1.]])
+    """
+    inner = act @ W.T + b - act @ R.T  # [n, rank]
+    if keep is not None:
+        inner = torch.where(keep, inner, torch.zeros_like(inner))
+    return inner @ R
+
+
 @dataclass(frozen=True, eq=False)
 class LoReFT(Op):
     """``h + α·Rᵀ(W h + b − R h)`` at ``site``, on the tokens ``positions`` names.
@@ -135,8 +152,7 @@ class LoReFT(Op):
                  alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
         t = self.on(act.device)
         R, W, b = (t[n].to(act.dtype) for n in ("R", "W", "b"))
-        edit = (act @ W.T + b - act @ R.T) @ R  # [n, d]: Rᵀ(W h + b − R h)
-        return act + alpha * edit
+        return act + alpha * low_rank_edit(act, R, W, b)
 
     # -- a steer of its own ------------------------------------------------------------
 

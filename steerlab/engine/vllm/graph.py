@@ -46,6 +46,7 @@ from torch import nn
 
 from steerlab.core.ops import STRENGTHS, form_of, table
 from steerlab.core.ops.table import NUMBERS, WIDE, apply_terms, form_columns
+from steerlab.core.reft import LoReFT, low_rank_edit
 from steerlab.core.sites import Site
 from steerlab.engine.vllm import graph_reads, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
@@ -55,6 +56,7 @@ from steerlab.engine.vllm.sites import layout_for, vllm_sites
 Gate = Callable[[str, SiteSteer], torch.Tensor]  # where a gated steer may act: [tokens] bool
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
 ROWS = 32  # distinct steers one site may read in one forward
+LOW_RANK = 32  # the ranks of a site's LoReFTs in one forward, summed
 
 
 def cache_root() -> str:
@@ -74,9 +76,9 @@ def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str |
     """Why a steer cannot run inside the compiled graph, or None. ``gate``: its condition
     (``core.reads.Gate``) or None; ``on_prompt``: whether it may act on a prompt token.
     Every site the vLLM engine steers is in the graph."""
-    if form_of(op) is None:  # type: ignore[arg-type]
-        return (f"{op!r} has no table form (compiled: Add, Ablate, Clamp, Cap, Rotate and a "
-                "standard or jumprelu FeatureClamp; a LoReFT, a top-k feature clamp or a "
+    if form_of(op) is None and not isinstance(op, LoReFT):  # type: ignore[arg-type]
+        return (f"{op!r} has no table form (compiled: Add, Ablate, Clamp, Cap, Rotate, a "
+                "standard or jumprelu FeatureClamp and LoReFT; a top-k feature clamp or a "
                 "custom operation runs eagerly only)")  # fmt: skip
     if gate is not None and gate.per_token:
         return ("a per-token condition (read='token') gates the very forward that reads it; "
@@ -101,6 +103,9 @@ class GraphBuffers(nn.Module):
     numbers: torch.Tensor  # [sites, ROWS, len(NUMBERS)]: and its numbers
     index: torch.Tensor  # [sites, max tokens]: the table row each token reads
     applied: torch.Tensor  # [sites]: tokens each site steered in the last forward
+    low_rank: torch.Tensor  # [sites, 2, LOW_RANK, d_model]: a site's LoReFTs' R, then W
+    low_bias: torch.Tensor  # [sites, LOW_RANK]: and their b
+    low_row: torch.Tensor  # [sites, LOW_RANK]: the table row owning each column (-1: none)
 
     def __init__(self, sites: list[str], max_tokens: int, d_model: int, dtype: torch.dtype,
                  device: torch.device) -> None:  # fmt: skip
@@ -114,6 +119,10 @@ class GraphBuffers(nn.Module):
         wide, numbers = (n, ROWS, len(WIDE), d_model), (n, ROWS, len(NUMBERS))
         self.register_buffer("wide", torch.zeros(wide, dtype=dtype, device=device))
         self.register_buffer("numbers", torch.zeros(numbers, dtype=dtype, device=device))
+        low = (n, 2, LOW_RANK, d_model)
+        self.register_buffer("low_rank", torch.zeros(low, dtype=dtype, device=device))
+        self.register_buffer("low_bias", torch.zeros(n, LOW_RANK, dtype=dtype, device=device))
+        self.register_buffer("low_row", torch.full((n, LOW_RANK), -1, device=device))
         self.reads = GraphReads(sites, max_tokens, d_model, device)  # conditions, monitors
         # the forward's last site: it stores the reads
         self.last_site = max(sites, key=lambda name: Site.parse(name).forward_order)
@@ -136,7 +145,12 @@ class GraphBuffers(nn.Module):
             c[name] = c[name] * alpha
         on = alpha != 0
         self.applied[slot] += on.sum().to(torch.float32)
-        out = torch.where(on[:, None], apply_terms(act, c), act)
+        out = torch.where(on[:, None], apply_terms(act, c), act)  # a LoReFT's row: act
+        own = (self.low_row[slot][None, :] == index[:, None]) & on[:, None]  # [tokens, rank]
+        R, W = self.low_rank[slot].to(act.dtype)
+        out = out + alpha[:, None] * low_rank_edit(
+            act, R, W, self.low_bias[slot].to(act.dtype), own
+        )
         self.reads.after(slot, out)
         if site == self.last_site:
             self.reads.finish()
@@ -177,13 +191,34 @@ class GraphBuffers(nn.Module):
         dtype, device = self.alpha.dtype, self.alpha.device
         self.wide[slot].zero_()
         self.numbers[slot].zero_()
+        self.low_rank[slot].zero_()
+        self.low_bias[slot].zero_()
+        self.low_row[slot].fill_(-1)
+        used = 0
         for row, (key, op) in enumerate(entries):
+            if isinstance(op, LoReFT):  # its own columns; its table row stays zero (act)
+                used = self._low_rank(slot, row, op, used)
+                continue
             for name, value in form_columns(op, vectors[key], dtype, device).items():
                 if name in WIDE:
                     self.wide[slot, row, WIDE.index(name)] = value
                 else:
                     self.numbers[slot, row, NUMBERS.index(name)] = value
         self.entries[slot] = entries
+
+    def _low_rank(self, slot: int, row: int, op: LoReFT, used: int) -> int:
+        """``op``'s R, W and b into ``slot``'s LoReFT columns from ``used`` on, owned by
+        table ``row``; returns the columns now used."""
+        end = used + op.rank
+        if end > LOW_RANK:
+            raise ValueError(f"LoReFTs of rank {end} in all at one site in one forward; the "
+                             f"compiled model holds {LOW_RANK}")  # fmt: skip
+        t = op.on(self.low_rank.device)
+        self.low_rank[slot, 0, used:end] = t["R"].to(self.low_rank.dtype)
+        self.low_rank[slot, 1, used:end] = t["W"].to(self.low_rank.dtype)
+        self.low_bias[slot, used:end] = t["b"].to(self.low_bias.dtype)
+        self.low_row[slot, used:end] = row
+        return end
 
     def shortfall(self) -> list[str]:
         """The sites that steered fewer tokens than the last forward asked of them."""
