@@ -101,6 +101,10 @@ def test_a_steered_prefix_is_never_served_to_another_steer(compiled, hf):
     assert first.tokens[0] != plain.tokens[0]
 
 
+def _cond(seed: int) -> sl.Condition:
+    return sl.Condition("blocks.1.hook_resid_post", _vec(seed), read="token")
+
+
 def _topk():
     """A top-k feature clamp: whether a feature is on depends on the others (no table form)."""
     g = torch.Generator().manual_seed(3)
@@ -111,12 +115,8 @@ def _topk():
 
 @pytest.mark.parametrize("steer, what", [
     (lambda: sl.Steer("blocks.1.hook_resid_pre", _vec(41), 1.0, op=_topk()), "no table form"),
-    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all",
-                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43))),
-     "generated tokens only"),
-    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated",
-                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43), read="token")),
-     "per-token"),
+    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all", when=sl.any_of(
+        sl.all_of(_cond(43), _cond(44)), _cond(45))), "nested any_of"),
     (lambda: [sl.Steer("blocks.1.hook_resid_pre", _vec(44), 1.0),
               sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers at one site"),
 ])  # fmt: skip

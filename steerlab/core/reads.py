@@ -62,6 +62,12 @@ def score(h: torch.Tensor, direction: torch.Tensor, kind: str) -> torch.Tensor:
     return torch.where(norms > 0, cos, torch.zeros_like(cos))
 
 
+def score_as(h: torch.Tensor, direction: torch.Tensor, cosine: torch.Tensor) -> torch.Tensor:
+    """``score`` with its kind as data: ``"cosine"`` where ``cosine`` (a bool tensor) is
+    set, else ``"projection"`` (vLLM's compiled graph, whose conditions are buffers)."""
+    return torch.where(cosine, score(h, direction, "cosine"), score(h, direction, "projection"))
+
+
 def _choice(value: object, what: str, allowed: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise SteerError(f"{what} must be one of {list(allowed)}; got {value!r:.60}.", what)
@@ -306,8 +312,19 @@ def prompt_score(c: Condition, total: torch.Tensor, count: torch.Tensor,
     >>> prompt_score(c, torch.tensor([[4.0, 2.0]]), torch.tensor([2.0]), torch.zeros(1, 2))
     tensor([2.])
     """
-    h = last if c.read == "last" else total / count.clamp(min=1)[:, None]
+    h = prompt_read(total, count, last, c.read == "last")
     return c.scores(h).masked_fill(count == 0, float("nan"))
+
+
+def prompt_read(total: torch.Tensor, count: torch.Tensor, last: torch.Tensor,
+                is_last: bool | torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """What a prompt condition scores, ``[rows, d]``: the ``last`` token's activation, or
+    the mean ``total / count`` (``is_last``: a bool, or a bool tensor where the choice is
+    data, as in vLLM's compiled graph)."""
+    mean = total / count.clamp(min=1)[:, None]
+    if isinstance(is_last, bool):
+        return last if is_last else mean
+    return torch.where(is_last, last, mean)
 
 
 def reported_gate(gates: Iterable[Gate | None]) -> Gate | None:

@@ -9,11 +9,13 @@ every model it builds gets:
 
 - buffers at fixed addresses (``GraphBuffers``): per site, a table of ``ROWS`` steers in
   ``core.ops.table``'s columns (the vector, its unit direction, each ``Form`` field), and
-  per token of a forward its alpha and table row; a count of the tokens each site steered
+  per token of a forward its alpha and table row; a site's LoReFTs stacked in
+  ``LOW_RANK`` columns, each owned by a table row; a count of the tokens each site steered
   (``applied``);
 - a hook at every site the vLLM engine steers (the embedding, and each block's five) that
   applies its row's ``Form`` terms where the token's alpha is not 0
-  (``core.ops.table.apply_terms``, the local compiled step's arithmetic): tensors only,
+  (``core.ops.table.apply_terms``, the local compiled step's arithmetic) and its own
+  LoReFT columns (``core.reft.low_rank_edit``): tensors only,
   traced into the compiled graph, holding no value of any request.
 
 Before each forward the worker, in the model's outer module (which vLLM does not compile),
@@ -23,14 +25,14 @@ mixed rows mean the same. After it, ``applied`` is compared with what was writte
 site that steered fewer tokens than asked fails its rows (``SteerHookError``), so a graph
 that lost its steering cannot pass unnoticed.
 
-Conditions and monitors read inside the graph too, and what they read leaves it as the
-graph's outputs (``graph_reads.py``).
+Conditions and monitors read inside the graph too: what they read leaves it as the
+graph's outputs (``graph_reads.py``), and a gate on the forward that reads it (per token,
+or a prompt condition on a steer over that prompt) is decided there (``graph_gates.py``).
 
 What the graph cannot hold is refused before a request is sent, with the reason
 (``graph_reason`` and the engine's ``compiled_reason``): an operation without a table form
-(LoReFT, a top-k feature clamp), two steers at one site of a row, a per-token condition,
-and a condition gating a steer that acts on the prompt (a decision comes after the forward
-that read the prompt).
+(a top-k feature clamp, a custom operation), two steers at one site of a row, and a
+nested ``any_of`` / ``all_of`` decided inside the forward.
 """
 
 from __future__ import annotations
@@ -44,12 +46,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from steerlab.core import reads as core_reads
+from steerlab.core import reft
 from steerlab.core.ops import STRENGTHS, form_of, table
 from steerlab.core.ops.table import NUMBERS, WIDE, apply_terms, form_columns
 from steerlab.core.reft import LoReFT, low_rank_edit
 from steerlab.core.sites import Site
-from steerlab.engine.vllm import graph_reads, hooks
+from steerlab.engine.vllm import graph_gates, graph_reads, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
+from steerlab.engine.vllm.graph_gates import GraphGates
 from steerlab.engine.vllm.graph_reads import GraphReads
 from steerlab.engine.vllm.sites import layout_for, vllm_sites
 
@@ -67,7 +72,9 @@ def cache_root() -> str:
     base = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
         os.path.expanduser("~"), ".cache", "vllm")  # fmt: skip
     digest = hashlib.sha256()
-    for module in (__file__, hooks.__file__, table.__file__, graph_reads.__file__):
+    traced = (__file__, hooks.__file__, table.__file__, graph_reads.__file__,
+              graph_gates.__file__, core_reads.__file__, reft.__file__)  # fmt: skip
+    for module in traced:
         digest.update(Path(module).read_bytes())
     return os.path.join(base, f"steerlab-graph-{digest.hexdigest()[:16]}")
 
@@ -80,13 +87,10 @@ def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str |
         return (f"{op!r} has no table form (compiled: Add, Ablate, Clamp, Cap, Rotate, a "
                 "standard or jumprelu FeatureClamp and LoReFT; a top-k feature clamp or a "
                 "custom operation runs eagerly only)")  # fmt: skip
-    if gate is not None and gate.per_token:
-        return ("a per-token condition (read='token') gates the very forward that reads it; "
-                "the compiled graph hands what it read over after each forward, so it runs "
-                "eagerly only")  # fmt: skip
-    if gate is not None and on_prompt:
-        return ("a condition is decided after the forward that reads the prompt, so compiled "
-                "it gates generated tokens only (positions='generated')")  # fmt: skip
+    if gate is not None and (gate.per_token or on_prompt) and gate.depth > 1:
+        return ("a nested any_of / all_of that gates the forward reading it (per token, or "
+                "a steer on the prompt) is decided eagerly only: the compiled graph holds "
+                "one any_of or all_of of conditions there")  # fmt: skip
     return None
 
 
@@ -124,6 +128,7 @@ class GraphBuffers(nn.Module):
         self.register_buffer("low_bias", torch.zeros(n, LOW_RANK, dtype=dtype, device=device))
         self.register_buffer("low_row", torch.full((n, LOW_RANK), -1, device=device))
         self.reads = GraphReads(sites, max_tokens, d_model, device)  # conditions, monitors
+        self.gates = GraphGates(sites, max_tokens, d_model, device)  # decided in the forward
         # the forward's last site: it stores the reads
         self.last_site = max(sites, key=lambda name: Site.parse(name).forward_order)
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
@@ -133,7 +138,8 @@ class GraphBuffers(nn.Module):
     def steer(self, site: str, act: torch.Tensor) -> torch.Tensor:
         """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only."""
         slot = self.sites[site]
-        self.reads.before(slot, act)
+        rows, count = self.reads.before(slot, act)
+        open_ = self.gates.open(site, act, rows, count)  # [tokens]: where gates let it act
         tokens = act.shape[0]
         alpha = self.alpha[slot, :tokens].to(act.dtype)
         index = self.index[slot, :tokens]
@@ -144,7 +150,8 @@ class GraphBuffers(nn.Module):
         for name in STRENGTHS:
             c[name] = c[name] * alpha
         on = alpha != 0
-        self.applied[slot] += on.sum().to(torch.float32)
+        self.applied[slot] += on.sum().to(torch.float32)  # visited, as eagerly: gated or not
+        on = on & open_
         out = torch.where(on[:, None], apply_terms(act, c), act)  # a LoReFT's row: act
         own = (self.low_row[slot][None, :] == index[:, None]) & on[:, None]  # [tokens, rank]
         R, W = self.low_rank[slot].to(act.dtype)

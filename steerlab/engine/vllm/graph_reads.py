@@ -80,13 +80,17 @@ class GraphReads(nn.Module):
 
     # --- inside the forward (traced) ------------------------------------------------------
 
-    def before(self, slot: int, act: torch.Tensor) -> None:
-        """The sums and last tokens of the rows reading their prompt, at site ``slot``."""
-        rows = self.weights[: act.shape[0]].T @ act.to(torch.float32)  # [2Q, d]
+    def before(self, slot: int, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sums and last tokens of the rows reading their prompt, at site ``slot``:
+        ``[2 * QUERIES, d]`` (kept where ``select`` says), and their token counts
+        ``[QUERIES]``, for the gates decided in the forward (``graph_gates.py``)."""
+        weights = self.weights[: act.shape[0]]
+        rows = weights.T @ act.to(torch.float32)  # [2Q, d]
         taps = self._trace.get("taps")
         here = self.select[slot][:, None, None]
         self._trace["taps"] = (torch.where(here, rows, 0.0) if taps is None else
                                torch.where(here, rows, taps))  # fmt: skip
+        return rows, weights[:, :QUERIES].sum(0)
 
     def after(self, slot: int, act: torch.Tensor) -> None:
         """Each token's projections on the monitors at site ``slot``."""
@@ -114,10 +118,6 @@ class GraphReads(nn.Module):
             return
         for _, row, span in reads.reading(batch):
             try:
-                if any(c.per_token for c in row.state.leaves):
-                    raise ValueError("a per-token condition (read='token') gates the forward "
-                                     "that reads it, so it runs eagerly only: load with "
-                                     "vllm_args={'enforce_eager': True}")  # fmt: skip
                 self._monitors(row)
                 self._prompt(row, span, batch.pos[span[0] : span[1]])
             except ValueError as err:
