@@ -28,6 +28,15 @@ def _plans(rows):
     return plans, vectors
 
 
+def _at(buffers: GraphBuffers, site: str, act: torch.Tensor) -> torch.Tensor:
+    """A forward through every site in order (as the model's hooks run), ``act`` at each;
+    what ``site`` returns."""
+    out = {}
+    for name in sorted(buffers.sites, key=lambda name: Site.parse(name).forward_order):
+        out[name] = buffers.steer(name, act)
+    return out[site]
+
+
 def test_a_forward_is_written_as_per_token_alphas_and_rows_and_steered_by_hand():
     v, w = torch.randn(8), torch.randn(8)
     plans, vectors = _plans({
@@ -45,7 +54,7 @@ def test_a_forward_is_written_as_per_token_alphas_and_rows_and_steered_by_hand()
     slot = buffers.sites[SITE]
     assert buffers.alpha[slot, :7].tolist() == [2.0, 2.0, 2.0, 0.0, -1.0, 0.0, 0.0]
     act = torch.randn(7, 8)
-    out = buffers.steer(SITE, act)
+    out = _at(buffers, SITE, act)
     want = act.clone()
     want[:3] += 2.0 * v
     want[4] += -1.0 * w
@@ -92,7 +101,7 @@ def test_every_operation_with_a_form_steers_in_the_graph_as_it_does_eagerly():
     buffers = GraphBuffers(vllm_sites(2), 16, d, torch.float32, torch.device("cpu"))
     buffers.write(batch, tensors)
     act = torch.randn(2 * len(ids), d, generator=g) * 2
-    out = buffers.steer(SITE, act)
+    out = _at(buffers, SITE, act)
     for k, (op, v, a) in enumerate(zip(ops, vectors, alphas)):
         mine = act[2 * k : 2 * k + 2]
         want = op(mine, operand(op, v, torch.float32), torch.full((2, 1), a))

@@ -89,7 +89,11 @@ class GraphGates(nn.Module):
                 query = self.query[:tokens]
                 score = torch.where(query >= 0, by_row[query.clamp(min=0)], float("nan"))
             fired.append(torch.where(above, score > threshold, score < threshold))
-        so_far = self._trace.setdefault("fired", [])
+        if self.order[site] == 0:  # a forward starts: nothing kept from an earlier one
+            self._trace["fired"] = []
+        so_far = self._trace["fired"]
+        if len(so_far) != self.order[site]:  # a gate's columns would be another site's
+            raise RuntimeError(f"steerlab's graph sites ran out of forward order at {site}")
         so_far.append(torch.stack(fired, 1))  # [tokens, COLUMNS]
         if self.order[site] == len(self.order) - 1:
             self._trace.pop("fired")  # the last site: nothing later reads them

@@ -35,6 +35,7 @@ from torch import nn
 
 from steerlab.core.monitors import Monitor
 from steerlab.core.ops import unit
+from steerlab.core.sites import Site
 from steerlab.engine.vllm.batch import ForwardBatch
 from steerlab.engine.vllm.reads import RowReads, WorkerReads
 
@@ -68,6 +69,8 @@ class GraphReads(nn.Module):
                  device: torch.device) -> None:  # fmt: skip
         super().__init__()
         self.sites = {name: k for k, name in enumerate(sites)}
+        first = min(sites, key=lambda name: Site.parse(name).forward_order)
+        self.first = self.sites[first]  # the forward's first site
         n = len(sites)
         self.register_buffer("weights", torch.zeros(max_tokens, 2 * QUERIES, device=device))
         self.register_buffer("select", torch.zeros(n, TAPS, dtype=torch.bool, device=device))
@@ -84,6 +87,8 @@ class GraphReads(nn.Module):
         """The sums and last tokens of the rows reading their prompt, at site ``slot``:
         ``[2 * QUERIES, d]`` (kept where ``select`` says), and their token counts
         ``[QUERIES]``, for the gates decided in the forward (``graph_gates.py``)."""
+        if slot == self.first:  # a forward starts: nothing kept from an earlier one
+            self._trace.clear()
         weights = self.weights[: act.shape[0]]
         rows = weights.T @ act.to(torch.float32)  # [2Q, d]
         taps = self._trace.get("taps")
