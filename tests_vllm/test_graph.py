@@ -178,6 +178,27 @@ def test_tensor_parallel_2_compiled_rows_equal_hf(compiled_tp2, hf):
     assert out.tokens[1] != out.tokens[0]
 
 
+def test_tensor_parallel_2_compiled_conditions_and_monitors_equal_the_local_engine(compiled_tp2,
+                                                                                   hf):  # fmt: skip
+    """A CAST condition (half the rows fire) and a monitor, read inside both ranks' graphs:
+    the same decisions, scores, tokens and traces as the in-process engine."""
+    from reads_parity import PROMPTS as READ_PROMPTS
+    from reads_parity import cast, condition, median_threshold, steer_of
+
+    ref = cast(median_threshold(compiled_tp2, hf))
+    kwargs = dict(steer=steer_of(ref, condition(ref)), max_new_tokens=NEW, stop_at_eos=False,
+                  monitor={"m": ("blocks.2.hook_resid_post", _vec(51))})  # fmt: skip
+    got = compiled_tp2.generate(READ_PROMPTS, **kwargs)
+    want = sl.load("steerlab-tiny", backend="hf").generate(READ_PROMPTS, **kwargs)
+    assert got.tokens == want.tokens and got.fired.tolist() == want.fired.tolist()
+    assert 0 < int(got.fired.sum()) < len(READ_PROMPTS)
+    torch.testing.assert_close(got.condition_scores, want.condition_scores, atol=1e-5, rtol=1e-4)
+    for part in ("prompt", "generated"):
+        torch.testing.assert_close(getattr(got.monitors["m"], part),
+                                   getattr(want.monitors["m"], part), atol=1e-4, rtol=1e-4,
+                                   equal_nan=True)  # fmt: skip
+
+
 def test_pipeline_parallel_is_refused_compiled_before_vllm_starts():
     with pytest.raises(ValueError, match="pipeline"):
         sl.load("steerlab-tiny", backend="vllm", pipeline_parallel_size=2,

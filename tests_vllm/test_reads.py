@@ -110,13 +110,13 @@ def test_explain_says_where_conditions_are_decided(lm, eager, hf):
     assert why.startswith("refused: a nested any_of") and "enforce_eager': True" in why
 
 
-@pytest.fixture(scope="module")
-def chunked():
+@pytest.fixture(scope="module", params=["compiled", "eager"])
+def chunked(request):
     """An engine that feeds at most 32 tokens a forward: longer prompts come in chunks."""
     model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
                     vllm_args={"block_size": 32, "max_num_batched_tokens": 32,
                                "max_num_seqs": 8, "enable_chunked_prefill": True,
-                               "enforce_eager": True})  # fmt: skip
+                               "enforce_eager": request.param == "eager"})  # fmt: skip
     yield model
     model.engine.close()
 

@@ -56,16 +56,26 @@ def score(h: torch.Tensor, direction: torch.Tensor, kind: str) -> torch.Tensor:
     along = h @ u  # [n]
     if kind == "projection":
         return along
-    projected = torch.tanh(along[:, None] * u)  # tanh(P h) [n, d]
-    norms = h.norm(dim=-1) * projected.norm(dim=-1)
-    cos = (h * projected).sum(-1) / norms
+    return _cosine(h, u[None], along[:, None])[:, 0]
+
+
+def _cosine(h: torch.Tensor, units: torch.Tensor, along: torch.Tensor) -> torch.Tensor:
+    """CAST's ``cos(h, tanh(P h))`` of each row of ``h [n, d]`` for each of ``units [k, d]``
+    (unit directions), ``along [n, k]`` being ``h``'s projections on them: ``[n, k]``, 0
+    where a norm is 0."""
+    projected = torch.tanh(along[..., None] * units)  # tanh(P h) [n, k, d]
+    norms = h.norm(dim=-1)[:, None] * projected.norm(dim=-1)
+    cos = (h[:, None, :] * projected).sum(-1) / norms
     return torch.where(norms > 0, cos, torch.zeros_like(cos))
 
 
-def score_as(h: torch.Tensor, direction: torch.Tensor, cosine: torch.Tensor) -> torch.Tensor:
-    """``score`` with its kind as data: ``"cosine"`` where ``cosine`` (a bool tensor) is
-    set, else ``"projection"`` (vLLM's compiled graph, whose conditions are buffers)."""
-    return torch.where(cosine, score(h, direction, "cosine"), score(h, direction, "projection"))
+def score_as(h: torch.Tensor, units: torch.Tensor, cosine: torch.Tensor) -> torch.Tensor:
+    """``score`` along each of ``units [k, d]`` (unit directions, float32) at once, its kind
+    as data: ``"cosine"`` where ``cosine [k]`` (bool) is set, else ``"projection"``:
+    ``[n, k]`` (vLLM's compiled graph, whose conditions are buffers)."""
+    h = h.to(torch.promote_types(h.dtype, torch.float32))
+    along = h @ units.T  # [n, k]
+    return torch.where(cosine, _cosine(h, units, along), along)
 
 
 def _choice(value: object, what: str, allowed: Sequence[str]) -> str:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from steerlab.core.ops import unit
 from steerlab.core.reads import AllOf, Condition, Gate, prompt_read, score_as
 from steerlab.core.sites import Site
 from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
@@ -43,7 +44,7 @@ COLUMNS = TOKEN + PROMPT  # a site's columns of fired tokens
 class GraphGates(nn.Module):
     """The conditions a compiled model decides in the forward, and the gates reading them."""
 
-    direction: torch.Tensor  # [sites, COLUMNS, d_model] float32, as given (not unit)
+    direction: torch.Tensor  # [sites, COLUMNS, d_model]: unit directions, float32
     numbers: torch.Tensor  # [sites, COLUMNS, 4]: cosine?, threshold, above?, last?
     query: torch.Tensor  # [max tokens]: the prompt read (``GraphReads``) a token is in, -1
     gate: torch.Tensor  # [sites, max tokens]: each token's gate at each site (0: none)
@@ -76,25 +77,25 @@ class GraphGates(nn.Module):
         here and before: ``act [tokens, d]`` before the steers, ``rows [2Q, d]`` the sums
         and last tokens of the prompts read here, ``count [Q]`` their tokens."""
         slot, tokens = self.sites[site], act.shape[0]
-        d, num = self.direction[slot], self.numbers[slot]
-        fired = []
-        for k in range(COLUMNS):
-            cosine, threshold, above = num[k, 0] != 0, num[k, 1], num[k, 2] != 0
-            if k < TOKEN:
-                score = score_as(act, d[k], cosine)  # [tokens]
-            else:
-                q = count.shape[0]
-                h = prompt_read(rows[:q], count, rows[q:], num[k, 3] != 0)
-                by_row = score_as(h, d[k], cosine).masked_fill(count == 0, float("nan"))
-                query = self.query[:tokens]
-                score = torch.where(query >= 0, by_row[query.clamp(min=0)], float("nan"))
-            fired.append(torch.where(above, score > threshold, score < threshold))
+        units, num = self.direction[slot], self.numbers[slot]  # [COLUMNS, d], [COLUMNS, 4]
+        cosine, threshold, above = num[:, 0] != 0, num[:, 1], num[:, 2] != 0
+        per_token = score_as(act, units[:TOKEN], cosine[:TOKEN])  # [tokens, TOKEN]
+        q = count.shape[0]
+        by_row = torch.where(  # [Q, PROMPT]: each prompt read's score, mean or last
+            num[TOKEN:, 3] != 0,
+            score_as(prompt_read(rows[:q], count, rows[q:], True), units[TOKEN:], cosine[TOKEN:]),
+            score_as(prompt_read(rows[:q], count, rows[q:], False), units[TOKEN:], cosine[TOKEN:]),
+        ).masked_fill((count == 0)[:, None], float("nan"))
+        query = self.query[:tokens]
+        on_prompt = torch.where((query >= 0)[:, None], by_row[query.clamp(min=0)], float("nan"))
+        scores = torch.cat([per_token, on_prompt], 1)  # [tokens, COLUMNS]
+        fired = torch.where(above, scores > threshold, scores < threshold)  # NaN never fires
         if self.order[site] == 0:  # a forward starts: nothing kept from an earlier one
             self._trace["fired"] = []
         so_far = self._trace["fired"]
         if len(so_far) != self.order[site]:  # a gate's columns would be another site's
             raise RuntimeError(f"steerlab's graph sites ran out of forward order at {site}")
-        so_far.append(torch.stack(fired, 1))  # [tokens, COLUMNS]
+        so_far.append(fired)
         if self.order[site] == len(self.order) - 1:
             self._trace.pop("fired")  # the last site: nothing later reads them
         columns = torch.cat(so_far, 1)  # [tokens, (sites so far) * COLUMNS]
@@ -150,7 +151,7 @@ class GraphGates(nn.Module):
                                  f"at {c.site} than the compiled model decides in one forward; "
                                  "load with vllm_args={'enforce_eager': True}")  # fmt: skip
             slot = self.sites[c.site]
-            self.direction[slot, k] = c.direction.to(self.direction)
+            self.direction[slot, k] = unit(c.direction.to(self.direction.device), torch.float32)
             self.numbers[slot, k] = torch.tensor([c.score == "cosine", c.threshold,
                                                   c.compare == "above", c.read == "last"])  # fmt: skip
             self.columns[key] = self.order[c.site] * COLUMNS + k
