@@ -11,7 +11,6 @@ from steerlab.core.sites import EMBED, Site
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
 from steerlab.engine.vllm.graph import GraphBuffers, graph_reason
-from steerlab.engine.vllm.graph_gates import gate_function
 from steerlab.engine.vllm.params import row_tensors, to_vllm
 from steerlab.engine.vllm.sites import vllm_sites
 
@@ -120,14 +119,9 @@ def test_what_the_graph_holds_and_what_it_refuses():
     topk = FeatureClamp(value=1.0, index=0, encoder=torch.randn(8, 16), bias=torch.zeros(16),
                         b_dec_in=torch.zeros(8), architecture="topk", k=2)  # fmt: skip
     assert "no table form" in graph_reason(topk)
-    for gate in (mean, token, sl.any_of(mean, mean), sl.all_of(token, token)):
-        for on_prompt in (False, True):
-            assert graph_reason(sl.Add(), gate, on_prompt) is None
-    nested = sl.any_of(sl.all_of(token, token), token)  # the graph holds one any_of / all_of
-    assert "nested" in graph_reason(sl.Add(), nested, on_prompt=False)
-    nested = sl.any_of(sl.all_of(mean, mean), mean)  # decided after the prompt's forward
-    assert graph_reason(sl.Add(), nested, on_prompt=False) is None
-    assert "nested" in graph_reason(sl.Add(), nested, on_prompt=True)
+    assert graph_reason(sl.Add(), mean, on_prompt=False) is None  # gates generated tokens
+    assert "generated tokens only" in graph_reason(sl.Add(), mean, on_prompt=True)
+    assert "per-token" in graph_reason(sl.Add(), token, on_prompt=False)
 
 
 def _reading_rows(d: int):
@@ -277,65 +271,3 @@ def test_the_reads_leave_a_compiled_graph_as_its_outputs():
             torch.testing.assert_close(out[key], buffers.reads.out[key])
         assert out["taps"].abs().sum() > 0 and out["monitors"].abs().sum() > 0
     assert counters["stats"]["unique_graphs"] == before + 1
-
-
-def test_gates_decided_in_the_forward_steer_as_the_eager_hooks_gate():
-    """A prompt gate on a steer over the whole prompt, per-token gates (one condition,
-    any_of and all_of of two), decided inside the forward (``graph_gates.py``), against the
-    eager hooks' gating (``WorkerReads.before`` then ``mask``) on the same activations:
-    each site's output equal, some tokens gated off and some on."""
-    from types import SimpleNamespace
-
-    from steerlab.engine.vllm.reads import WorkerReads
-
-    d, g = 8, torch.Generator().manual_seed(21)
-    c = [sl.Condition("blocks.0.hook_resid_post", torch.randn(d, generator=g), threshold=0.0,
-                      read=read, score=kind)
-         for read, kind in (("mean", "projection"), ("token", "projection"), ("token", "cosine"))]  # fmt: skip
-    c[2] = sl.Condition(c[2].site, c[2].direction, threshold=0.4, read="token")
-    v = torch.randn(d, generator=g)
-    gates = {"p": c[0], "t": c[1], "any": sl.any_of(c[1], c[2]), "all": sl.all_of(c[1], c[2])}
-    sites = {"p": "blocks.1.hook_resid_pre", "t": "blocks.0.hook_resid_post",
-             "any": "blocks.1.hook_resid_post", "all": "blocks.1.hook_mlp_out"}  # fmt: skip
-    lengths = {rid: 4 for rid in gates}
-    vectors, plans = {}, {}
-    for rid, gate in gates.items():
-        request = Request(tuple(range(4)), (Steer(sites[rid], v, 2.0, "all", sl.Add(), when=gate),),
-                          Sampling(max_new_tokens=4), rid)  # fmt: skip
-        vectors.update(row_tensors(request))
-        extra = to_vllm(request, rid.upper(), revision="", eos_ids=set()).sampling
-        plans[rid] = parse_plan(extra.get("extra_args"), vectors)
-    names = vllm_sites(2)
-    order = sorted(names, key=lambda name: Site.parse(name).forward_order)
-    buffers = GraphBuffers(names, 32, d, torch.float32, torch.device("cpu"))
-    graph, eager = WorkerReads(), WorkerReads()
-    for reads in (graph, eager):
-        for rid, plan in plans.items():
-            reads.track(rid, plan, SimpleNamespace(num_prompt_tokens=4))
-    ids, gated, open_ = list(gates), 0, 0
-    for positions in ([0, 1, 2, 3], [4]):  # the prompts whole, then a decode step
-        starts = [len(positions) * k for k in range(len(ids) + 1)]
-        pos = torch.tensor(positions * len(ids))
-        batch = lay_out_forward(ids, starts, pos, plans, lengths)
-        errors: dict[str, str] = {}
-        buffers.gates.clear()
-        buffers.reads.prepare(batch, graph, errors)
-        for query in buffers.reads.queries:
-            buffers.gates.read_prompt(query.span, query.q)
-        gate = gate_function(buffers.gates, graph, buffers.reads.queries, batch, errors)
-        buffers.write(batch, vectors, gate)
-        eager.new_forward()
-        for site in order:
-            act = torch.randn(len(pos), d, generator=g)
-            eager.before(site, act, batch, errors)
-            want = act
-            for steer in batch.by_site.get(site, []):
-                where = eager.mask(site, steer, batch, len(pos), errors) & steer.touched
-                gated += int((steer.touched & ~where).sum())
-                open_ += int(where.sum())
-                want = torch.where(where[:, None], act + steer.alphas[:, None] * v, want)
-            got = buffers.steer(site, act)
-            torch.testing.assert_close(got, want, msg=site)
-        buffers.reads.feed(batch, graph, errors)
-        assert errors == {}
-    assert gated > 0 and open_ > 0

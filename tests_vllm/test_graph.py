@@ -115,8 +115,11 @@ def _topk():
 
 @pytest.mark.parametrize("steer, what", [
     (lambda: sl.Steer("blocks.1.hook_resid_pre", _vec(41), 1.0, op=_topk()), "no table form"),
-    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all", when=sl.any_of(
-        sl.all_of(_cond(43), _cond(44)), _cond(45))), "nested any_of"),
+    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all",
+                      when=sl.Condition("blocks.1.hook_resid_post", _vec(43))),
+     "generated tokens only"),
+    (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated", when=_cond(44)),
+     "per-token"),
     (lambda: [sl.Steer("blocks.1.hook_resid_pre", _vec(44), 1.0),
               sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers at one site"),
 ])  # fmt: skip

@@ -56,26 +56,10 @@ def score(h: torch.Tensor, direction: torch.Tensor, kind: str) -> torch.Tensor:
     along = h @ u  # [n]
     if kind == "projection":
         return along
-    return _cosine(h, u[None], along[:, None])[:, 0]
-
-
-def _cosine(h: torch.Tensor, units: torch.Tensor, along: torch.Tensor) -> torch.Tensor:
-    """CAST's ``cos(h, tanh(P h))`` of each row of ``h [n, d]`` for each of ``units [k, d]``
-    (unit directions), ``along [n, k]`` being ``h``'s projections on them: ``[n, k]``, 0
-    where a norm is 0."""
-    projected = torch.tanh(along[..., None] * units)  # tanh(P h) [n, k, d]
-    norms = h.norm(dim=-1)[:, None] * projected.norm(dim=-1)
-    cos = (h[:, None, :] * projected).sum(-1) / norms
+    projected = torch.tanh(along[:, None] * u)  # tanh(P h) [n, d]
+    norms = h.norm(dim=-1) * projected.norm(dim=-1)
+    cos = (h * projected).sum(-1) / norms
     return torch.where(norms > 0, cos, torch.zeros_like(cos))
-
-
-def score_as(h: torch.Tensor, units: torch.Tensor, cosine: torch.Tensor) -> torch.Tensor:
-    """``score`` along each of ``units [k, d]`` (unit directions, float32) at once, its kind
-    as data: ``"cosine"`` where ``cosine [k]`` (bool) is set, else ``"projection"``:
-    ``[n, k]`` (vLLM's compiled graph, whose conditions are buffers)."""
-    h = h.to(torch.promote_types(h.dtype, torch.float32))
-    along = h @ units.T  # [n, k]
-    return torch.where(cosine, _cosine(h, units, along), along)
 
 
 def _choice(value: object, what: str, allowed: Sequence[str]) -> str:
@@ -322,19 +306,8 @@ def prompt_score(c: Condition, total: torch.Tensor, count: torch.Tensor,
     >>> prompt_score(c, torch.tensor([[4.0, 2.0]]), torch.tensor([2.0]), torch.zeros(1, 2))
     tensor([2.])
     """
-    h = prompt_read(total, count, last, c.read == "last")
+    h = last if c.read == "last" else total / count.clamp(min=1)[:, None]
     return c.scores(h).masked_fill(count == 0, float("nan"))
-
-
-def prompt_read(total: torch.Tensor, count: torch.Tensor, last: torch.Tensor,
-                is_last: bool | torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """What a prompt condition scores, ``[rows, d]``: the ``last`` token's activation, or
-    the mean ``total / count`` (``is_last``: a bool, or a bool tensor where the choice is
-    data, as in vLLM's compiled graph)."""
-    mean = total / count.clamp(min=1)[:, None]
-    if isinstance(is_last, bool):
-        return last if is_last else mean
-    return torch.where(is_last, last, mean)
 
 
 def reported_gate(gates: Iterable[Gate | None]) -> Gate | None:

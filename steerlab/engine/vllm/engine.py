@@ -205,11 +205,9 @@ class VLLMEngine:
             text = ("vllm compiled: vLLM runs its compiled model, whose steers read each "
                     "forward's rows from static buffers")  # fmt: skip
             if any(r.reads for r in requests):
-                text += ("; conditions and monitors are read inside the graph: a gate on "
-                         "the forward that reads it (per token, or a steer on the prompt) is "
-                         "decided there, a prompt's decision is handed over after its forward "
-                         "and gates the tokens generated after it; no prefix-cache reads for "
-                         "these rows")  # fmt: skip
+                text += ("; conditions and monitors are read inside the graph and handed over "
+                         "after each forward (a decision gates the tokens generated after "
+                         "it), with no prefix-cache reads for these rows")  # fmt: skip
             return text
         why = f" ({self.why_eager})" if self.why_eager else ""
         text = f"vllm: the vLLM engine decodes every call, eagerly{why}, in its workers"
@@ -264,7 +262,8 @@ class VLLMEngine:
 
 def compiled_reason(requests: Sequence[Request]) -> str | None:
     """What a compiled model (``graph.py``) cannot steer, or None: an operation without a
-    table form, two steers at one site of a row, a nested gate the forward decides."""
+    table form, two steers at one site of a row, a per-token condition, a condition gating
+    a steer that acts on a prompt token."""
     eager = "; this engine was loaded compiled: load it with vllm_args={'enforce_eager': True}"
     plan = Plan.of(requests)
     for i in range(plan.rows):

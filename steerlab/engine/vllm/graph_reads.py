@@ -83,10 +83,9 @@ class GraphReads(nn.Module):
 
     # --- inside the forward (traced) ------------------------------------------------------
 
-    def before(self, slot: int, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def before(self, slot: int, act: torch.Tensor) -> None:
         """The sums and last tokens of the rows reading their prompt, at site ``slot``:
-        ``[2 * QUERIES, d]`` (kept where ``select`` says), and their token counts
-        ``[QUERIES]``, for the gates decided in the forward (``graph_gates.py``)."""
+        ``[2 * QUERIES, d]``, kept where ``select`` says."""
         if slot == self.first:  # a forward starts: nothing kept from an earlier one
             self._trace.clear()
         weights = self.weights[: act.shape[0]]
@@ -95,7 +94,6 @@ class GraphReads(nn.Module):
         here = self.select[slot][:, None, None]
         self._trace["taps"] = (torch.where(here, rows, 0.0) if taps is None else
                                torch.where(here, rows, taps))  # fmt: skip
-        return rows, weights[:, :QUERIES].sum(0)
 
     def after(self, slot: int, act: torch.Tensor) -> None:
         """Each token's projections on the monitors at site ``slot``."""

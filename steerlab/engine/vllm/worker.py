@@ -26,7 +26,6 @@ from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.plan import Plan
 from steerlab.engine.vllm import graph, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, Layouts, SiteSteer, parse_plan
-from steerlab.engine.vllm.graph_gates import gate_function
 from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
 
@@ -207,19 +206,16 @@ class SteerWorker:
         if buffers is None:
             return
         batch = state.batch
+
+        def gate(site: str, steer: SiteSteer) -> torch.Tensor:
+            assert batch is not None
+            return state.reads.mask(site, steer, batch, steer.alphas.shape[0], state.errors)
+
         try:
-            buffers.gates.clear()
-            buffers.reads.prepare(batch, state.reads, state.errors)
-            gate = None
-            if batch is not None and batch.req_ids:
-                for query in buffers.reads.queries:
-                    buffers.gates.read_prompt(query.span, query.q)
-                gate = gate_function(buffers.gates, state.reads, buffers.reads.queries, batch,
-                                     state.errors)  # fmt: skip
             buffers.write(batch, state.vectors, gate)
+            buffers.reads.prepare(batch, state.reads, state.errors)
         except Exception as err:
             buffers.write(None, state.vectors)
-            buffers.gates.clear()
             buffers.reads.prepare(None, state.reads, state.errors)
             for row in batch.rows if batch is not None else []:
                 state.errors.setdefault(row, f"writing the compiled model's steers: {err!r}")
