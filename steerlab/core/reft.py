@@ -43,9 +43,7 @@ def low_rank_edit(act: torch.Tensor, R: torch.Tensor, W: torch.Tensor, b: torch.
     >>> low_rank_edit(torch.zeros(1, 2), torch.eye(2), torch.zeros(2, 2), torch.ones(2))
     tensor([[1., 1.]])
     """
-    rank = W.shape[0]
-    both = act @ torch.cat([W, R]).T  # [n, 2 rank]: W h and R h in one product
-    inner = both[:, :rank] + b - both[:, rank:]  # [n, rank]
+    inner = act @ W.T + b - act @ R.T  # [n, rank]
     if keep is not None:
         inner = torch.where(keep, inner, torch.zeros_like(inner))
     return inner @ R

@@ -8,10 +8,14 @@ runs, and an output costs only its memory. So every site computes two small read
 buffers the worker fills before the forward (``GraphReads``), and the last site stores
 them, one tensor each:
 
-- for prompt conditions, before the site's steers: ``weights @ act``, per row that reads
-  its prompt in this forward (up to ``QUERIES``) the sum of the tokens its conditions
-  read (``GateState.kept``) and the last of them, in float32; ``select`` keeps it for the
-  sites conditions read in this forward (up to ``TAPS``): ``[TAPS, 2 * QUERIES, d]``;
+- for prompt conditions, before the site's steers: the activation, in float32, where
+  ``select`` says a tap reads the site (up to ``TAPS`` sites a forward); at the end one
+  product with ``weights`` gives, per row that reads its prompt in this forward (up to
+  ``QUERIES``), the sum of the tokens its conditions read (``GateState.kept``) and the
+  last of them: ``[TAPS, 2 * QUERIES, d]``. A site costs one elementwise pass over its
+  activation a tap, which inductor fuses where it can (a product at every site cost
+  ``TAPS * 2 * QUERIES * d`` whatever the token count: milliseconds a decode step at
+  width 768);
 - for monitors, after the site's steers: ``act @ monitor[site].T``, each token's
   projection on the unit directions of up to ``MONITORS`` monitors: ``[tokens, sites *
   MONITORS]``.
@@ -20,8 +24,8 @@ After the forward the worker hands them to the state the eager hooks feed (``rea
 each condition's ``GateState.add``, each monitor's trace. A decision therefore comes
 after the forward that read the prompt: compiled, a gate can only let a steer act on
 generated tokens (the engine refuses the rest, ``compiled_reason``), and the worker folds
-the decision into the alphas it writes. A forward that should have read and stored
-nothing is an error for its reading rows, never a silent gap.
+the decision into the alphas it writes. A forward whose reads never came out of the
+graph is an error for its reading rows, never a silent gap.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from steerlab.core.sites import Site
 from steerlab.engine.vllm.batch import ForwardBatch
 from steerlab.engine.vllm.reads import RowReads, WorkerReads
 
-QUERIES = 16  # rows one forward reads the prompt of
-TAPS = 4  # sites one forward's conditions read
+QUERIES = 64  # rows one forward reads the prompt of
+TAPS = 2  # sites one forward's conditions read
 MONITORS = 8  # distinct monitors read at one site in one forward
 
 
@@ -84,16 +88,12 @@ class GraphReads(nn.Module):
     # --- inside the forward (traced) ------------------------------------------------------
 
     def before(self, slot: int, act: torch.Tensor) -> None:
-        """The sums and last tokens of the rows reading their prompt, at site ``slot``:
-        ``[2 * QUERIES, d]``, kept where ``select`` says."""
+        """Keep ``act`` (before the site's steers) where a tap reads site ``slot``."""
         if slot == self.first:  # a forward starts: nothing kept from an earlier one
             self._trace.clear()
-        weights = self.weights[: act.shape[0]]
-        rows = weights.T @ act.to(torch.float32)  # [2Q, d]
-        taps = self._trace.get("taps")
-        here = self.select[slot][:, None, None]
-        self._trace["taps"] = (torch.where(here, rows, 0.0) if taps is None else
-                               torch.where(here, rows, taps))  # fmt: skip
+        here = self.select[slot][:, None, None]  # [TAPS, 1, 1]
+        taps = self._trace.get("taps", 0.0)
+        self._trace["taps"] = torch.where(here, act.to(torch.float32)[None], taps)
 
     def after(self, slot: int, act: torch.Tensor) -> None:
         """Each token's projections on the monitors at site ``slot``."""
@@ -103,7 +103,9 @@ class GraphReads(nn.Module):
     def finish(self) -> None:
         """At the forward's last site: store the forward's reads (graph outputs), the
         monitors' columns in site order (``slot * MONITORS + k``)."""
-        self.out["taps"] = self._trace.pop("taps")
+        taps = self._trace.pop("taps")  # [TAPS, tokens, d]
+        weights = self.weights[: taps.shape[1]].T  # [2Q, tokens]
+        self.out["taps"] = weights[None] @ taps  # [TAPS, 2Q, d]: each row's sum, then last
         reads = self._trace.pop("monitors")
         self.out["monitors"] = torch.cat([reads[slot] for slot in range(len(self.sites))], 1)
 
