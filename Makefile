@@ -109,6 +109,7 @@ test-vllm: $(VLLM_STAMP)
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) benchmarks/bench_vllm.py
 	$(VLLM_PY) benchmarks/bench_vllm_graph.py
+	$(VLLM_PY) benchmarks/bench_graph_sites.py
 	$(VLLM_PY) benchmarks/bench_vllm_compile.py
 
 # TransformerLens 4 beside the 3.9 of .venv (SAELens pins TransformerLens below 4, so this
