@@ -35,9 +35,11 @@ def load_vllm(
     """Start a vLLM engine on ``path`` with steerlab's worker extension.
 
     Compiled by default, as vLLM is: steerlab builds its steering into the model before
-    vLLM compiles it (``graph.py``): every operation with a table form, at every site, one
-    per site and row. Anything else (LoReFT, a top-k feature clamp, conditions, monitors,
-    two steers at one site of a row) is refused before it is sent, with the reason.
+    vLLM compiles it (``graph.py``): every operation with a table form and LoReFT, at every
+    site, one per site and row, with conditions and monitors read inside the graph
+    (``graph_reads.py``). Anything else (a top-k feature clamp, two steers at one site of
+    a row, a per-token condition, a condition on a steer over the prompt) is refused
+    before it is sent, with the reason.
     ``vllm_args={"enforce_eager": True}`` runs eagerly, with hooks on vLLM's modules:
     every op, site, condition and monitor. Pipeline parallelism runs eagerly. A compiled
     start compiles (see the README's figures).
