@@ -177,10 +177,9 @@ def check_case(lm: sl.SteerableModel, hf: Any, name: str) -> None:
     assert lm.hook_count() == 0
 
 
-def check_mixed_rows(lm: sl.SteerableModel, hf: Any, keep: Any = None) -> None:
+def check_mixed_rows(lm: sl.SteerableModel, hf: Any) -> None:
     """Rows with different steers, ops and positions in one batch, each equal to the
-    reference with its own steers (two steers at two sites on one row too); ``keep``:
-    which cases an engine runs (``kept``)."""
+    reference with its own steers (two steers at two sites on one row too)."""
     rows = [
         ("Once upon a time", ["add-all"]),
         ("The happy fox", ["cap-high", "add-generated"]),
@@ -190,7 +189,6 @@ def check_mixed_rows(lm: sl.SteerableModel, hf: Any, keep: Any = None) -> None:
         ("A dark forest", ["loreft-span", "add-generated"]),
         ("The happy fox", ["add-span"]),
     ]
-    rows = kept(rows, keep)
     requests = [Request(prompt_ids(lm, p), tuple(CASES[n].row_steer() for n in names),
                         sampling(), stream=f"{i}")  # fmt: skip
                 for i, (p, names) in enumerate(rows)]  # fmt: skip
@@ -201,13 +199,7 @@ def check_mixed_rows(lm: sl.SteerableModel, hf: Any, keep: Any = None) -> None:
     assert lm.hook_count() == 0
 
 
-def kept(rows: list[tuple[str, list[str]]], keep: Any) -> list[tuple[str, list[str]]]:
-    """``rows`` with only the cases ``keep(case)`` holds (all, when None): for an engine
-    that refuses some operations (vLLM compiled), which are tested to be refused apart."""
-    return [(p, [n for n in names if keep is None or keep(CASES[n])]) for p, names in rows]
-
-
-def check_feature_rows(lm: sl.SteerableModel, hf: Any, keep: Any = None) -> None:
+def check_feature_rows(lm: sl.SteerableModel, hf: Any) -> None:
     """Feature clamps of three architectures beside vector steers and an unsteered row, in
     one batch, each equal to the reference (the same feature clamped on two rows with two
     values too)."""
@@ -218,7 +210,6 @@ def check_feature_rows(lm: sl.SteerableModel, hf: Any, keep: Any = None) -> None
         ("The happy fox", ["feature-clamp-jumprelu"]),
         ("A dark forest", ["feature-clamp-standard-low"]),
     ]
-    rows = kept(rows, keep)
     requests = [Request(prompt_ids(lm, p), tuple(CASES[n].row_steer() for n in names),
                         sampling(), stream=f"{i}")  # fmt: skip
                 for i, (p, names) in enumerate(rows)]  # fmt: skip

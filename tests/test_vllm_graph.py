@@ -10,7 +10,7 @@ from steerlab.core.ops import FeatureClamp, operand
 from steerlab.core.sites import EMBED, Site
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
-from steerlab.engine.vllm.graph import GraphBuffers, graph_reason
+from steerlab.engine.vllm.graph import TWO_STEERS, GraphBuffers, eager_reason, graph_reason
 from steerlab.engine.vllm.params import row_tensors, to_vllm
 from steerlab.engine.vllm.sites import vllm_sites
 
@@ -109,19 +109,52 @@ def test_every_operation_with_a_form_steers_in_the_graph_as_it_does_eagerly():
     assert buffers.shortfall() == []
 
 
-def test_what_the_graph_holds_and_what_it_refuses():
+def _forward(rows, positions, prompt_len=3):
+    """``rows`` laid out as one forward, each row's tokens at ``positions`` (its own list)."""
+    plans, _ = _plans(rows)
+    ids = list(rows)
+    starts = [0]
+    for rid in ids:
+        starts.append(starts[-1] + len(positions[rid]))
+    flat = torch.tensor([p for rid in ids for p in positions[rid]])
+    return lay_out_forward(ids, starts, flat, plans, dict.fromkeys(ids, prompt_len))
+
+
+def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
+    """``eager_reason`` per forward: a top-k clamp, a per-token gate, a prompt gate on
+    its own prompt (its prefill only: the decode after it is compiled, the decision
+    folded into the alphas), two steers on a token at one site; plain steers and LoReFT
+    stay compiled."""
     mean = sl.Condition(SITE, torch.ones(8))
     token = sl.Condition(SITE, torch.ones(8), read="token")
-    assert graph_reason(sl.Add()) is None
-    assert graph_reason(sl.Ablate()) is None
-    assert graph_reason(sl.LoReFT(SITE, torch.eye(2, 8), torch.zeros(2, 8), torch.zeros(2))) is None
-    # a top-k clamp's feature depends on the other features: no table form
+    v = torch.randn(8)
+    reft = sl.LoReFT(SITE, torch.eye(2, 8), torch.zeros(2, 8), torch.zeros(2))
     topk = FeatureClamp(value=1.0, index=0, encoder=torch.randn(8, 16), bias=torch.zeros(16),
                         b_dec_in=torch.zeros(8), architecture="topk", k=2)  # fmt: skip
+    prefill, decode = {"a": [0, 1, 2], "b": [0, 1, 2]}, {"a": [3], "b": [3]}
+    plain = {"b": (Steer(SITE, v, 1.0, "all", sl.Add()),)}
+
+    def reason(steers, at):
+        return eager_reason(_forward({"a": steers, **plain}, at))
+
+    assert reason((Steer(SITE, v, 2.0, "all", sl.Add()),), prefill) is None
+    assert reason(tuple(reft.steers()), prefill) is None
+    assert "no table form" in reason((Steer(SITE, v, 1.0, "all", topk),), decode)
+    per_token = (Steer(SITE, v, 2.0, "generated", sl.Add(), when=token),)
+    assert reason(per_token, prefill) is None  # it steers no token of the prompt
+    assert "per-token" in reason(per_token, decode)
+    on_prompt = (Steer(SITE, v, 2.0, "all", sl.Add(), when=mean),)
+    assert "prompt it reads" in reason(on_prompt, prefill)
+    assert reason(on_prompt, decode) is None
+    generated = (Steer(SITE, v, 2.0, "generated", sl.Add(), when=mean),)
+    assert reason(generated, prefill) is None and reason(generated, decode) is None
+    two = (Steer(SITE, v, 1.0, "all", sl.Add()), Steer(SITE, v, 1.0, "all", sl.Ablate()))
+    assert reason(two, decode) == TWO_STEERS
+    # the prediction ``explain`` reports names the same reasons
+    assert graph_reason(sl.Add()) is None and graph_reason(reft) is None
     assert "no table form" in graph_reason(topk)
-    assert graph_reason(sl.Add(), mean, on_prompt=False) is None  # gates generated tokens
-    assert "generated tokens only" in graph_reason(sl.Add(), mean, on_prompt=True)
-    assert "per-token" in graph_reason(sl.Add(), token, on_prompt=False)
+    assert "per-token" in graph_reason(sl.Add(), token)
+    assert "prompt it reads" in graph_reason(sl.Add(), mean, on_prompt=True)
 
 
 def _reading_rows(d: int):

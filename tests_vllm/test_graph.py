@@ -1,7 +1,7 @@
 """steerlab-tiny on vLLM compiled (its default; ``enforce_eager=False``): steering built
 into the compiled graph (``engine/vllm/graph.py``), checked against plain HF with hooks
 (``tests/reference.py``), never recompiled for a new steer, kept out of the prefix cache of
-other steers, and refusing what it cannot do before anything is sent."""
+other steers, and running uncompiled the forwards it cannot hold."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from reference import RefSteer, greedy
 
 import steerlab as sl
-from steerlab.core.ops import FeatureClamp, SteerError
+from steerlab.core.ops import FeatureClamp
 
 PROMPTS = ["Once upon a time", "The sea was", "Tell me a story about the forest.", "A cat"]
 NEW = 12
@@ -117,16 +117,29 @@ def _topk():
     (lambda: sl.Steer("blocks.1.hook_resid_pre", _vec(41), 1.0, op=_topk()), "no table form"),
     (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "all",
                       when=sl.Condition("blocks.1.hook_resid_post", _vec(43))),
-     "generated tokens only"),
+     "prompt it reads"),
     (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated", when=_cond(44)),
      "per-token"),
     (lambda: [sl.Steer("blocks.1.hook_resid_pre", _vec(44), 1.0),
               sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers at one site"),
 ])  # fmt: skip
-def test_what_the_graph_cannot_steer_is_refused_before_it_is_sent(compiled, steer, what):
-    with pytest.raises(SteerError, match="enforce_eager") as info:
-        compiled.generate(PROMPTS[0], steer(), max_new_tokens=4)
-    assert what in str(info.value)
+def test_what_the_graph_cannot_hold_runs_uncompiled_and_equals_the_eager_engine(
+    compiled, eager, steer, what
+):
+    """Each, on two prompts in one batch: the compiled engine runs the forwards that need
+    it through vLLM's ``skip_compiled`` and the eager path (counted, with why), and its
+    tokens equal the eager engine's."""
+    assert what in compiled.explain(PROMPTS[0], steer()) and "run uncompiled" in \
+        compiled.explain(PROMPTS[0], steer())  # fmt: skip
+    before = compiled.engine.rpc("steerlab_uncompiled")[0]
+    kwargs = dict(max_new_tokens=6, stop_at_eos=False)
+    got = compiled.generate(PROMPTS[:2], steer(), **kwargs)
+    after = compiled.engine.rpc("steerlab_uncompiled")[0]
+    ran = {why: n - before.get(why, 0) for why, n in after.items() if n > before.get(why, 0)}
+    assert len(ran) == 1 and what in next(iter(ran)), ran
+    want = eager.generate(PROMPTS[:2], steer(), **kwargs)
+    assert got.tokens == want.tokens
+    assert got.tokens[0] != compiled.generate(PROMPTS[0], **kwargs).tokens[0]  # it steered
     assert compiled.hook_count() == 0
 
 

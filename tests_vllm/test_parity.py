@@ -16,33 +16,22 @@ from engine_parity import (
 )
 
 import steerlab as sl
-from steerlab.core.ops import SteerError
-from steerlab.engine.vllm.graph import graph_reason
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_position_rule_and_operation_equals_plain_hooks(each, hf, name):
-    """Compiled, a case whose operation has no table form (a top-k feature clamp) is
-    refused before it is sent, with the eager load named; every other case runs in the
-    graph and equals the reference."""
-    if each.engine.graph and graph_reason(CASES[name].steerlab_op()) is not None:
-        with pytest.raises(SteerError, match="no table form.*enforce_eager"):
-            check_case(each, hf, name)
-        return
+    """Compiled, a case whose operation has no table form (a top-k feature clamp) runs
+    its forwards uncompiled (``tests_vllm/test_graph.py`` counts them); every case
+    equals the reference on both engines."""
     check_case(each, hf, name)
 
 
-def _kept(lm):
-    """Compiled: the cases whose operation the graph holds (the rest are refused, above)."""
-    return (lambda case: graph_reason(case.steerlab_op()) is None) if lm.engine.graph else None
-
-
 def test_rows_with_different_steers_in_one_batch_equal_plain_hooks(each, hf):
-    check_mixed_rows(each, hf, _kept(each))
+    check_mixed_rows(each, hf)
 
 
 def test_feature_clamps_beside_other_rows_equal_plain_hooks(each, hf):
-    check_feature_rows(each, hf, _kept(each))
+    check_feature_rows(each, hf)
 
 
 def test_the_context_window_at_its_edge(each, hf):

@@ -59,10 +59,12 @@ class ForwardBatch:
     by_site: dict[str, list[SiteSteer]] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)  # steered rows in this forward
     # Where each real token comes from, for what reads it (conditions and monitors): its
-    # request (an index into ``req_ids``) and absolute position; empty where nothing reads.
+    # request (an index into ``req_ids``), absolute position and whether it is a prompt
+    # token; empty where nothing reads.
     req_ids: list[str] = field(default_factory=list)
     owner: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    in_prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
@@ -179,6 +181,7 @@ def lay_out_forward(
         prompt_len = np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
     if comp.reads:  # pos may view vLLM's positions buffer, which its next step rewrites
         batch.req_ids, batch.owner, batch.pos = list(req_ids), owner, pos.copy()
+        batch.in_prompt = pos < prompt_len
     for a in comp.appliers:
         token_alpha = a.alpha[owner]
         if a.where != "all":

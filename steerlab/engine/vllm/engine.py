@@ -30,7 +30,7 @@ from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
-from steerlab.engine.vllm.graph import graph_reason
+from steerlab.engine.vllm.graph import TWO_STEERS, graph_reason
 from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
@@ -143,8 +143,6 @@ class VLLMEngine:
                 steer.check(valid, self.d_model)
                 op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
-        if why is None and self.graph:
-            why = compiled_reason(requests)
         if why is not None:
             raise SteerError(f"The vLLM engine cannot run this: {why}.")
 
@@ -197,8 +195,6 @@ class VLLMEngine:
 
     def explain(self, requests: Sequence[Request], **_: Any) -> str:
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
-        if why is None and self.graph:
-            why = compiled_reason(requests)
         if why is not None:
             return f"refused: {why}"
         if self.graph:
@@ -208,6 +204,10 @@ class VLLMEngine:
                 text += ("; conditions and monitors are read inside the graph and handed over "
                          "after each forward (a decision gates the tokens generated after "
                          "it), with no prefix-cache reads for these rows")  # fmt: skip
+            uncompiled = uncompiled_reason(requests)
+            if uncompiled is not None:
+                text += (f"; the forwards that need it run uncompiled (vLLM's skip_compiled, "
+                         f"the eager path, slower): {uncompiled}")  # fmt: skip
             return text
         why = f" ({self.why_eager})" if self.why_eager else ""
         text = f"vllm: the vLLM engine decodes every call, eagerly{why}, in its workers"
@@ -260,19 +260,17 @@ class VLLMEngine:
             self._sent.clear()
 
 
-def compiled_reason(requests: Sequence[Request]) -> str | None:
-    """What a compiled model (``graph.py``) cannot steer, or None: an operation without a
-    table form, two steers at one site of a row, a per-token condition, a condition gating
-    a steer that acts on a prompt token."""
-    eager = "; this engine was loaded compiled: load it with vllm_args={'enforce_eager': True}"
+def uncompiled_reason(requests: Sequence[Request]) -> str | None:
+    """Why some forwards of ``requests`` will run uncompiled on a compiled model, or None:
+    the worker's per-forward rule (``graph.eager_reason``) read off each row's steers,
+    as ``explain`` reports it. Capacity (``graph.GraphFull``) depends on the batch vLLM
+    schedules, so it is not foreseen here."""
     plan = Plan.of(requests)
     for i in range(plan.rows):
         steers = [s for s, alpha in plan.of_row(i) if alpha != 0 or s.gate is not None]
         sites = [s.site for s in steers]
         if len(set(sites)) < len(sites):
-            return (
-                f"row {i} has two steers at one site (the compiled graph holds one per site){eager}"
-            )
+            return TWO_STEERS
         n = len(requests[i].prompt)
         at = np.arange(n)
         for s in steers:
@@ -281,7 +279,7 @@ def compiled_reason(requests: Sequence[Request]) -> str | None:
             )
             why = graph_reason(s.op, s.gate, on_prompt)
             if why is not None:
-                return f"{why}{eager}"
+                return why
     return None
 
 

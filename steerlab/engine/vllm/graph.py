@@ -30,13 +30,18 @@ graph's outputs (``graph_reads.py``), and the worker decides a prompt condition 
 forward that read the prompt, folding the decision into the alphas it writes for the
 tokens generated after it.
 
-What the graph cannot hold is refused before a request is sent, with the reason
-(``graph_reason`` and the engine's ``compiled_reason``): an operation without a table form
-(a top-k feature clamp, a custom operation), two steers at one site of a row, and a gate
-the forward that reads it must decide (a per-token condition; a prompt condition on a
-steer over that prompt). Deciding those inside the graph was built and measured: a
-21-site stack of width 128 under inductor took 1929 us a call at one token against 732
-without it (248 with no reads, gates or LoReFT at all), and twice the compile time.
+A forward the graph cannot hold runs uncompiled, through vLLM's own switch for that
+(``ForwardContext.skip_compiled``): the model's plain forward, whose graph hooks then hand
+each site to the worker's eager path (``GraphBuffers.eager``), the same code an
+``enforce_eager`` engine runs. ``eager_reason`` says when: an operation without a table
+form (a top-k feature clamp), two steers at one site of a row, a gate the forward that
+reads it must decide (a per-token condition; a prompt condition on a steer over that
+prompt), or more than the buffers hold (``GraphFull``). Only those forwards: a prompt gate
+on its prompt runs its prefill uncompiled and its decode compiled. The worker counts them
+by reason (``steerlab_uncompiled``). Deciding those gates inside the graph was built and
+measured: a 21-site stack of width 128 under inductor took 1929 us a call at one token
+against 732 without it (248 with no reads, gates or LoReFT at all), and twice the compile
+time, a tax on every forward for two rarely used kinds of gate.
 """
 
 from __future__ import annotations
@@ -57,13 +62,14 @@ from steerlab.core.reft import LoReFT, low_rank_edit
 from steerlab.core.sites import Site
 from steerlab.engine.vllm import graph_reads, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
-from steerlab.engine.vllm.graph_reads import GraphReads
+from steerlab.engine.vllm.graph_reads import GraphFull, GraphReads
 from steerlab.engine.vllm.sites import layout_for, vllm_sites
 
 Gate = Callable[[str, SiteSteer], torch.Tensor]  # where a gated steer may act: [tokens] bool
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
 ROWS = 32  # distinct steers one site may read in one forward
 LOW_RANK = 32  # the ranks of a site's LoReFTs in one forward, summed
+TWO_STEERS = "a row has two steers at one site (the compiled table holds one a token)"
 
 
 def cache_root() -> str:
@@ -81,20 +87,36 @@ def cache_root() -> str:
 
 
 def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str | None:
-    """Why a steer cannot run inside the compiled graph, or None. ``gate``: its condition
-    (``core.reads.Gate``) or None; ``on_prompt``: whether it may act on a prompt token.
-    Every site the vLLM engine steers is in the graph."""
+    """Why a steer's forwards run uncompiled (``skip_compiled``), or None. ``gate``: its
+    condition (``core.reads.Gate``) or None; ``on_prompt``: whether it acts on a prompt
+    token of the forward. Every site the vLLM engine steers is in the graph."""
     if form_of(op) is None and not isinstance(op, LoReFT):  # type: ignore[arg-type]
-        return (f"{op!r} has no table form (compiled: Add, Ablate, Clamp, Cap, Rotate, a "
-                "standard or jumprelu FeatureClamp and LoReFT; a top-k feature clamp or a "
-                "custom operation runs eagerly only)")  # fmt: skip
+        return f"{type(op).__name__} of this kind has no table form (a top-k feature clamp)"
     if gate is not None and gate.per_token:
-        return ("a per-token condition (read='token') gates the very forward that reads it; "
-                "the compiled graph hands what it read over after each forward, so it runs "
-                "eagerly only")  # fmt: skip
+        return "a per-token condition (read='token') gates a steer in the forward that reads it"
     if gate is not None and on_prompt:
-        return ("a condition is decided after the forward that reads the prompt, so compiled "
-                "it gates generated tokens only (positions='generated')")  # fmt: skip
+        return "a whole-prompt condition gates a steer on the prompt it reads"
+    return None
+
+
+def eager_reason(batch: ForwardBatch) -> str | None:
+    """Why this forward must run uncompiled, or None: a steer ``graph_reason`` names, or
+    two steers on one token at one site (the table holds one a token)."""
+    real = len(batch.owner)
+    for steers in batch.by_site.values():
+        count = torch.zeros(steers[0].touched.shape, dtype=torch.int64)
+        for steer in steers:
+            if not bool(steer.touched.any()):
+                continue
+            on_prompt = steer.gate is not None and bool(
+                (steer.touched[:real].numpy() & batch.in_prompt).any()
+            )
+            why = graph_reason(steer.op, steer.gate, on_prompt)
+            if why is not None:
+                return why
+            count += steer.touched
+        if bool((count > 1).any()):
+            return TWO_STEERS
     return None
 
 
@@ -137,9 +159,14 @@ class GraphBuffers(nn.Module):
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now
+        # set while a forward runs uncompiled: the worker's eager path, which ``steer`` calls
+        self.eager: Callable[[str, torch.Tensor], torch.Tensor | None] | None = None
 
-    def steer(self, site: str, act: torch.Tensor) -> torch.Tensor:
-        """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only."""
+    def steer(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
+        """The steer at ``site`` on ``act [tokens, d]``: traced into the graph, data only.
+        In a forward that runs uncompiled: the worker's eager path (never traced)."""
+        if self.eager is not None:
+            return self.eager(site, act)
         slot = self.sites[site]
         self.reads.before(slot, act)
         tokens = act.shape[0]
@@ -182,8 +209,7 @@ class GraphBuffers(nn.Module):
             slot = self.sites[site]
             entries, alpha, index = _merged(site, steers, gate)
             if len(entries) > ROWS:
-                raise ValueError(f"{len(entries)} distinct steers at {site} in one forward; the "
-                                 f"compiled table holds {ROWS}")  # fmt: skip
+                raise GraphFull(f"more than {ROWS} distinct steers at one site in one forward")
             if entries != self.entries.get(slot):
                 self._table(slot, entries, vectors)
             tokens = alpha.shape[0]
@@ -219,8 +245,8 @@ class GraphBuffers(nn.Module):
         table ``row``; returns the columns now used."""
         end = used + op.rank
         if end > LOW_RANK:
-            raise ValueError(f"LoReFTs of rank {end} in all at one site in one forward; the "
-                             f"compiled model holds {LOW_RANK}")  # fmt: skip
+            raise GraphFull(f"LoReFTs of rank more than {LOW_RANK} in all at one site in one "
+                            "forward")  # fmt: skip
         t = op.on(self.low_rank.device)
         self.low_rank[slot, 0, used:end] = t["R"].to(self.low_rank.dtype)
         self.low_rank[slot, 1, used:end] = t["W"].to(self.low_rank.dtype)

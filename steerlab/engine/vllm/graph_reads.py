@@ -22,10 +22,11 @@ them, one tensor each:
 
 After the forward the worker hands them to the state the eager hooks feed (``reads.py``):
 each condition's ``GateState.add``, each monitor's trace. A decision therefore comes
-after the forward that read the prompt: compiled, a gate can only let a steer act on
-generated tokens (the engine refuses the rest, ``compiled_reason``), and the worker folds
-the decision into the alphas it writes. A forward whose reads never came out of the
-graph is an error for its reading rows, never a silent gap.
+after the forward that read the prompt: compiled, a gate lets a steer act on the tokens
+generated after it, and the worker folds the decision into the alphas it writes. A forward
+that needs more (a per-token gate, a prompt gate on its own prompt, more reads than these
+buffers hold: ``GraphFull``) runs uncompiled (``graph.eager_reason``). A forward whose
+reads never came out of the graph is an error for its reading rows, never a silent gap.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ from steerlab.engine.vllm.reads import RowReads, WorkerReads
 QUERIES = 64  # rows one forward reads the prompt of
 TAPS = 2  # sites one forward's conditions read
 MONITORS = 8  # distinct monitors read at one site in one forward
+
+
+class GraphFull(ValueError):
+    """A forward asks for more than the compiled model's buffers hold: it runs uncompiled."""
 
 
 @dataclass
@@ -113,7 +118,8 @@ class GraphReads(nn.Module):
 
     def prepare(self, batch: ForwardBatch | None, reads: WorkerReads,
                 errors: dict[str, str]) -> None:  # fmt: skip
-        """Fill the buffers for the rows of ``batch`` that read (None: nothing reads)."""
+        """Fill the buffers for the rows of ``batch`` that read (None: nothing reads);
+        ``GraphFull`` where they ask for more than the buffers hold."""
         for query in self.queries:
             self.weights[query.span[0] : query.span[1]] = 0.0
         self.queries, self.taps, self.columns = [], {}, {}
@@ -125,6 +131,8 @@ class GraphReads(nn.Module):
             try:
                 self._monitors(row)
                 self._prompt(row, span, batch.pos[span[0] : span[1]])
+            except GraphFull:
+                raise
             except ValueError as err:
                 errors.setdefault(row.name, str(err))
 
@@ -135,10 +143,8 @@ class GraphReads(nn.Module):
         sites = {c.site for c in row.state.leaves if not c.per_token}
         new = [s for s in sites if s not in self.taps]
         if len(self.queries) == QUERIES or len(self.taps) + len(new) > TAPS:
-            raise ValueError(
-                f"the compiled model reads the prompts of {QUERIES} rows at {TAPS} sites in "
-                "one forward, and this one asks for more: load with vllm_args="
-                "{'enforce_eager': True} or 'max_num_seqs' lower")  # fmt: skip
+            raise GraphFull(f"prompt conditions of more than {QUERIES} rows or at more "
+                            f"than {TAPS} sites in one forward")  # fmt: skip
         for site in new:
             self.taps[site] = len(self.taps)
             self.select[self.sites[site], self.taps[site]] = True
@@ -155,9 +161,7 @@ class GraphReads(nn.Module):
             slot = self.sites[m.site]
             k = sum(site == m.site for site, _ in self.columns)
             if k == MONITORS:
-                raise ValueError(f"more than {MONITORS} monitors at {m.site} in one forward; "
-                                 "the compiled model reads that many: load with "
-                                 "vllm_args={'enforce_eager': True}")  # fmt: skip
+                raise GraphFull(f"more than {MONITORS} monitors at one site in one forward")
             self.monitor[slot, k] = unit(m.direction.to(self.monitor.device), torch.float32)
             self.columns[(m.site, m)] = slot * MONITORS + k
 

@@ -37,9 +37,12 @@ def load_vllm(
     Compiled by default, as vLLM is: steerlab builds its steering into the model before
     vLLM compiles it (``graph.py``): every operation with a table form and LoReFT, at every
     site, one per site and row, with conditions and monitors read inside the graph
-    (``graph_reads.py``). Anything else (a top-k feature clamp, two steers at one site of
-    a row, a per-token condition, a condition on a steer over the prompt) is refused
-    before it is sent, with the reason.
+    (``graph_reads.py``). A forward that needs anything else (a top-k feature clamp, two
+    steers at one site of a row, a per-token condition, a condition on a steer over its
+    own prompt, more than the buffers hold) runs uncompiled through vLLM's
+    ``skip_compiled`` and steerlab's eager path: exact, slower; ``lm.explain`` says so.
+    On a GPU, CUDA graphs are captured piecewise (whole-model graphs would replay without
+    the Python that writes each forward's steers).
     ``vllm_args={"enforce_eager": True}`` runs eagerly, with hooks on vLLM's modules:
     every op, site, condition and monitor. Pipeline parallelism runs eagerly. A compiled
     start compiles (see the README's figures).
@@ -80,6 +83,8 @@ def load_vllm(
     extra.setdefault("load_format", "auto" if trust_remote_code else "safetensors")
     # Scores may list every token (a next-token distribution, say): vLLM's default is 20.
     extra.setdefault("max_logprobs", config.get_text_config().vocab_size)
+    if not eager:  # CUDA graphs only inside the compiled pieces (on a CPU: none at all)
+        extra["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
     with _graph_env(eager):
         llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
                   tensor_parallel_size=tensor_parallel_size,
@@ -145,6 +150,11 @@ def _check_eager(llm: Any, eager: bool = True) -> None:
                 raise RuntimeError("vLLM built this model without steerlab's graph steering "
                                    "(its workers did not load it through steerlab's model "
                                    "loader hook): steered rows would come out unsteered.")  # fmt: skip
+            if worker.get("full_cudagraphs"):
+                raise RuntimeError("vLLM captures this model whole in CUDA graphs: a replay "
+                                   "skips the Python that writes each forward's steers, so "
+                                   "they would be stale. steerlab asks for "
+                                   "cudagraph_mode='PIECEWISE'; something overrode it.")  # fmt: skip
             continue
         if worker["compilation_mode"] != 0 or not worker["enforce_eager"]:
             raise RuntimeError(

@@ -26,6 +26,7 @@ from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.plan import Plan
 from steerlab.engine.vllm import graph, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, Layouts, SiteSteer, parse_plan
+from steerlab.engine.vllm.graph_reads import GraphFull
 from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
 
@@ -47,6 +48,7 @@ class _State:
     errors: dict[str, str] = field(default_factory=dict)  # by row
     batch: ForwardBatch | None = None
     reads: WorkerReads = field(default_factory=WorkerReads)  # conditions and monitors
+    uncompiled: dict[str, int] = field(default_factory=dict)  # a compiled model's: by reason
 
 
 class SteerWorker:
@@ -69,6 +71,8 @@ class SteerWorker:
         return {
             "model_type": runner.model_config.hf_config.model_type,
             "compilation_mode": int(config.compilation_config.mode),
+            # a whole-model CUDA graph replays without the pre-hook that writes the buffers
+            "full_cudagraphs": bool(config.compilation_config.cudagraph_mode.has_full_cudagraphs()),
             "enforce_eager": bool(runner.model_config.enforce_eager),
             "model_class": type(self._steerlab_model()).__name__,
             "graph": self._steerlab_graph() is not None,
@@ -100,6 +104,11 @@ class SteerWorker:
 
         return int(counters["stats"]["unique_graphs"])
 
+    def steerlab_uncompiled(self) -> dict[str, int]:
+        """A compiled model's forwards that ran uncompiled (``graph.eager_reason``), by
+        reason, since the worker started."""
+        return dict(self._steerlab().uncompiled)
+
     def steerlab_begin(self, sites: list[str]) -> int:
         """Hook ``sites`` (those this worker holds) for one call; returns the hooks added.
         A compiled model's sites are in its graph already: only the layout goes on."""
@@ -124,6 +133,7 @@ class SteerWorker:
         state.layouts.clear()
         buffers = self._steerlab_graph()
         if buffers is not None:
+            buffers.eager = None
             buffers.write(None, state.vectors)  # a compiled model steers nothing between calls
         return remove_hooks(self._steerlab_model())
 
@@ -201,10 +211,12 @@ class SteerWorker:
     def _steerlab_write(self) -> None:
         """A compiled model's buffers: this forward's steers, or none (never the last's),
         each gated one where its row's decision so far lets it act; and what its
-        conditions and monitors read (``graph_reads.py``)."""
+        conditions and monitors read (``graph_reads.py``). A forward the graph cannot
+        hold runs uncompiled instead (``_steerlab_uncompiled``)."""
         state, buffers = self._steerlab(), self._steerlab_graph()
         if buffers is None:
             return
+        buffers.eager = None
         batch = state.batch
 
         def gate(site: str, steer: SiteSteer) -> torch.Tensor:
@@ -212,14 +224,36 @@ class SteerWorker:
             return state.reads.mask(site, steer, batch, steer.alphas.shape[0], state.errors)
 
         try:
-            buffers.write(batch, state.vectors, gate)
-            buffers.reads.prepare(batch, state.reads, state.errors)
+            why = None if batch is None else graph.eager_reason(batch)
+            if why is None:
+                try:
+                    buffers.write(batch, state.vectors, gate)
+                    buffers.reads.prepare(batch, state.reads, state.errors)
+                except GraphFull as err:
+                    why = str(err)
+            if why is not None:
+                self._steerlab_uncompiled(why)
         except Exception as err:
+            buffers.eager = None
             buffers.write(None, state.vectors)
             buffers.reads.prepare(None, state.reads, state.errors)
             for row in batch.rows if batch is not None else []:
                 state.errors.setdefault(row, f"writing the compiled model's steers: {err!r}")
             state.batch = None
+
+    def _steerlab_uncompiled(self, why: str) -> None:
+        """Run this forward uncompiled: vLLM's ``skip_compiled`` calls the model's plain
+        forward, whose graph hooks hand each site to ``_steerlab_apply`` (the eager
+        engine's path: every op, gate and read), with the buffers steering nothing."""
+        from vllm.forward_context import get_forward_context
+
+        state, buffers = self._steerlab(), self._steerlab_graph()
+        assert buffers is not None
+        buffers.write(None, state.vectors)
+        buffers.reads.prepare(None, state.reads, state.errors)
+        get_forward_context().skip_compiled = True
+        buffers.eager = self._steerlab_apply
+        state.uncompiled[why] = state.uncompiled.get(why, 0) + 1
 
     def _steerlab_plan_forward(self, kwargs: dict) -> None:
         state = self._steerlab()
@@ -254,7 +288,9 @@ class SteerWorker:
 
     def _steerlab_done(self) -> None:
         state, buffers = self._steerlab(), self._steerlab_graph()
-        if buffers is not None and state.batch is not None:
+        if buffers is not None and buffers.eager is not None:  # ran uncompiled: counted there
+            buffers.eager = None
+        elif buffers is not None and state.batch is not None:
             self._steerlab_reads("the compiled model's reads", lambda: buffers.reads.feed(
                 state.batch, state.reads, state.errors))  # fmt: skip
             short = set(buffers.shortfall())
