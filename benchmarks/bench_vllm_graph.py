@@ -6,7 +6,9 @@ eager steering (``make bench-vllm``'s companion, in .venv-vllm):
 Two engines on one model: compiled with steerlab's graph steering (the default) and
 eager (``vllm_args={"enforce_eager": True}``). On each, greedy
 fixed-length generation (``NEW`` tokens) at batch 1 and 16: unsteered, and steered (an
-Add at the middle block's ``resid_pre``, every row its own alpha). Times are the best of
+Add at the middle block's ``resid_pre``, every row its own alpha; five ops; an Add gated
+by a per-token or a prompt condition, whose forwards the compiled engine runs uncompiled
+where it must). Times are the best of
 ``REPEATS``, each arm in turn. The table replaces its section of RESULTS.md (``sections.replace_section``).
 """
 
@@ -34,20 +36,28 @@ def _ops(d_model: int) -> list:
             sl.Rotate(90.0, torch.randn(d_model, generator=g))]  # fmt: skip
 
 
-def _rows(lm: sl.SteerableModel, batch: int, steered: bool, mixed: bool = False) -> list:
-    """``batch`` rows; steered: an Add at the middle block with each row its own alpha,
-    or (``mixed``) each row one of five operations in turn."""
+def _rows(lm: sl.SteerableModel, batch: int, steered: bool, kind: str = "add") -> list:
+    """``batch`` rows; steered: at the middle block, each row its own alpha: an Add
+    (``kind`` "add"), one of five operations in turn ("mixed"), or an Add on every token
+    gated by a per-token condition a block earlier ("token"; compiled, its forwards run
+    uncompiled) or by a prompt condition ("prompt"; compiled, its prefill runs uncompiled)."""
     from steerlab.engine import Request, Sampling, Steer
 
-    v = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(0)) * 0.3
-    site = f"blocks.{lm.n_layers // 2}.hook_resid_pre"
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(lm.d_model, generator=g) * 0.3
+    layer = lm.n_layers // 2
+    site = f"blocks.{layer}.hook_resid_pre"
+    read = {"token": "token", "prompt": "mean"}.get(kind)
+    when = None if read is None else sl.Condition(
+        f"blocks.{layer - 1}.hook_resid_pre", torch.randn(lm.d_model, generator=g), 0.0,
+        read=read, score="projection")  # fmt: skip
     sampling = Sampling(max_new_tokens=NEW, stop_at_eos=False)
     ops = _ops(lm.d_model)
     out = []
     for i in range(batch):
         ids = tuple(lm.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"])
-        op = ops[i % len(ops)] if mixed else sl.Add()
-        steers = (Steer(site, v, 1.0 + i / 8, "all", op),) if steered else ()
+        op = ops[i % len(ops)] if kind == "mixed" else sl.Add()
+        steers = (Steer(site, v, 1.0 + i / 8, "all", op, when=when),) if steered else ()
         out.append(Request(ids, steers, sampling, f"row{i}"))
     return out
 
@@ -113,7 +123,9 @@ def main() -> None:
         "",
         f"{args.model}, float32, greedy, {NEW} new tokens, best of {REPEATS} rounds (each "
         "round runs the three arms in turn); steered at the middle block's resid_pre, each "
-        "row its own alpha: an Add, or one of five ops a row. Engine start (this run, "
+        "row its own alpha: an Add, one of five ops a row, or an Add gated by a condition "
+        "a block earlier (projection > 0 on a random direction) that the compiled engine "
+        "decides in uncompiled forwards. Engine start (this run, "
         f"with whatever compile cache it found): compiled {compiled_start:.0f} s, eager "
         f"{eager_start:.0f} s.",
         "",
@@ -121,15 +133,17 @@ def main() -> None:
         "unsteered (target >= 0.95) | eager steered tok/s | compiled / eager, steered |",
         "|---|---|---|---|---|---|",
     ]
-    for batch, mixed in ((1, False), (16, False), (16, True)):
+    arms = {"add": "Add, alphas per row", "mixed": "5 ops, a row each",
+            "token": "Add, per-token gate (every forward uncompiled)",
+            "prompt": "Add, prompt gate on the prompt (prefill uncompiled)"}  # fmt: skip
+    for batch, kind in ((1, "add"), (16, "add"), (16, "mixed"), (16, "token"), (16, "prompt")):
         plain_rows = _rows(compiled, batch, False)
-        steered_rows = _rows(compiled, batch, True, mixed)
+        steered_rows = _rows(compiled, batch, True, kind)
         t_plain, t_steer, t_eager = _interleaved(
             partial(compiled.engine.run, plain_rows), partial(compiled.engine.run, steered_rows),
             partial(eager.engine.run, steered_rows))  # fmt: skip
         tok = batch * NEW
-        what = "5 ops, a row each" if mixed else "Add, alphas per row"
-        lines.append(f"| {batch}, {what} | {tok / t_plain:.0f} | {tok / t_steer:.0f} | "
+        lines.append(f"| {batch}, {arms[kind]} | {tok / t_plain:.0f} | {tok / t_steer:.0f} | "
                      f"{t_plain / t_steer:.2f}x | {tok / t_eager:.0f} | "
                      f"{t_eager / t_steer:.2f}x |")  # fmt: skip
         print(lines[-1], flush=True)

@@ -45,8 +45,8 @@ def lm():
 
 @pytest.fixture(scope="session")
 def eager():
-    """The same engine run eagerly (``enforce_eager=True``): hooks on vLLM's modules, for
-    what the compiled graph refuses (LoReFT, per-token conditions, gates on the prompt)."""
+    """The same engine run eagerly (``enforce_eager=True``): hooks on vLLM's modules, the
+    reference for what the compiled engine runs uncompiled, and the other mode of ``each``."""
     import steerlab as sl
 
     model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,

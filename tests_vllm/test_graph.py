@@ -139,7 +139,9 @@ def test_what_the_graph_cannot_hold_runs_uncompiled_and_equals_the_eager_engine(
     assert len(ran) == 1 and what in next(iter(ran)), ran
     want = eager.generate(PROMPTS[:2], steer(), **kwargs)
     assert got.tokens == want.tokens
-    assert got.tokens[0] != compiled.generate(PROMPTS[0], **kwargs).tokens[0]  # it steered
+    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs))
+    plain = compiled.generate(PROMPTS[:2], **kwargs)
+    assert got.logprobs != plain.logprobs  # it steered
     assert compiled.hook_count() == 0
 
 
@@ -197,15 +199,17 @@ def test_tensor_parallel_2_compiled_rows_equal_hf(compiled_tp2, hf):
 def test_tensor_parallel_2_compiled_conditions_and_monitors_equal_the_local_engine(compiled_tp2,
                                                                                    hf):  # fmt: skip
     """A CAST condition (half the rows fire) and a monitor, read inside both ranks' graphs:
-    the same decisions, scores, tokens and traces as the in-process engine."""
+    the same decisions, scores, tokens and traces as the in-process engine; a per-token
+    gate, run uncompiled on both ranks: the same tokens."""
     from reads_parity import PROMPTS as READ_PROMPTS
     from reads_parity import cast, condition, median_threshold, steer_of
 
     ref = cast(median_threshold(compiled_tp2, hf))
     kwargs = dict(steer=steer_of(ref, condition(ref)), max_new_tokens=NEW, stop_at_eos=False,
                   monitor={"m": ("blocks.2.hook_resid_post", _vec(51))})  # fmt: skip
+    local = sl.load("steerlab-tiny", backend="hf")
     got = compiled_tp2.generate(READ_PROMPTS, **kwargs)
-    want = sl.load("steerlab-tiny", backend="hf").generate(READ_PROMPTS, **kwargs)
+    want = local.generate(READ_PROMPTS, **kwargs)
     assert got.tokens == want.tokens and got.fired.tolist() == want.fired.tolist()
     assert 0 < int(got.fired.sum()) < len(READ_PROMPTS)
     torch.testing.assert_close(got.condition_scores, want.condition_scores, atol=1e-5, rtol=1e-4)
@@ -213,6 +217,13 @@ def test_tensor_parallel_2_compiled_conditions_and_monitors_equal_the_local_engi
         torch.testing.assert_close(getattr(got.monitors["m"], part),
                                    getattr(want.monitors["m"], part), atol=1e-4, rtol=1e-4,
                                    equal_nan=True)  # fmt: skip
+    # a per-token gate: both ranks run the same forwards uncompiled (their all-reduces meet)
+    token = dict(kwargs, steer=sl.Steer("blocks.2.hook_resid_pre", ref.vector, 4.0,
+                                        when=_cond(52)))  # fmt: skip
+    got = compiled_tp2.generate(READ_PROMPTS, **token)
+    assert got.tokens == local.generate(READ_PROMPTS, **token).tokens
+    ran = compiled_tp2.engine.rpc("steerlab_uncompiled")
+    assert ran[0] == ran[1] and sum(ran[0].values()) >= NEW, ran
 
 
 def test_pipeline_parallel_is_refused_compiled_before_vllm_starts():

@@ -101,9 +101,10 @@ def test_every_kind_of_gate_and_monitor_equals_the_local_engine(each, hf, local)
         ran = {why: n for why, n in ran.items() if n}
         if k in uncompiled:
             assert uncompiled[k] in lm.explain(PROMPTS, case["steer"])
-            # the prompt gate: its prefill only; the per-token gate: every generated token
-            (why, n), = ran.items()
-            assert uncompiled[k] in why and n == (1 if k == 1 else NEW - 1), ran
+            # the prompt gate: its prefill only; the per-token gate: every forward
+            ((why, n),) = ran.items()
+            assert uncompiled[k] in why, ran
+            assert 1 <= n <= len(PROMPTS) if k == 1 else n >= NEW - 1, ran
         else:
             assert ran == {}, k
     assert lm.hook_count() == 0

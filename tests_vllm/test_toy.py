@@ -297,6 +297,22 @@ def test_compiled_engines_are_refused():
         _check_eager(Compiled())
 
 
+def test_a_compiled_engine_captured_whole_in_cuda_graphs_is_refused(lm):
+    """A whole-model CUDA graph replays without the pre-hook that writes each forward's
+    steers: stale steering. steerlab asks for piecewise graphs; a worker that reports full
+    ones anyway is refused. The session's engine reports none (no CUDA graphs on a CPU)."""
+    (worker,) = lm.engine.rpc("steerlab_describe")
+    assert worker["graph"] and worker["full_cudagraphs"] is False
+    _check_eager(lm.engine.llm, eager=False)  # the real engine passes
+
+    class Full:
+        def collective_rpc(self, method):
+            return [{**worker, "full_cudagraphs": True}]
+
+    with pytest.raises(RuntimeError, match="PIECEWISE"):
+        _check_eager(Full(), eager=False)
+
+
 def test_an_eager_engine_runs_eager(eager):
     (worker,) = eager.engine.llm.collective_rpc("steerlab_describe")
     assert worker["enforce_eager"] and worker["compilation_mode"] == 0 and not worker["graph"]

@@ -273,7 +273,7 @@ def _merged(site: str, steers: list[SiteSteer],
     index = torch.zeros(alpha.shape[0], dtype=torch.long)
     for steer in steers:
         alphas = steer.alphas
-        if steer.gate is not None:
+        if steer.gate is not None and bool(steer.touched.any()):  # else: nothing to gate
             if gate is None:
                 raise ValueError(f"a conditioned steer at {site} with no decision to read")
             alphas = alphas * gate(site, steer).to(alphas.device)
