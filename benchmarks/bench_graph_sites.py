@@ -50,6 +50,9 @@ def _arm(layers: int, d: int, parts: set[str] | None) -> Callable[[torch.Tensor]
         _without(buffers, parts)
     torch.manual_seed(0)
     linears = nn.ModuleList(nn.Linear(d, d) for _ in order)
+    # every arm's ``forward`` is the same code object and guards are dropped: without a
+    # reset, dynamo would hand each arm the first arm's compiled graph
+    torch._dynamo.reset()
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         for linear, site in zip(linears, order):

@@ -49,6 +49,7 @@ class _State:
     batch: ForwardBatch | None = None
     reads: WorkerReads = field(default_factory=WorkerReads)  # conditions and monitors
     uncompiled: dict[str, int] = field(default_factory=dict)  # a compiled model's: by reason
+    sites: frozenset[str] = frozenset()  # the sites this call steers or reads
 
 
 class SteerWorker:
@@ -119,6 +120,7 @@ class SteerWorker:
         first = model.register_forward_pre_hook(
             tag(lambda _m, _a, kwargs: self._steerlab_lay_out(kwargs)), with_kwargs=True)  # fmt: skip
         at_sites = []
+        state.sites = frozenset(sites)
         if self._steerlab_graph() is None:
             layout = layout_for(self.model_runner.model_config.hf_config.model_type)
             at_sites = hooks.install(model, layout, sites, self._steerlab_apply)
@@ -129,7 +131,7 @@ class SteerWorker:
     def steerlab_end(self) -> int:
         """Remove every steerlab hook from the model; returns how many there were."""
         state = self._steerlab()
-        state.handles, state.batch = [], None
+        state.handles, state.batch, state.sites = [], None, frozenset()
         state.layouts.clear()
         buffers = self._steerlab_graph()
         if buffers is not None:
@@ -243,7 +245,7 @@ class SteerWorker:
 
     def _steerlab_uncompiled(self, why: str) -> None:
         """Run this forward uncompiled: vLLM's ``skip_compiled`` calls the model's plain
-        forward, whose graph hooks hand each site to ``_steerlab_apply`` (the eager
+        forward, whose graph hooks hand the call's sites to ``_steerlab_apply`` (the eager
         engine's path: every op, gate and read), with the buffers steering nothing."""
         from vllm.forward_context import get_forward_context
 
@@ -252,8 +254,13 @@ class SteerWorker:
         buffers.write(None, state.vectors)
         buffers.reads.prepare(None, state.reads, state.errors)
         get_forward_context().skip_compiled = True
-        buffers.eager = self._steerlab_apply
+        buffers.eager = self._steerlab_at_call_site
         state.uncompiled[why] = state.uncompiled.get(why, 0) + 1
+
+    def _steerlab_at_call_site(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
+        """An uncompiled forward's site: the eager path where the call steers or reads (the
+        sites an eager engine would hook), nothing elsewhere."""
+        return self._steerlab_apply(site, act) if site in self._steerlab().sites else None
 
     def _steerlab_plan_forward(self, kwargs: dict) -> None:
         state = self._steerlab()
