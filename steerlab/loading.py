@@ -214,7 +214,8 @@ def load(
         max_model_len: vLLM only: the longest prompt plus completion, in tokens.
         vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...);
             ``{"enforce_eager": True}`` runs vLLM eagerly (compiled by default, with the
-            steering built into the graph: see ``engine/vllm/graph.py``).
+            steering built into the graph: see ``engine/vllm/graph.py``). On a CPU eager
+            is as fast and starts in seconds, not minutes (the README's figures).
 
     >>> load("steerlab-tiny", backend="hf")
     SteerableModel(steerlab-tiny, backend='hf', n_layers=4, d_model=128, hooks=0)
