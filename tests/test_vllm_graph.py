@@ -3,6 +3,7 @@ before a forward, what the traced steer computes from it, and the check after it
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import steerlab as sl
@@ -10,7 +11,9 @@ from steerlab.core.ops import FeatureClamp, operand
 from steerlab.core.sites import EMBED, Site
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
+from steerlab.engine.vllm.engine import uncompiled_reason
 from steerlab.engine.vllm.graph import TWO_STEERS, GraphBuffers, eager_reason, graph_reason
+from steerlab.engine.vllm.graph_reads import GraphFull
 from steerlab.engine.vllm.params import row_tensors, to_vllm
 from steerlab.engine.vllm.sites import vllm_sites
 
@@ -150,11 +153,47 @@ def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
     assert reason(generated, prefill) is None and reason(generated, decode) is None
     two = (Steer(SITE, v, 1.0, "all", sl.Add()), Steer(SITE, v, 1.0, "all", sl.Ablate()))
     assert reason(two, decode) == TWO_STEERS
-    # the prediction ``explain`` reports names the same reasons
+    apart = (Steer(SITE, v, 1.0, "prompt", sl.Add()), Steer(SITE, v, 1.0, "generated", sl.Ablate()))
+    assert reason(apart, prefill) is None and reason(apart, decode) is None  # one a token
+    wide = sl.LoReFT(SITE, torch.eye(40)[:33], torch.zeros(33, 40), torch.zeros(33))
+    assert "rank 33" in reason(tuple(wide.steers()), decode)
+
+    # what ``explain`` foresees, over a row's prompt and the tokens it may generate
+    def foreseen(*steers):
+        return uncompiled_reason([Request((5, 6, 7), steers, Sampling(max_new_tokens=4))])
+
+    assert foreseen(*apart) is None and foreseen(*two) == TWO_STEERS
+    assert "per-token" in foreseen(*per_token) and "prompt it reads" in foreseen(*on_prompt)
+    assert foreseen(*generated) is None and foreseen(*reft.steers()) is None
+    assert foreseen(Steer(SITE, v, 0.0, "all", sl.Add(), when=token)) is None  # alpha 0
     assert graph_reason(sl.Add()) is None and graph_reason(reft) is None
     assert "no table form" in graph_reason(topk)
     assert "per-token" in graph_reason(sl.Add(), token)
     assert "prompt it reads" in graph_reason(sl.Add(), mean, on_prompt=True)
+
+
+def test_a_table_rewrite_that_outgrows_the_columns_is_never_taken_for_the_last_table():
+    """LoReFTs of rank 40 in all at one site: ``GraphFull`` half way through the rewrite
+    (that forward runs uncompiled). The next forward with the steers the slot held before
+    must write them again, not steer from the half-cleared table."""
+    g = torch.Generator().manual_seed(5)
+    v = torch.randn(8, generator=g)
+    big = [sl.LoReFT(SITE, torch.linalg.qr(torch.randn(8, 8, generator=g))[0].T.contiguous(),
+                     torch.randn(8, 8, generator=g), torch.randn(8, generator=g))
+           for _ in range(5)]  # fmt: skip
+    plain = {"a": (Steer(SITE, v, 2.0, "all", sl.Add()),)}
+    buffers = GraphBuffers(vllm_sites(2), 16, 8, torch.float32, torch.device("cpu"))
+    positions = {"a": [0, 1, 2]}
+    plans, tensors = _plans(plain)
+    buffers.write(_forward(plain, positions), tensors)
+    heavy = {**plain, **{f"r{k}": tuple(reft.steers()) for k, reft in enumerate(big)}}
+    _, more = _plans(heavy)
+    with pytest.raises(GraphFull, match="LoReFT"):
+        buffers.write(_forward(heavy, {**positions, **dict.fromkeys(heavy, [0])}), more)
+    buffers.write(None, more)  # the worker: that forward runs uncompiled
+    buffers.write(_forward(plain, positions), tensors)
+    act = torch.randn(3, 8, generator=g)
+    torch.testing.assert_close(_at(buffers, SITE, act), act + 2.0 * v)
 
 
 def _reading_rows(d: int):

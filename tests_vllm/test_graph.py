@@ -121,7 +121,7 @@ def _topk():
     (lambda: sl.Steer("blocks.2.hook_resid_pre", _vec(42), 1.0, "generated", when=_cond(44)),
      "per-token"),
     (lambda: [sl.Steer("blocks.1.hook_resid_pre", _vec(44), 1.0),
-              sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers at one site"),
+              sl.Steer("blocks.1.hook_resid_pre", _vec(45), 1.0)], "two steers act on one token"),
 ])  # fmt: skip
 def test_what_the_graph_cannot_hold_runs_uncompiled_and_equals_the_eager_engine(
     compiled, eager, steer, what
@@ -143,6 +143,26 @@ def test_what_the_graph_cannot_hold_runs_uncompiled_and_equals_the_eager_engine(
     plain = compiled.generate(PROMPTS[:2], **kwargs)
     assert got.logprobs != plain.logprobs  # it steered
     assert compiled.hook_count() == 0
+
+
+def test_a_forward_that_outgrows_the_buffers_runs_uncompiled_and_equals_the_eager_engine(
+    compiled, eager
+):
+    """Nine monitors at one site (the graph reads eight): that call's forwards run
+    uncompiled, counted with why, and every trace equals the eager engine's."""
+    monitors = {f"m{k}": ("blocks.2.hook_resid_post", _vec(60 + k)) for k in range(9)}
+    kwargs = dict(max_new_tokens=4, stop_at_eos=False, monitor=monitors)
+    before = compiled.engine.rpc("steerlab_uncompiled")[0]
+    got, want = compiled.generate(PROMPTS[:2], **kwargs), eager.generate(PROMPTS[:2], **kwargs)
+    after = compiled.engine.rpc("steerlab_uncompiled")[0]
+    ran = {why: n - before.get(why, 0) for why, n in after.items() if n > before.get(why, 0)}
+    assert list(ran) == ["more than 8 monitors at one site in one forward"], ran
+    assert got.tokens == want.tokens
+    for name in monitors:
+        for part in ("prompt", "generated"):
+            torch.testing.assert_close(getattr(got.monitors[name], part),
+                                       getattr(want.monitors[name], part), atol=1e-5,
+                                       rtol=1e-4)  # fmt: skip
 
 
 def test_operations_at_every_site_kind_in_one_compiled_batch_equal_hf(compiled, hf):
@@ -220,10 +240,14 @@ def test_tensor_parallel_2_compiled_conditions_and_monitors_equal_the_local_engi
     # a per-token gate: both ranks run the same forwards uncompiled (their all-reduces meet)
     token = dict(kwargs, steer=sl.Steer("blocks.2.hook_resid_pre", ref.vector, 4.0,
                                         when=_cond(52)))  # fmt: skip
+    before = compiled_tp2.engine.rpc("steerlab_uncompiled")
     got = compiled_tp2.generate(READ_PROMPTS, **token)
     assert got.tokens == local.generate(READ_PROMPTS, **token).tokens
-    ran = compiled_tp2.engine.rpc("steerlab_uncompiled")
-    assert ran[0] == ran[1] and sum(ran[0].values()) >= NEW, ran
+    plain = local.generate(READ_PROMPTS, max_new_tokens=NEW, stop_at_eos=False)
+    assert got.tokens != plain.tokens  # the gate let the steer act somewhere
+    after = compiled_tp2.engine.rpc("steerlab_uncompiled")
+    ran = [{why: n - b.get(why, 0) for why, n in a.items()} for a, b in zip(after, before)]
+    assert ran[0] == ran[1] and sum(ran[0].values()) >= NEW - 1, ran
 
 
 def test_pipeline_parallel_is_refused_compiled_before_vllm_starts():

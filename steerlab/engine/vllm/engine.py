@@ -262,24 +262,24 @@ class VLLMEngine:
 
 def uncompiled_reason(requests: Sequence[Request]) -> str | None:
     """Why some forwards of ``requests`` will run uncompiled on a compiled model, or None:
-    the worker's per-forward rule (``graph.eager_reason``) read off each row's steers,
-    as ``explain`` reports it. Capacity (``graph.GraphFull``) depends on the batch vLLM
-    schedules, so it is not foreseen here."""
+    the worker's per-forward rule (``graph.eager_reason``) read off each row's steers over
+    its prompt and the tokens it may generate, as ``explain`` reports it. A batch that
+    outgrows the buffers (``graph.GraphFull``) depends on what vLLM schedules together,
+    so it is not foreseen here."""
     plan = Plan.of(requests)
     for i in range(plan.rows):
-        steers = [s for s, alpha in plan.of_row(i) if alpha != 0 or s.gate is not None]
-        sites = [s.site for s in steers]
-        if len(set(sites)) < len(sites):
-            return TWO_STEERS
+        steers = [s for s, alpha in plan.of_row(i) if alpha != 0]
         n = len(requests[i].prompt)
-        at = np.arange(n)
+        at = np.arange(n + max(requests[i].sampling.max_new_tokens, 1))
+        count: dict[str, np.ndarray] = {}
         for s in steers:
-            on_prompt = s.gate is not None and bool(
-                position_mask(s.positions, at, at >= n, n).any()
-            )
-            why = graph_reason(s.op, s.gate, on_prompt)
+            mask = position_mask(s.positions, at, at >= n, n)
+            why = graph_reason(s.op, s.gate, s.gate is not None and bool(mask[:n].any()))
             if why is not None:
                 return why
+            count[s.site] = count.get(s.site, 0) + mask
+            if (count[s.site] > 1).any():
+                return TWO_STEERS
     return None
 
 

@@ -34,7 +34,7 @@ A forward the graph cannot hold runs uncompiled, through vLLM's own switch for t
 (``ForwardContext.skip_compiled``): the model's plain forward, whose graph hooks then hand
 each site to the worker's eager path (``GraphBuffers.eager``), the same code an
 ``enforce_eager`` engine runs. ``eager_reason`` says when: an operation without a table
-form (a top-k feature clamp), two steers at one site of a row, a gate the forward that
+form (a top-k feature clamp), two steers on one token at one site, a gate the forward that
 reads it must decide (a per-token condition; a prompt condition on a steer over that
 prompt), or more than the buffers hold (``GraphFull``). Only those forwards: a prompt gate
 on its prompt runs its prefill uncompiled and its decode compiled. The worker counts them
@@ -69,7 +69,7 @@ Gate = Callable[[str, SiteSteer], torch.Tensor]  # where a gated steer may act: 
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
 ROWS = 32  # distinct steers one site may read in one forward
 LOW_RANK = 32  # the ranks of a site's LoReFTs in one forward, summed
-TWO_STEERS = "a row has two steers at one site (the compiled table holds one a token)"
+TWO_STEERS = "two steers act on one token at one site (the compiled table holds one)"
 
 
 def cache_root() -> str:
@@ -92,6 +92,8 @@ def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str |
     token of the forward. Every site the vLLM engine steers is in the graph."""
     if form_of(op) is None and not isinstance(op, LoReFT):  # type: ignore[arg-type]
         return f"{type(op).__name__} of this kind has no table form (a top-k feature clamp)"
+    if isinstance(op, LoReFT) and op.rank > LOW_RANK:
+        return f"a LoReFT of rank {op.rank} (the compiled columns hold {LOW_RANK} a site)"
     if gate is not None and gate.per_token:
         return "a per-token condition (read='token') gates a steer in the forward that reads it"
     if gate is not None and on_prompt:
@@ -218,10 +220,13 @@ class GraphBuffers(nn.Module):
             self.written[slot] = int((alpha != 0).sum())
 
     def _table(self, slot: int, entries: tuple, vectors: dict[str, torch.Tensor]) -> None:
-        """Rewrite ``slot``'s table rows: each entry's columns, zero where its form is silent."""
+        """Rewrite ``slot``'s table rows: each entry's columns, zero where its form is silent.
+        Until the whole table is written, the slot's entries are unknown: a rewrite that
+        stops half way (``GraphFull``) is never taken for the last table."""
         missing = [key for key, _ in entries if key not in vectors]
         if missing:
             raise KeyError(f"vector {missing[0]} was never sent to this worker")
+        self.entries.pop(slot, None)
         dtype, device = self.alpha.dtype, self.alpha.device
         self.wide[slot].zero_()
         self.numbers[slot].zero_()
@@ -265,9 +270,10 @@ class GraphBuffers(nn.Module):
 
 def _merged(site: str, steers: list[SiteSteer],
             gate: Gate | None) -> tuple[tuple, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """One site's steers as one table: every token has at most one steer at a site (the
-    engine refused two on a row), so their alphas are disjoint; each token's row is its
-    own steer's (a fused Add's vector by its ``index``), its alpha 0 where a gate shuts."""
+    """One site's steers as one table: every token has at most one steer at a site (a
+    forward with two runs uncompiled, ``eager_reason``), so their alphas are disjoint;
+    each token's row is its own steer's (a fused Add's vector by its ``index``), its alpha
+    0 where a gate shuts."""
     entries: list[tuple[str, Any]] = []
     alpha = torch.zeros_like(steers[0].alphas)
     index = torch.zeros(alpha.shape[0], dtype=torch.long)

@@ -13,6 +13,7 @@ from steerlab.engine.vllm.graph import GRAPH_ENV, cache_root
 from steerlab.engine.vllm.sites import layout_for
 
 WORKER = "steerlab.engine.vllm.worker.SteerWorker"
+BREAKABLE = "VLLM_USE_BREAKABLE_CUDAGRAPH"
 # Settings steerlab owns: its worker extension; the compilation, which eager hooks or the
 # graph's own steering (``graph.py``) must match; scores are log-probabilities before
 # temperature, top-k or top-p, as on every engine.
@@ -36,9 +37,9 @@ def load_vllm(
 
     Compiled by default, as vLLM is: steerlab builds its steering into the model before
     vLLM compiles it (``graph.py``): every operation with a table form and LoReFT, at every
-    site, one per site and row, with conditions and monitors read inside the graph
+    site, one a token at a site, with conditions and monitors read inside the graph
     (``graph_reads.py``). A forward that needs anything else (a top-k feature clamp, two
-    steers at one site of a row, a per-token condition, a condition on a steer over its
+    steers on one token at one site, a per-token condition, a condition on a steer over its
     own prompt, more than the buffers hold) runs uncompiled through vLLM's
     ``skip_compiled`` and steerlab's eager path: exact, slower; ``lm.explain`` says so.
     On a GPU, CUDA graphs are captured piecewise (whole-model graphs would replay without
@@ -126,10 +127,14 @@ def _mode(asked: object, stages: int) -> tuple[bool, str]:
 def _graph_env(eager: bool) -> Iterator[None]:
     """While vLLM starts its workers: for a compiled engine, the switch that makes them
     build the model with graph steering, and a compile cache of its own (``graph.py``)."""
-    before = {name: os.environ.get(name) for name in (GRAPH_ENV, "VLLM_CACHE_ROOT")}
+    names = (GRAPH_ENV, "VLLM_CACHE_ROOT", BREAKABLE)
+    before = {name: os.environ.get(name) for name in names}
     if not eager:
         os.environ[GRAPH_ENV] = "1"
         os.environ["VLLM_CACHE_ROOT"] = cache_root()
+        # vLLM's GPU runner may capture the eager model in breakable CUDA graphs, which
+        # replay without the pre-hook that writes each forward's steers: opt out
+        os.environ.setdefault(BREAKABLE, "0")
     try:
         yield
     finally:
@@ -154,7 +159,8 @@ def _check_eager(llm: Any, eager: bool = True) -> None:
                 raise RuntimeError("vLLM captures this model whole in CUDA graphs: a replay "
                                    "skips the Python that writes each forward's steers, so "
                                    "they would be stale. steerlab asks for "
-                                   "cudagraph_mode='PIECEWISE'; something overrode it.")  # fmt: skip
+                                   f"cudagraph_mode='PIECEWISE' and {BREAKABLE}=0; "
+                                   "something overrode it.")  # fmt: skip
             continue
         if worker["compilation_mode"] != 0 or not worker["enforce_eager"]:
             raise RuntimeError(

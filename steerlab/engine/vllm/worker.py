@@ -52,6 +52,16 @@ class _State:
     sites: frozenset[str] = frozenset()  # the sites this call steers or reads
 
 
+def _full_cudagraphs(config: Any) -> bool:
+    """Whether vLLM captures the whole model in CUDA graphs: full graphs, or (its GPU model
+    runner's opt-in) breakable graphs of the eager model."""
+    import vllm.envs as envs
+    from vllm.platforms import current_platform
+
+    breakable = envs.VLLM_USE_BREAKABLE_CUDAGRAPH and current_platform.support_static_graph_mode()
+    return bool(config.compilation_config.cudagraph_mode.has_full_cudagraphs() or breakable)
+
+
 class SteerWorker:
     """Named RPCs for steering inside vLLM workers (``worker_extension_cls``)."""
 
@@ -73,7 +83,7 @@ class SteerWorker:
             "model_type": runner.model_config.hf_config.model_type,
             "compilation_mode": int(config.compilation_config.mode),
             # a whole-model CUDA graph replays without the pre-hook that writes the buffers
-            "full_cudagraphs": bool(config.compilation_config.cudagraph_mode.has_full_cudagraphs()),
+            "full_cudagraphs": _full_cudagraphs(config),
             "enforce_eager": bool(runner.model_config.enforce_eager),
             "model_class": type(self._steerlab_model()).__name__,
             "graph": self._steerlab_graph() is not None,
@@ -228,11 +238,15 @@ class SteerWorker:
         try:
             why = None if batch is None else graph.eager_reason(batch)
             if why is None:
+                found: dict[str, str] = {}  # kept only if the forward runs compiled
                 try:
                     buffers.write(batch, state.vectors, gate)
-                    buffers.reads.prepare(batch, state.reads, state.errors)
+                    buffers.reads.prepare(batch, state.reads, found)
                 except GraphFull as err:
                     why = str(err)
+                else:
+                    for row, error in found.items():
+                        state.errors.setdefault(row, error)
             if why is not None:
                 self._steerlab_uncompiled(why)
         except Exception as err:
