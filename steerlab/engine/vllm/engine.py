@@ -30,7 +30,7 @@ from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
-from steerlab.engine.vllm.graph import TWO_STEERS, graph_reason
+from steerlab.engine.vllm.graph import touches_reason
 from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
@@ -268,18 +268,13 @@ def uncompiled_reason(requests: Sequence[Request]) -> str | None:
     so it is not foreseen here."""
     plan = Plan.of(requests)
     for i in range(plan.rows):
-        steers = [s for s, alpha in plan.of_row(i) if alpha != 0]
         n = len(requests[i].prompt)
         at = np.arange(n + max(requests[i].sampling.max_new_tokens, 1))
-        count: dict[str, np.ndarray] = {}
-        for s in steers:
-            mask = position_mask(s.positions, at, at >= n, n)
-            why = graph_reason(s.op, s.gate, s.gate is not None and bool(mask[:n].any()))
-            if why is not None:
-                return why
-            count[s.site] = count.get(s.site, 0) + mask
-            if (count[s.site] > 1).any():
-                return TWO_STEERS
+        masks = [(s, position_mask(s.positions, at, at >= n, n))
+                 for s, alpha in plan.of_row(i) if alpha != 0]  # fmt: skip
+        why = touches_reason((s.site, s.op, s.gate, m, bool(m[:n].any())) for s, m in masks)
+        if why is not None:
+            return why
     return None
 
 

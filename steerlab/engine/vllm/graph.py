@@ -48,10 +48,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -101,25 +102,37 @@ def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str |
     return None
 
 
-def eager_reason(batch: ForwardBatch) -> str | None:
-    """Why this forward must run uncompiled, or None: a steer ``graph_reason`` names, or
-    two steers on one token at one site (the table holds one a token)."""
-    real = len(batch.owner)
-    for steers in batch.by_site.values():
-        count = torch.zeros(steers[0].touched.shape, dtype=torch.int64)
-        for steer in steers:
-            if not bool(steer.touched.any()):
-                continue
-            on_prompt = steer.gate is not None and bool(
-                (steer.touched[:real].numpy() & batch.in_prompt).any()
-            )
-            why = graph_reason(steer.op, steer.gate, on_prompt)
-            if why is not None:
-                return why
-            count += steer.touched
-        if bool((count > 1).any()):
+Touch = tuple[str, object, Any, np.ndarray, bool]  # site, op, gate, tokens touched, any in a prompt
+
+
+def touches_reason(touches: Iterable[Touch]) -> str | None:
+    """Why a forward whose steers touch these tokens must run uncompiled, or None: a steer
+    ``graph_reason`` names, or two steers on one token at one site (the table holds one).
+    The one rule for the worker (``eager_reason``, this forward's tokens) and ``explain``
+    (the engine's ``uncompiled_reason``, a row's prompt and every token it may generate)."""
+    count: dict[str, np.ndarray] = {}
+    for site, op, gate, touched, on_prompt in touches:
+        if not touched.any():
+            continue
+        why = graph_reason(op, gate, gate is not None and on_prompt)
+        if why is not None:
+            return why
+        count[site] = count.get(site, 0) + touched
+        if (count[site] > 1).any():
             return TWO_STEERS
     return None
+
+
+def eager_reason(batch: ForwardBatch) -> str | None:
+    """Why this forward must run uncompiled, or None (``touches_reason``)."""
+    real = len(batch.owner)
+    touches: list[Touch] = []
+    for site, steers in batch.by_site.items():
+        for s in steers:
+            touched = s.touched.numpy()
+            on_prompt = bool((touched[:real] & batch.in_prompt).any())
+            touches.append((site, s.op, s.gate, touched, on_prompt))
+    return touches_reason(touches)
 
 
 class GraphBuffers(nn.Module):
