@@ -55,7 +55,7 @@ def test_a_compiled_model_loaded_from_vllms_saved_artifact_still_steers(lm, hf, 
             ids = tuple(loaded.tokenizer(prompt)["input_ids"])
             requests.append(Request(ids, steers, Sampling(max_new_tokens=NEW), prompt))
         done = loaded.engine.run(requests)
-        (traced,) = loaded.engine.rpc("steerlab_graphs")  # vLLM compiles more on first use
+        (traced,) = loaded.engine.rpc("steerlab_graphs")  # + vLLM's sampling ops, on first use
         for i, (request, row) in enumerate(zip(requests, ROWS)):
             want = greedy(hf, list(request.prompt), row, NEW, loaded.eos_ids)
             assert done[i].tokens == want, i
