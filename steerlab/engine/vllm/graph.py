@@ -130,7 +130,7 @@ def eager_reason(batch: ForwardBatch) -> str | None:
     for site, steers in batch.by_site.items():
         for s in steers:
             touched = s.touched.numpy()
-            on_prompt = bool((touched[:real] & batch.in_prompt).any())
+            on_prompt = s.gate is not None and bool((touched[:real] & batch.in_prompt).any())
             touches.append((site, s.op, s.gate, touched, on_prompt))
     return touches_reason(touches)
 
