@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from steerlab.core.bars import counter
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
+from steerlab.core.identity import model_id
 from steerlab.core.prompts import encode, has_chat_template
 from steerlab.core.request import Sampling
 from steerlab.core.rows import as_steers
@@ -30,10 +33,11 @@ from steerlab.core.sites import resolve
 from steerlab.core.steer import at_alphas
 from steerlab.core.table import Table
 from steerlab.core.window import check_window
-from steerlab.evals.detection import detection_table
+from steerlab.evals.detection import detection_rows, detection_table
 from steerlab.evals.intervals import check_bootstrap
 from steerlab.evals.methods import Method, Prompting, resolve_methods
-from steerlab.evals.protocol import factor_table, leaderboard_table, rate_samples
+from steerlab.evals.protocol import factor_table, leaderboard_table, raw_ratings, score_sample
+from steerlab.evals.runstore import DATABASE, RunStore, exists
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ def benchmark(
     level: float = 0.95,
     n_boot: int = 1000,
     progress: bool = True,
+    run: str | Path | None = None,
 ) -> BenchmarkResult:
     """Rank steering methods on concepts by AxBench's protocol.
 
@@ -109,66 +114,280 @@ def benchmark(
         selection: the share of each concept's instructions that chooses the factor.
         max_new_tokens: tokens each generation writes (AxBench: 128).
         temperature: sampling temperature (AxBench: 1.0); seeded, so a run repeats.
-        seed: the sampling seed; every method samples with the same one.
+        seed: the sampling seed; every method and concept samples with the same one, so a
+            cell's texts do not depend on which cells ran before it.
         chat: apply the chat template; None: when the model has one.
         level, n_boot: the leaderboard's bootstrap interval.
         progress: one progress bar over the whole run.
+        run: a folder that keeps the run (``runstore``): settings, steers, generations,
+            ratings with the judge's replies, written prompts, each stored as it exists.
+            The same call again resumes it, doing only what is not stored; new concepts or
+            methods add their cells; other settings are refused by name.
+            ``sl.evals.load_run(run)`` reads what it holds. None: kept in memory.
 
     Raises:
         SteerError: bad input, before any compute: a concept without the data its method
             needs, fewer than 2 instructions, bad factors, an unknown method, a method
-            that needs an in-process model on vLLM.
+            that needs an in-process model on vLLM, a run folder holding another run.
         JudgeError: an unreachable judge, before any compute.
         SamplingError, SiteError, ContextError (ValueErrors): a bad temperature or seed,
             an unknown site, generations that would not fit the model's window; also
             before any compute.
+
+    Any failure once the run has begun (the judge failing for good, a method's ``make``
+    raising, Ctrl-C) keeps everything finished in ``run``; the error's note says so.
     """
     plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, temperature,
                   seed, chat, level, n_boot)  # fmt: skip
     data_list: list[ConceptData] = plan["concepts"]
     methods, chat = plan["methods"], plan["chat"]
+    store = RunStore(run)
+    try:
+        store.check_settings(_settings(lm, judge, site, chat, selection, max_new_tokens,
+                                       temperature, seed, level, n_boot))  # fmt: skip
+        store.check_parts("concepts", [(d.name, _data_fingerprint(d)) for d in data_list],
+                          "concept")  # fmt: skip
+        store.check_parts("methods", [(m.name, _method_fingerprint(m)) for m in methods],
+                          "method")  # fmt: skip
+        try:
+            _prompts(lm, data_list, methods, judge, store, chat, max_new_tokens)
+            seconds = _run(lm, data_list, methods, site, judge, store, progress,
+                           {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                            "seed": seed, "chat": chat})  # fmt: skip
+        except BaseException as error:  # Ctrl-C too: say where the finished work is
+            if run is not None:
+                error.add_note(f"Everything finished is kept in run={str(run)!r}: call "
+                               "sl.evals.benchmark again with the same arguments to resume, "
+                               f"or read what it holds with sl.evals.load_run({str(run)!r}).")  # fmt: skip
+            raise
+        names = [(d.name, list(d.instructions)) for d in data_list]
+        return _result(store, names, [m.name for m in methods], selection, level, n_boot, seed,
+                       lm, site, seconds)  # fmt: skip
+    finally:
+        store.close()
+
+
+def load_run(run: str | Path) -> BenchmarkResult:
+    """What a finished or interrupted run folder holds, as a ``BenchmarkResult``: every
+    stored concept and method, with the samples rated so far (an unfinished cell is scored
+    on its rated samples; a cell with none has no row). Needs no model.
+
+    >>> result = sl.evals.load_run("runs/ocean")  # doctest: +SKIP
+    """
+    if not isinstance(run, (str, Path)) or not exists(run):
+        raise SteerError(f"run={run!r:.80} holds no benchmark run (no {DATABASE} in it).")
+    store = RunStore(run)
+    try:
+        s = store.settings()
+        return _result(store, store.concepts(), store.methods(), s["selection"], s["level"],
+                       s["n_boot"], s["seed"], None, s["site"], {})  # fmt: skip
+    finally:
+        store.close()
+
+
+def _settings(lm: Any, judge: Any, site: str, chat: bool, selection: float,
+              max_new_tokens: int, temperature: float, seed: int, level: float,
+              n_boot: int) -> dict[str, Any]:  # fmt: skip
+    """What decides a run's results, stored with it (``progress`` does not)."""
+    identity = model_id(lm)
+    model = getattr(judge, "model", None)
+    if isinstance(model, str):
+        judge_name = f"{type(judge).__name__}({model!r})"
+    else:
+        judge_name = repr(judge) if " at 0x" not in repr(judge) else type(judge).__qualname__
+    return {"model": {"name": identity.name, "config_sha256": identity.config_sha256},
+            "site": site, "chat": chat, "selection": float(selection),
+            "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
+            "seed": int(seed), "judge": judge_name, "level": float(level),
+            "n_boot": int(n_boot)}  # fmt: skip
+
+
+def _data_fingerprint(data: ConceptData) -> dict[str, Any]:
+    return {"positives": list(data.positives), "negatives": list(data.negatives),
+            "pairs": [[p.prompt, p.chosen, p.rejected] for p in data.pairs],
+            "instructions": list(data.instructions)}  # fmt: skip
+
+
+def _method_fingerprint(method: Method | Prompting) -> dict[str, Any]:
+    if isinstance(method, Prompting):
+        return {"kind": "prompting", "prompt": method.prompt, "template": method.template,
+                "factors": list(method.factors)}  # fmt: skip
+    return {"kind": "method", "factors": list(method.factors), "needs": list(method.needs)}
+
+
+def _prompts(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],
+             judge: Any, store: RunStore, chat: bool, max_new_tokens: int) -> None:  # fmt: skip
+    """The prompting arms' prompts, stored: given, already stored, or written by the judge
+    now (a paid call, so after every cheap check), then the inputs checked against the
+    window."""
+    inputs = []
+    for method in (m for m in methods if isinstance(m, Prompting)):
+        for data in concepts:
+            cell = (method.name, data.name)
+            prompt = method.prompt or store.prompt(cell)
+            if prompt is None:
+                prompt = judge.write_prompt(data.name)
+                store.put_prompt(cell, prompt)
+            elif method.prompt is not None and store.prompt(cell) is None:
+                store.put_prompt(cell, prompt)
+            inputs += method.inputs(prompt, data.instructions)
+    if inputs:
+        longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
+        check_window(lm.n_ctx, longest, int(max_new_tokens))
+
+
+def _run(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting], site: str,
+         judge: Any, store: RunStore, progress: bool,
+         sampling: dict[str, Any]) -> dict[str, float]:  # fmt: skip
+    """Every cell not yet stored: its steer made, its texts generated, its ratings asked,
+    each stored as it exists; then each concept's detection."""
     seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
-    steers: dict[tuple[str, str], Any] = {}
-    prompts: dict[tuple[str, str], str] = plan["prompts"]
-    samples: list[dict[str, Any]] = []
-    rows = sum(len(d.instructions) * len(m.factors) for d in data_list for m in methods)
-    with counter(
-        rows * 2, "benchmark", disable=not progress
-    ) as bar:  # each sample made, then rated
-        for data in data_list:
-            n_select = math.floor(len(data.instructions) * selection)
-            for method in methods:
-                bar.set_postfix_str(f"{method.name} / {data.name}")
+    rows = sum(len(d.instructions) * len(m.factors) for d in concepts for m in methods)
+    workers = max(1, as_int(getattr(judge, "max_workers", 8)) or 8)
+    pool = ThreadPoolExecutor(workers)
+    try:
+        with counter(rows * 2, "benchmark", disable=not progress) as bar:  # made, then rated
+            for data in concepts:
+                steers = {}
+                for method in methods:
+                    cell = (method.name, data.name)
+                    bar.set_postfix_str(f"{method.name} / {data.name}")
+                    started = time.perf_counter()
+                    steers[cell] = steer = _steer(lm, method, data, site, store)
+                    seconds["make"] += time.perf_counter() - started
+                    started = time.perf_counter()
+                    texts = store.generations(cell) or _generate(lm, method, data, steer, store,
+                                                                 sampling)  # fmt: skip
+                    seconds["generate"] += time.perf_counter() - started
+                    bar.update(len(texts))
+                    started = time.perf_counter()
+                    _rate(judge, pool, store, cell, data, texts, bar.update)
+                    seconds["judge"] += time.perf_counter() - started
                 started = time.perf_counter()
-                steer, inputs = _make(lm, method, data, site, prompts)
-                steers[(method.name, data.name)] = steer
-                seconds["make"] += time.perf_counter() - started
-                started = time.perf_counter()
-                factors = list(method.factors)
-                steering = at_alphas(as_steers(steer), factors) if steer is not None else None
-                out = lm.generate(inputs, steering, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, seed=seed, chat=chat)  # fmt: skip
-                seconds["generate"] += time.perf_counter() - started
-                k = len(factors) if steer is not None else 1
-                for r, text in enumerate(out.text):  # prompt-major: row = instruction * k + factor
-                    i = r // k
-                    samples.append({"method": method.name, "concept": data.name,
-                                    "factor": factors[r % k], "instruction_index": i,
-                                    "split": "selection" if i < n_select else "test",
-                                    "instruction": data.instructions[i],
-                                    "model_input": inputs[i], "text": text})  # fmt: skip
-                bar.update(len(out.text))
-        bar.set_postfix_str("judge")
-        started = time.perf_counter()
-        parse_failures = rate_samples(judge, samples, bar.update)
-        seconds["judge"] = time.perf_counter() - started
-    started = time.perf_counter()
-    detection = detection_table(lm, data_list, methods, steers, site)
-    seconds["detect"] = time.perf_counter() - started
-    table = factor_table(samples, data_list, methods)
+                _detect(lm, data, methods, steers, site, store)
+                seconds["detect"] += time.perf_counter() - started
+    finally:  # a failure stops the run: ratings queued are not asked, those in flight kept
+        pool.shutdown(wait=True, cancel_futures=True)
+    return seconds
+
+
+def _steer(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
+           store: RunStore) -> Any:  # fmt: skip
+    """The cell's steer (None for prompting): stored, or made now and stored."""
+    cell = (method.name, data.name)
+    if store.has_steer(cell):
+        return store.steer(cell, lm)
+    steer = None if isinstance(method, Prompting) else _make(method, lm, data, site)
+    store.put_steer(cell, steer)
+    return steer
+
+
+def _generate(lm: Any, method: Method | Prompting, data: ConceptData, steer: Any,
+              store: RunStore, sampling: dict[str, Any]) -> list[tuple[int, float, int, str, str]]:  # fmt: skip
+    """The cell's texts, every factor in one engine call (prompt-major: row = instruction ×
+    k + factor), stored in one transaction."""
+    cell = (method.name, data.name)
+    if isinstance(method, Prompting):
+        prompt = method.prompt or store.prompt(cell)
+        assert prompt is not None  # stored before the run began
+        inputs = method.inputs(prompt, data.instructions)
+    else:
+        inputs = list(data.instructions)
+    factors = list(method.factors)
+    steering = at_alphas(as_steers(steer), factors) if steer is not None else None
+    out = lm.generate(inputs, steering, **sampling)
+    k = len(factors) if steer is not None else 1
+    rows = [(r, float(factors[r % k]), r // k, inputs[r // k], text)
+            for r, text in enumerate(out.text)]  # fmt: skip
+    store.put_generations(cell, rows)
+    return rows
+
+
+def _rate(judge: Any, pool: ThreadPoolExecutor, store: RunStore, cell: tuple[str, str],
+          data: ConceptData, texts: list[tuple[int, float, int, str, str]],
+          done: Callable[[int], Any]) -> None:  # fmt: skip
+    """The cell's ratings not yet stored, asked ``max_workers`` at a time; each is stored by
+    the worker that asked it, the moment it arrives."""
+    have = store.ratings(cell)
+    missing = [t for t in texts if t[0] not in have]
+    done(len(texts) - len(missing))
+
+    def one(row: int, index: int, text: str) -> None:
+        values, replies = ask_judge(judge, data.name, data.instructions[index], text)
+        store.put_rating(cell, row, raw_ratings(values), replies)
+
+    jobs = [pool.submit(one, row, index, text) for row, _, index, _, text in missing]
+    try:
+        for job in jobs:
+            job.result()
+            done(1)
+    finally:
+        for job in jobs:
+            job.cancel()
+
+
+def ask_judge(judge: Any, concept: str, instruction: str, text: str) -> tuple[Any, Any]:
+    """The judge's ratings and its three replies (None from a judge that gives none)."""
+    explained = getattr(judge, "rate_with_replies", None)
+    if callable(explained):
+        return explained(concept, instruction, text)
+    return judge.rate(concept, instruction, text), None
+
+
+def _detect(lm: Any, data: ConceptData, methods: list[Method | Prompting],
+            steers: dict[tuple[str, str], Any], site: str, store: RunStore) -> None:  # fmt: skip
+    """Detection for the concept's cells not yet measured, stored (None: no one direction)."""
+    if not lm.engine.capabilities.capture:
+        return
+    pending = [m for m in methods if not store.detected((m.name, data.name))]
+    if not pending:
+        return
+    measured = {(r["method"], r["concept"]): r
+                for r in detection_table(lm, [data], pending, steers, site)}  # fmt: skip
+    rows = []
+    for method in pending:
+        row = measured.get((method.name, data.name))
+        rows.append((method.name, data.name, row and row["auroc"], row and row["n"]))
+    store.put_detection(rows)
+
+
+def _result(store: RunStore, concepts: list[tuple[str, list[str]]], methods: list[str],
+            selection: float, level: float, n_boot: int, seed: int, lm: Any, site: str,
+            seconds: dict[str, float]) -> BenchmarkResult:  # fmt: skip
+    """The run's result, built from the store alone, so a resumed run gives the same."""
+    samples, failures = [], 0
+    for name, instructions in concepts:
+        n_select = math.floor(len(instructions) * selection)
+        for method in methods:
+            cell = (method, name)
+            rated = store.ratings(cell)
+            for row, factor, i, model_input, text in store.generations(cell):
+                if row not in rated:
+                    continue
+                raw, replies = rated[row]
+                sample = {"method": method, "concept": name, "factor": factor,
+                          "instruction_index": i,
+                          "split": "selection" if i < n_select else "test",
+                          "instruction": instructions[i], "model_input": model_input,
+                          "text": text}  # fmt: skip
+                failures += score_sample(sample, raw)
+                sample["judge_replies"] = replies
+                samples.append(sample)
+    names = [n for n, _ in concepts]
+    steers = {(m, c): store.steer((m, c), lm) for c in names for m in methods
+              if store.has_steer((m, c))}  # fmt: skip
+    found = {(m, c): (a, n) for m, c, a, n in store.detection()}
+    if lm is not None and not lm.engine.capabilities.capture:
+        detection = detection_table(lm, [], [], {}, site)  # says why it was not measured
+    else:
+        detection = detection_rows([{"method": m, "concept": c, "auroc": found[(m, c)][0],
+                                     "n": found[(m, c)][1]}
+                                    for c in names for m in methods if (m, c) in found])  # fmt: skip
+    table = factor_table(samples, names, methods)
     board = leaderboard_table(samples, table, methods, level, n_boot, seed)
-    return BenchmarkResult(table, board, samples, steers, detection, parse_failures, prompts,
-                           seconds)  # fmt: skip
+    prompts = {cell: p for cell, p in store.prompts().items()
+               if cell[0] in methods and cell[1] in names}  # fmt: skip
+    return BenchmarkResult(table, board, samples, steers, detection, failures, prompts, seconds)
 
 
 def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selection: Any,
@@ -194,18 +413,14 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
                          "lm, data, site: steer), or leave them out.")  # fmt: skip
     _check_judge(judge, methods)
     chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
-    # the prompting arms' prompts, written now (by the judge where none is given), so that
-    # every input the run will feed is checked against the window before any compute
-    prompts: dict[tuple[str, str], str] = {}
+    # every input known now is checked against the window before any compute; the judge
+    # writes the missing prompting prompts only after these checks (``_prompts``)
     inputs = [i for d in concepts for i in d.instructions]
-    for method in (m for m in methods if isinstance(m, Prompting)):
-        for data in concepts:
-            prompt = method.prompt or judge.write_prompt(data.name)
-            prompts[(method.name, data.name)] = prompt
-            inputs += method.inputs(prompt, data.instructions)
+    for method in (m for m in methods if isinstance(m, Prompting) and m.prompt is not None):
+        inputs += [i for d in concepts for i in method.inputs(method.prompt, d.instructions)]
     longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
     check_window(lm.n_ctx, longest, int(max_new_tokens))
-    return {"concepts": concepts, "methods": methods, "chat": chat, "prompts": prompts}
+    return {"concepts": concepts, "methods": methods, "chat": chat}
 
 
 def _check_concepts(concepts: Any) -> list[ConceptData]:
@@ -262,11 +477,8 @@ def _check_judge(judge: Any, methods: list[Method | Prompting]) -> None:
         ping()  # an unreachable judge is refused now, not after the generations
 
 
-def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
-          prompts: dict[tuple[str, str], str]) -> tuple[Any, list[str]]:  # fmt: skip
-    """The method's steer (None for prompting) and the model inputs it generates from."""
-    if isinstance(method, Prompting):
-        return None, method.inputs(prompts[(method.name, data.name)], data.instructions)
+def _make(method: Method, lm: Any, data: ConceptData, site: str) -> Any:
+    """The method's steer for the concept, checked to be a steer."""
     steer = method.make(lm, data, site)
     try:
         steers = as_steers(steer)
@@ -275,4 +487,4 @@ def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
                          f"{error}") from None  # fmt: skip
     if not steers:
         raise SteerError(f"Method {method.name!r} made no steer for concept {data.name!r}.")
-    return steer, list(data.instructions)
+    return steer
