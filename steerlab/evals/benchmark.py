@@ -190,9 +190,9 @@ def _settings(lm: Any, judge: Any, site: str, chat: bool, selection: float,
               n_boot: int) -> dict[str, Any]:  # fmt: skip
     """What decides a run's results, stored with it (``progress`` does not)."""
     identity = model_id(lm)
-    model = getattr(judge, "model", None)
+    model = getattr(judge, "model", None)  # the judge's model; where it is served may move
     if isinstance(model, str):
-        judge_name = f"{type(judge).__name__}({model!r})"
+        judge_name = model
     else:
         judge_name = repr(judge) if " at 0x" not in repr(judge) else type(judge).__qualname__
     return {"model": {"name": identity.name, "config_sha256": identity.config_sha256},
