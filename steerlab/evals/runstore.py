@@ -151,7 +151,9 @@ class RunStore:
         return {(m, c): p for m, c, p in self._query("SELECT * FROM prompts")}
 
     def has_steer(self, cell: Cell) -> bool:
-        return cell in self._steers or bool(self._query("SELECT 1 FROM steers WHERE method=? AND concept=?", cell))
+        return cell in self._steers or bool(
+            self._query("SELECT 1 FROM steers WHERE method=? AND concept=?", cell)
+        )
 
     def steer(self, cell: Cell, model: Any = None) -> Any:
         """The steer stored for ``cell`` (None for prompting); a KeyError when none is."""
