@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import steerlab as sl
+from steerlab.evals.benchmark import EmptyGenerationWarning
 
 SITE = "blocks.2.hook_resid_pre"
 HAPPY = ["Mia smiled and sang.", "Tom laughed, glad and warm.", "The day was bright and happy."]
@@ -357,3 +359,148 @@ def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_tabl
     made = Counter(e[1] for e in events if e[0] == "generate")
     assert len(made) == len(result.table)  # one generation per cell
     assert sum(made.values()) - len(made) <= kills  # at most the cell in flight per kill
+
+
+# --- checked before the first generation -------------------------------------------------
+
+
+class NoGeneration:
+    """Any generation or forward pass fails the test."""
+
+    @staticmethod
+    def install(monkeypatch, lm) -> None:
+        def never(*args, **kwargs):
+            raise AssertionError("computed before refusing")
+
+        monkeypatch.setattr(type(lm), "generate", never)
+        monkeypatch.setattr(type(lm.model), "forward", never)
+
+
+def test_a_judge_model_that_does_not_rate_is_refused_before_any_generation(toy_lm, monkeypatch):
+    """``ping`` passes (the server answers /models), and the model name is misspelt: every
+    rating is a 404. One real rating of a fixed text finds it before any generation."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from steerlab.server.background import serve_in_background
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": "gpt-4o-mini", "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    def chat() -> JSONResponse:
+        return JSONResponse({"error": {"message": "model 'gpt4o-mini' not found"}}, 404)
+
+    NoGeneration.install(monkeypatch, toy_lm)
+    with serve_in_background(app) as url:
+        judge = sl.evals.Judge(f"{url}/v1", "gpt4o-mini", max_retries=0)
+        with pytest.raises(sl.evals.JudgeError, match="404.*not found"):
+            sl.evals.benchmark(toy_lm, concepts(), [sl.evals.Prompting("Be happy.")],
+                               judge=judge, **OPTIONS)  # fmt: skip
+
+
+def _refused(lm, monkeypatch, data, methods_, judge, match, error=sl.SteerError) -> None:
+    NoGeneration.install(monkeypatch, lm)
+    with pytest.raises(error, match=match):
+        sl.evals.benchmark(lm, data, methods_, judge=judge, **OPTIONS)
+
+
+def test_repeated_instructions_are_refused(toy_lm, monkeypatch):
+    data = sl.evals.ConceptData("happiness", instructions=[ASKS[0], ASKS[1], ASKS[0]])
+    _refused(toy_lm, monkeypatch, [data], ["prompt"], CountingJudge(),
+             "'happiness' repeats the instruction 'Tell me a story about the sea.'")  # fmt: skip
+
+
+def test_a_concept_toy_judge_does_not_know_is_refused(toy_lm, monkeypatch):
+    from steerlab.toy import ToyJudge
+
+    data = sl.evals.ConceptData("the ocean", instructions=ASKS)
+    _refused(toy_lm, monkeypatch, [data], [sl.evals.Prompting("Be happy.")],
+             ToyJudge(toy_lm), "ToyJudge knows the toy's concepts.*'the ocean'")  # fmt: skip
+
+
+def test_texts_past_the_window_are_refused_naming_the_concept_and_the_method(toy_lm,
+                                                                              monkeypatch):  # fmt: skip
+    long = " ".join(["The waves rolled."] * 60)
+    data = sl.evals.ConceptData("the sea", positives=[SEA[0], long], negatives=FOREST,
+                                instructions=ASKS)  # fmt: skip
+    _refused(toy_lm, monkeypatch, [data], ["prompt", "mean_diff"], CountingJudge(),
+             r"'the sea': positives\[1\] is \d+ tokens, beyond .* 128; method 'mean_diff'")  # fmt: skip
+    pairs = [sl.Preference("Tell me a story.", long, "The owl hooted.")]
+    data = sl.evals.ConceptData("the sea", pairs=pairs, instructions=ASKS)
+    _refused(toy_lm, monkeypatch, [data], ["reps"], CountingJudge(), r"pairs\[0\].*'reps'")
+
+
+def test_a_written_prompt_waits_for_the_window_check(toy_lm, monkeypatch):
+    """The judge writes the prompting arm's prompt (a paid call) only after the cheap
+    checks: instructions past the window are refused before it is asked."""
+    judge = CountingJudge()
+    data = sl.evals.ConceptData("happiness", instructions=[ASKS[0], " ".join(ASKS * 12)])
+    _refused(toy_lm, monkeypatch, [data], ["prompt"], judge, "context window",
+             error=ValueError)  # fmt: skip
+    assert judge.written == []
+
+
+def test_a_steer_at_another_site_is_refused_unless_the_method_says_so(toy_lm, tmp_path):
+    other = "blocks.1.hook_resid_pre"
+    elsewhere = sl.evals.Method("elsewhere", make=lambda lm, d, s: _extract(lm, d, other),
+                                factors=[1.0])  # fmt: skip
+    with pytest.raises(sl.SteerError, match=rf"'elsewhere' made a steer at '{other}'.*"
+                                            rf"'{SITE}'.*site='{other}'"):  # fmt: skip
+        sl.evals.benchmark(toy_lm, concepts()[:1], [elsewhere], judge=CountingJudge(),
+                           **OPTIONS)  # fmt: skip
+    own = sl.evals.Method("own", make=_extract, factors=[1.0], site=other)
+    result = sl.evals.benchmark(toy_lm, concepts()[:1], [own], judge=CountingJudge(),
+                                **OPTIONS)  # fmt: skip
+    assert list(result.steers[("own", "happiness")].directions) == [other]
+
+
+# --- honest results -------------------------------------------------------------------
+
+
+def test_empty_generations_are_counted_warned_and_marked(toy_lm, monkeypatch):
+    """A model that writes nothing for most prompts: each cell counts its empty texts,
+    the run warns once naming the cells, and a cell mostly empty is marked degenerate in
+    the table, the leaderboard and the figure."""
+    original = toy_lm.generate
+
+    def mostly_empty(inputs, steer=None, **kwargs):
+        out = original(inputs, steer, **kwargs)
+        return dataclasses.replace(out, text=[t if i % 4 == 0 else "  "
+                                              for i, t in enumerate(out.text)])  # fmt: skip
+
+    monkeypatch.setattr(toy_lm, "generate", mostly_empty)
+    with pytest.warns(EmptyGenerationWarning,
+                      match="vector / happiness: 9.*told / the sea: 2") as caught:  # fmt: skip
+        result = sl.evals.benchmark(toy_lm, concepts(), methods(), judge=CountingJudge(),
+                                    **OPTIONS)  # fmt: skip
+    assert len(caught) == 1
+    rows = {(r["method"], r["concept"]): r for r in result.table}
+    assert (
+        rows[("vector", "happiness")]["empty"] == 9 and rows[("prompt", "happiness")]["empty"] == 3
+    )
+    assert all(r["degenerate"] for r in result.table)
+    assert all(r["degenerate"] == 2 for r in result.leaderboard)
+    fig = sl.plots.leaderboard(result)
+    assert {s for trace in fig.data[1:] for s in trace.marker.symbol} == {"x"}
+    assert all("2 degenerate" in a.text for a in fig.layout.annotations)
+
+
+def test_the_samples_keep_the_judges_replies(toy_lm):
+    from steerlab.toy import ToyJudge
+
+    judge = ToyJudge(toy_lm)
+    data = sl.evals.ConceptData("happiness", instructions=ASKS)
+    result = sl.evals.benchmark(toy_lm, [data], [sl.evals.Prompting("Be happy.")], judge=judge,
+                                **OPTIONS)  # fmt: skip
+    from steerlab.evals.judge import parse_rating
+
+    for s in result.samples:
+        replies = s["judge_replies"]
+        assert len(replies) == 3
+        assert [parse_rating(r) for r in replies] == [s["concept_rating"],
+                                                      s["instruction_rating"],
+                                                      s["fluency_rating"]]  # fmt: skip

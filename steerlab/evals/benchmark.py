@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -161,10 +162,21 @@ def benchmark(
                                f"or read what it holds with sl.evals.load_run({str(run)!r}).")  # fmt: skip
             raise
         names = [(d.name, list(d.instructions)) for d in data_list]
-        return _result(store, names, [m.name for m in methods], selection, level, n_boot, seed,
-                       lm, site, seconds)  # fmt: skip
+        result = _result(store, names, [m.name for m in methods], selection, level, n_boot,
+                         seed, lm, site, seconds)  # fmt: skip
     finally:
         store.close()
+    empty = [f"{r['method']} / {r['concept']}: {r['empty']}" for r in result.table if r["empty"]]
+    if empty:
+        warnings.warn(f"Empty or blank generations (method / concept: count): "
+                      f"{'; '.join(empty)}. They are rated as the judge sees them; a cell "
+                      "marked degenerate in result.table says little about steering.",
+                      EmptyGenerationWarning, stacklevel=2)  # fmt: skip
+    return result
+
+
+class EmptyGenerationWarning(UserWarning):
+    """A benchmark run made empty or blank generations (``result.table``'s ``empty``)."""
 
 
 def load_run(run: str | Path) -> BenchmarkResult:
@@ -212,7 +224,8 @@ def _method_fingerprint(method: Method | Prompting) -> dict[str, Any]:
     if isinstance(method, Prompting):
         return {"kind": "prompting", "prompt": method.prompt, "template": method.template,
                 "factors": list(method.factors)}  # fmt: skip
-    return {"kind": "method", "factors": list(method.factors), "needs": list(method.needs)}
+    return {"kind": "method", "factors": list(method.factors), "needs": list(method.needs),
+            "site": method.site}  # fmt: skip
 
 
 def _prompts(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],
@@ -401,6 +414,9 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
         raise SteerError(f"site must be a site name such as 'blocks.2.hook_resid_pre'; got "
                          f"{site!r:.60}.")  # fmt: skip
     resolve(site, lm.sites())
+    for method in methods:
+        if isinstance(method, Method) and method.site is not None:
+            resolve(method.site, lm.sites())
     if as_int(max_new_tokens) is None or max_new_tokens < 1:
         raise SteerError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
     check_bootstrap(level, n_boot)
@@ -411,7 +427,8 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
                          f"{lm.engine.kind} engine cannot do: make their steers on an "
                          "in-process model and pass them as sl.evals.Method(name, make=lambda "
                          "lm, data, site: steer), or leave them out.")  # fmt: skip
-    _check_judge(judge, methods)
+    _check_judge(judge, methods, [d.name for d in concepts])
+    _check_data_window(lm, concepts, methods)
     chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
     # every input known now is checked against the window before any compute; the judge
     # writes the missing prompting prompts only after these checks (``_prompts``)
@@ -420,6 +437,7 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
         inputs += [i for d in concepts for i in method.inputs(method.prompt, d.instructions)]
     longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
     check_window(lm.n_ctx, longest, int(max_new_tokens))
+    _check_answers(judge)  # the one check that costs a judge call, after every cheap one
     return {"concepts": concepts, "methods": methods, "chat": chat}
 
 
@@ -460,10 +478,41 @@ def _check_splits(concepts: list[ConceptData], methods: list[Method | Prompting]
             if empty:
                 raise SteerError(f"Method {method.name!r} needs ConceptData.{empty[0]}, and "
                                  f"concept {data.name!r} has none.")  # fmt: skip
+        repeated = sorted({i for i in data.instructions if data.instructions.count(i) > 1})
+        if repeated:
+            raise SteerError(f"Concept {data.name!r} repeats the instruction {repeated[0]!r:.80}; "
+                             "a repeat could land in both the selection and the test split. "
+                             "Give each instruction once.")  # fmt: skip
 
 
-def _check_judge(judge: Any, methods: list[Method | Prompting]) -> None:
-    """The judge rates, writes prompts where a prompting arm asks it to, and answers."""
+def _check_data_window(lm: Any, concepts: list[ConceptData],
+                       methods: list[Method | Prompting]) -> None:  # fmt: skip
+    """Every text a method reads (positives, negatives, pairs) fits the model's window."""
+    if lm.n_ctx is None:
+        return
+    for data in concepts:
+        needed = {f: m.name for m in reversed(methods) for f in m.needs}
+        for part in ("positives", "negatives"):
+            for i, text in enumerate(getattr(data, part) if part in needed else ()):
+                _fits(lm, len(encode(lm.tokenizer, text, chat=False)), data.name,
+                      f"{part}[{i}]", needed[part])  # fmt: skip
+        for i, pair in enumerate(data.pairs if "pairs" in needed else ()):
+            prompt = len(encode(lm.tokenizer, pair.prompt, chat=False))
+            longer = max(len(lm.tokenizer(t, add_special_tokens=False)["input_ids"])
+                         for t in (pair.chosen, pair.rejected))  # fmt: skip
+            _fits(lm, prompt + longer, data.name, f"pairs[{i}]", needed["pairs"])
+
+
+def _fits(lm: Any, tokens: int, concept: str, where: str, method: str) -> None:
+    if tokens > lm.n_ctx:
+        raise SteerError(f"Concept {concept!r}: {where} is {tokens} tokens, beyond this "
+                         f"model's context window of {lm.n_ctx}; method {method!r} reads it. "
+                         "Shorten it or leave it out.")  # fmt: skip
+
+
+def _check_judge(judge: Any, methods: list[Method | Prompting], concepts: list[str]) -> None:
+    """The judge rates, writes prompts where a prompting arm asks it to, and knows each
+    concept (a judge with ``check_concept``, such as ``ToyJudge``)."""
     if not callable(getattr(judge, "rate", None)):
         raise SteerError(f"judge must have rate(concept, instruction, text); got "
                          f"{type(judge).__name__}.")  # fmt: skip
@@ -472,14 +521,28 @@ def _check_judge(judge: Any, methods: list[Method | Prompting]) -> None:
         raise SteerError("Prompting(prompt=None) has the judge write each concept's prompt, and "
                          f"this judge ({type(judge).__name__}) has no write_prompt(concept); "
                          "give sl.evals.Prompting(prompt='...').")  # fmt: skip
+    check = getattr(judge, "check_concept", None)
+    for concept in concepts if callable(check) else ():
+        check(concept)
+
+
+PROBE = ("the sea", "Tell me about your day.", "The waves rolled over the sand, and the "
+         "gulls called over the sea.")  # fmt: skip
+
+
+def _check_answers(judge: Any) -> None:
+    """A judge served elsewhere (one with ``ping``) answers at all, then rates one fixed
+    text for real: a misspelt model name fails now, not after the generations."""
     ping = getattr(judge, "ping", None)
     if callable(ping):
-        ping()  # an unreachable judge is refused now, not after the generations
+        ping()
+        judge.rate(*PROBE)
 
 
 def _make(method: Method, lm: Any, data: ConceptData, site: str) -> Any:
-    """The method's steer for the concept, checked to be a steer."""
-    steer = method.make(lm, data, site)
+    """The method's steer for the concept, checked to be a steer at the method's site."""
+    where = method.site or site
+    steer = method.make(lm, data, where)
     try:
         steers = as_steers(steer)
     except SteerError as error:
@@ -487,4 +550,11 @@ def _make(method: Method, lm: Any, data: ConceptData, site: str) -> Any:
                          f"{error}") from None  # fmt: skip
     if not steers:
         raise SteerError(f"Method {method.name!r} made no steer for concept {data.name!r}.")
+    want = resolve(where, lm.sites()).name
+    for made in steers:
+        if resolve(made.site, lm.sites()).name != want:
+            raise SteerError(f"Method {method.name!r} made a steer at {made.site!r} for concept "
+                             f"{data.name!r}, and it should act at {where!r} (the benchmark's "
+                             "site=, or the method's own); a method that wants its own site "
+                             f"says so: sl.evals.Method(..., site={made.site!r}).")  # fmt: skip
     return steer

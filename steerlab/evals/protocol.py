@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from typing import Any
 
 from steerlab.core.errors import SteerError
@@ -77,10 +78,24 @@ def factor_table(samples: list[dict[str, Any]], concepts: list[str],
                       "selection": chosen_by[best], "score": _mean([s["score"] for s in test])}  # fmt: skip
             record.update({c: _mean([s[c] for s in test]) for c in RATINGS})
             record["n"] = len(test)
+            record["empty"] = sum(not s["text"].strip() for s in mine)
+            record["degenerate"] = degenerate([s["text"] for s in mine if s["factor"] == best])
             records.append(record)
-    columns = ["method", "concept", "factor", "selection", "score", *RATINGS, "n"]
+    columns = ["method", "concept", "factor", "selection", "score", *RATINGS, "n", "empty",
+               "degenerate"]  # fmt: skip
     return Table("benchmark: factor chosen on the selection split, scored on the test split "
                  "(harmonic mean of three 0-2 ratings)", columns, records, _FORMATS)  # fmt: skip
+
+
+def degenerate(texts: list[str]) -> bool:
+    """Whether more than half of ``texts`` are one and the same text (empty or blank texts
+    all count as one): a score over them says little about steering.
+
+    >>> degenerate(["", " ", "a", "b"]), degenerate(["", " ", "", "b"]), degenerate(["a", "b"])
+    (False, True, False)
+    """
+    counts = Counter(t.strip() for t in texts)
+    return bool(texts) and max(counts.values()) > len(texts) / 2
 
 
 def leaderboard_table(samples: list[dict[str, Any]], table: Table, methods: list[str],
@@ -97,8 +112,11 @@ def leaderboard_table(samples: list[dict[str, Any]], table: Table, methods: list
         if not groups:
             continue
         estimate = mean_of_means_interval(groups, level=level, n_boot=n_boot, seed=seed)
+        flagged = sum(bool(r["degenerate"]) for r in table if r["method"] == method)
         records.append({"method": method, "score": estimate.value, "low": estimate.low,
-                        "high": estimate.high, "concepts": len(groups)})  # fmt: skip
+                        "high": estimate.high, "concepts": len(groups),
+                        "degenerate": flagged})  # fmt: skip
     records.sort(key=lambda r: -float(r["score"]) if not math.isnan(r["score"]) else math.inf)
     return Table(f"leaderboard: mean test score over concepts, {level:.0%} bootstrap interval",
-                 ["method", "score", "low", "high", "concepts"], records, _FORMATS)  # fmt: skip
+                 ["method", "score", "low", "high", "concepts", "degenerate"], records,
+                 _FORMATS)  # fmt: skip
