@@ -504,3 +504,41 @@ def test_the_samples_keep_the_judges_replies(toy_lm):
         assert [parse_rating(r) for r in replies] == [s["concept_rating"],
                                                       s["instruction_rating"],
                                                       s["fluency_rating"]]  # fmt: skip
+
+
+# --- shards -----------------------------------------------------------------------------
+
+
+def test_shards_merged_give_the_unsharded_tables(reference, toy_lm, tmp_path):
+    result, _, _ = reference
+    parts = [tmp_path / "part0", tmp_path / "part1"]
+    for i, part in enumerate(parts):
+        alone = sl.evals.benchmark(toy_lm, concepts(), methods(), judge=CountingJudge(),
+                                   run=part, shard=(i, 2), **OPTIONS)  # fmt: skip
+        assert {r["concept"] for r in alone.table} == {concepts()[i].name}
+    same(sl.evals.merge_runs(parts), result)
+    same(sl.evals.merge_runs(parts[::-1]), result)  # the unsharded order, whatever the list's
+
+
+@pytest.mark.parametrize(("shard", "run", "match"), [
+    ((3, 2), "x", r"0 <= i < n.*shard=\(3, 2\)"),
+    ((0, 0), "x", "0 <= i < n"),
+    ("0/2", "x", "shard must be"),
+    ((1, 2), None, "own run= folder"),
+])  # fmt: skip
+def test_a_bad_shard_is_refused(toy_lm, monkeypatch, tmp_path, shard, run, match):
+    NoGeneration.install(monkeypatch, toy_lm)
+    with pytest.raises(sl.SteerError, match=match):
+        sl.evals.benchmark(toy_lm, concepts(), methods(), judge=CountingJudge(),
+                           run=None if run is None else tmp_path / run, shard=shard, **OPTIONS)  # fmt: skip
+
+
+def test_runs_of_other_settings_do_not_merge(reference, toy_lm, tmp_path):
+    _, folder, _ = reference
+    other = tmp_path / "other"
+    sl.evals.benchmark(toy_lm, concepts(), methods(), judge=CountingJudge(), run=other,
+                       shard=(1, 2), **{**OPTIONS, "seed": 4})  # fmt: skip
+    with pytest.raises(sl.SteerError, match="seed=4.*seed=3.*only shards of one run merge"):
+        sl.evals.merge_runs([folder, other])
+    with pytest.raises(sl.SteerError, match="'happiness' is in .* and in another"):
+        sl.evals.merge_runs([folder, folder])

@@ -13,7 +13,7 @@
 
 from steerlab.core.concepts import ConceptData, Preference
 from steerlab.core.table import Table
-from steerlab.evals.benchmark import BenchmarkResult, benchmark, load_run
+from steerlab.evals.benchmark import BenchmarkResult, benchmark, load_run, merge_runs
 from steerlab.evals.detection import roc_auc
 from steerlab.evals.harness import HarnessResult, lm_eval
 from steerlab.evals.intervals import Estimate, mean_interval, perplexity_interval
@@ -38,6 +38,7 @@ __all__ = [
     "lm_eval",
     "load_run",
     "mean_interval",
+    "merge_runs",
     "perplexity_interval",
     "roc_auc",
     "steerability",

@@ -13,6 +13,7 @@ over its tokens of ``h·v̂`` at the site).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -93,6 +94,7 @@ def benchmark(
     n_boot: int = 1000,
     progress: bool = True,
     run: str | Path | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> BenchmarkResult:
     """Rank steering methods on concepts by AxBench's protocol.
 
@@ -125,6 +127,9 @@ def benchmark(
             The same call again resumes it, doing only what is not stored; new concepts or
             methods add their cells; other settings are refused by name.
             ``sl.evals.load_run(run)`` reads what it holds. None: kept in memory.
+        shard: ``(i, n)``: run every n-th concept from the i-th (0-based), each shard in
+            its own ``run`` folder, on its own GPU or machine; ``sl.evals.merge_runs``
+            joins the folders into the result one unsharded run gives.
 
     Raises:
         SteerError: bad input, before any compute: a concept without the data its method
@@ -138,6 +143,7 @@ def benchmark(
     Any failure once the run has begun (the judge failing for good, a method's ``make``
     raising, Ctrl-C) keeps everything finished in ``run``; the error's note says so.
     """
+    i, n = _check_shard(shard, run)
     plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, temperature,
                   seed, chat, level, n_boot)  # fmt: skip
     data_list: list[ConceptData] = plan["concepts"]
@@ -146,10 +152,12 @@ def benchmark(
     try:
         store.check_settings(_settings(lm, judge, site, chat, selection, max_new_tokens,
                                        temperature, seed, level, n_boot))  # fmt: skip
-        store.check_parts("concepts", [(d.name, _data_fingerprint(d)) for d in data_list],
+        store.check_parts("concepts", [(d.name, k, _data_fingerprint(d))
+                                       for k, d in enumerate(data_list) if k % n == i],
                           "concept")  # fmt: skip
-        store.check_parts("methods", [(m.name, _method_fingerprint(m)) for m in methods],
-                          "method")  # fmt: skip
+        store.check_parts("methods", [(m.name, k, _method_fingerprint(m))
+                                      for k, m in enumerate(methods)], "method")  # fmt: skip
+        data_list = data_list[i::n]
         try:
             _prompts(lm, data_list, methods, judge, store, chat, max_new_tokens)
             seconds = _run(lm, data_list, methods, site, judge, store, progress,
@@ -162,8 +170,9 @@ def benchmark(
                                f"or read what it holds with sl.evals.load_run({str(run)!r}).")  # fmt: skip
             raise
         names = [(d.name, list(d.instructions)) for d in data_list]
-        result = _result(store, names, [m.name for m in methods], selection, level, n_boot,
-                         seed, lm, site, seconds)  # fmt: skip
+        result = _result(dict.fromkeys([d.name for d in data_list], store), names,
+                         [m.name for m in methods], selection, level, n_boot, seed, lm, site,
+                         seconds)  # fmt: skip
     finally:
         store.close()
     empty = [f"{r['method']} / {r['concept']}: {r['empty']}" for r in result.table if r["empty"]]
@@ -186,15 +195,69 @@ def load_run(run: str | Path) -> BenchmarkResult:
 
     >>> result = sl.evals.load_run("runs/ocean")  # doctest: +SKIP
     """
-    if not isinstance(run, (str, Path)) or not exists(run):
-        raise SteerError(f"run={run!r:.80} holds no benchmark run (no {DATABASE} in it).")
-    store = RunStore(run)
+    return merge_runs([run])
+
+
+def merge_runs(runs: Sequence[str | Path]) -> BenchmarkResult:
+    """One result from the run folders of shards (``benchmark(..., shard=(i, n))``) of one
+    run: the same settings, methods and concept data in each. Concepts keep the order of
+    the unsharded list, so the tables equal one unsharded run's.
+
+    >>> result = sl.evals.merge_runs(["runs/part0", "runs/part1"])  # doctest: +SKIP
+    """
+    if isinstance(runs, (str, Path)) or not isinstance(runs, Sequence) or not runs:
+        raise SteerError(f"runs must be a non-empty list of run folders; got {runs!r:.80}.")
+    for run in runs:
+        if not isinstance(run, (str, Path)) or not exists(run):
+            raise SteerError(f"run={run!r:.80} holds no benchmark run (no {DATABASE} in it).")
+    stores = [RunStore(run) for run in runs]
     try:
-        s = store.settings()
-        return _result(store, store.concepts(), store.methods(), s["selection"], s["level"],
-                       s["n_boot"], s["seed"], None, s["site"], {})  # fmt: skip
+        settings = stores[0].settings()
+        where: dict[str, RunStore] = {}
+        order: dict[str, tuple[int, str]] = {}
+        methods = stores[0].fingerprints("methods")
+        for run, store in zip(runs, stores):
+            _same_run(settings, store.settings(), runs[0], run)
+            for name, (position, mark) in store.fingerprints("methods").items():
+                if methods.setdefault(name, (position, mark))[1] != mark:
+                    raise SteerError(f"Method {name!r} has other settings in {str(run)!r} than "
+                                     f"in {str(runs[0])!r}; these are not shards of one run.")  # fmt: skip
+            for name, instructions in store.concepts():
+                if name in where:
+                    raise SteerError(f"Concept {name!r} is in {str(run)!r} and in another of "
+                                     "these runs; give each shard's folder once.")  # fmt: skip
+                where[name] = store
+                order[name] = (store.fingerprints("concepts")[name][0], json.dumps(instructions))
+        concepts = [(name, json.loads(order[name][1]))
+                    for name in sorted(order, key=lambda c: order[c][0])]  # fmt: skip
+        names = sorted(methods, key=lambda m: methods[m][0])
+        return _result(where, concepts, names, settings["selection"], settings["level"],
+                       settings["n_boot"], settings["seed"], None, settings["site"], {})  # fmt: skip
     finally:
-        store.close()
+        for store in stores:
+            store.close()
+
+
+def _same_run(first: dict[str, Any], other: dict[str, Any], a: Any, b: Any) -> None:
+    for key in first.keys() | other.keys():
+        if first.get(key) != other.get(key):
+            raise SteerError(f"{str(b)!r} holds a run with {key}={other.get(key)!r}, and "
+                             f"{str(a)!r} one with {key}={first.get(key)!r}; only shards of "
+                             "one run merge.")  # fmt: skip
+
+
+def _check_shard(shard: Any, run: Any) -> tuple[int, int]:
+    try:
+        i, n = shard
+    except (TypeError, ValueError):
+        i = n = None
+    if as_int(i) is None or as_int(n) is None or not 0 <= i < n:
+        raise SteerError(f"shard must be (i, n) with 0 <= i < n, running every n-th concept "
+                         f"from the i-th; got shard={shard!r:.40}.")  # fmt: skip
+    if n > 1 and run is None:
+        raise SteerError(f"shard={shard!r} runs part of the concepts; give each shard its own "
+                         "run= folder, then join them with sl.evals.merge_runs.")  # fmt: skip
+    return int(i), int(n)
 
 
 def _settings(lm: Any, judge: Any, site: str, chat: bool, selection: float,
@@ -364,13 +427,15 @@ def _detect(lm: Any, data: ConceptData, methods: list[Method | Prompting],
     store.put_detection(rows)
 
 
-def _result(store: RunStore, concepts: list[tuple[str, list[str]]], methods: list[str],
-            selection: float, level: float, n_boot: int, seed: int, lm: Any, site: str,
-            seconds: dict[str, float]) -> BenchmarkResult:  # fmt: skip
-    """The run's result, built from the store alone, so a resumed run gives the same."""
+def _result(where: dict[str, RunStore], concepts: list[tuple[str, list[str]]],
+            methods: list[str], selection: float, level: float, n_boot: int, seed: int,
+            lm: Any, site: str, seconds: dict[str, float]) -> BenchmarkResult:  # fmt: skip
+    """The run's result, built from the stores alone (``where``: each concept's), so a
+    resumed or merged run gives the same."""
     samples, failures = [], 0
     for name, instructions in concepts:
         n_select = math.floor(len(instructions) * selection)
+        store = where[name]
         for method in methods:
             cell = (method, name)
             rated = store.ratings(cell)
@@ -387,9 +452,12 @@ def _result(store: RunStore, concepts: list[tuple[str, list[str]]], methods: lis
                 sample["judge_replies"] = replies
                 samples.append(sample)
     names = [n for n, _ in concepts]
-    steers = {(m, c): store.steer((m, c), lm) for c in names for m in methods
-              if store.has_steer((m, c))}  # fmt: skip
-    found = {(m, c): (a, n) for m, c, a, n in store.detection()}
+    steers = {(m, c): where[c].steer((m, c), lm) for c in names for m in methods
+              if where[c].has_steer((m, c))}  # fmt: skip
+    found, prompts = {}, {}
+    for store in {id(s): s for s in where.values()}.values():
+        found.update({(m, c): (a, n) for m, c, a, n in store.detection()})
+        prompts.update(store.prompts())
     if lm is not None and not lm.engine.capabilities.capture:
         detection = detection_table(lm, [], [], {}, site)  # says why it was not measured
     else:
@@ -398,8 +466,7 @@ def _result(store: RunStore, concepts: list[tuple[str, list[str]]], methods: lis
                                     for c in names for m in methods if (m, c) in found])  # fmt: skip
     table = factor_table(samples, names, methods)
     board = leaderboard_table(samples, table, methods, level, n_boot, seed)
-    prompts = {cell: p for cell, p in store.prompts().items()
-               if cell[0] in methods and cell[1] in names}  # fmt: skip
+    prompts = {cell: p for cell, p in prompts.items() if cell[0] in methods and cell[1] in names}
     return BenchmarkResult(table, board, samples, steers, detection, failures, prompts, seconds)
 
 

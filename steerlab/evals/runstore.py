@@ -111,14 +111,14 @@ class RunStore:
     def settings(self) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self._query("SELECT key, value FROM settings")}
 
-    def check_parts(self, table: str, parts: Sequence[tuple[str, Any]],
+    def check_parts(self, table: str, parts: Sequence[tuple[str, int, Any]],
                     what: str) -> None:  # fmt: skip
-        """Each concept's (or method's) fingerprint: a new one is added, a known name with
-        other content refused."""
+        """Each concept's (or method's) fingerprint, with its place in the call's list: a
+        new one is added, a known name with other content refused."""
         assert table in ("concepts", "methods")
-        stored = dict(self._query(f"SELECT name, fingerprint FROM {table}"))
+        stored = {name: mark for name, (_, mark) in self.fingerprints(table).items()}
         new = []
-        for name, content in parts:
+        for name, position, content in parts:
             mark = fingerprint(content)
             if name in stored and stored[name] != mark:
                 raise SteerError(f"run={self._name()} holds {what} {name!r} with other "
@@ -126,17 +126,24 @@ class RunStore:
                                  f"call's; give it another name, or another run folder.")  # fmt: skip
             if name not in stored:
                 extra = (json.dumps(content["instructions"]),) if table == "concepts" else ()
-                new.append((name, len(stored) + len(new), mark, *extra))
+                new.append((name, position, mark, *extra))
         marks = ", ".join("?" * (4 if table == "concepts" else 3))
         self._write(f"INSERT INTO {table} VALUES ({marks})", new)
 
+    def fingerprints(self, table: str) -> dict[str, tuple[int, str]]:
+        """name -> (place in the list it came in, fingerprint), of concepts or methods."""
+        assert table in ("concepts", "methods")
+        rows = self._query(f"SELECT name, position, fingerprint FROM {table}")
+        return {name: (position, mark) for name, position, mark in rows}
+
     def concepts(self) -> list[tuple[str, list[str]]]:
         """Every stored concept, in the order they came: (name, instructions)."""
-        rows = self._query("SELECT name, instructions FROM concepts ORDER BY position")
+        rows = self._query("SELECT name, instructions FROM concepts ORDER BY position, rowid")
         return [(name, json.loads(instructions)) for name, instructions in rows]
 
     def methods(self) -> list[str]:
-        return [name for (name,) in self._query("SELECT name FROM methods ORDER BY position")]
+        rows = self._query("SELECT name FROM methods ORDER BY position, rowid")
+        return [name for (name,) in rows]
 
     # -- prompts and steers --------------------------------------------------------------
 
