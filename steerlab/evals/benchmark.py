@@ -15,30 +15,26 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import warnings
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steerlab.core.bars import counter
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
 from steerlab.core.identity import model_id
 from steerlab.core.prompts import encode, has_chat_template
 from steerlab.core.request import Sampling
-from steerlab.core.rows import as_steers
 from steerlab.core.scalars import as_int
 from steerlab.core.sites import resolve
-from steerlab.core.steer import at_alphas
 from steerlab.core.table import Table
 from steerlab.core.window import check_window
 from steerlab.evals.detection import detection_rows, detection_table
 from steerlab.evals.intervals import check_bootstrap
 from steerlab.evals.methods import Method, Prompting, resolve_methods
-from steerlab.evals.protocol import factor_table, leaderboard_table, raw_ratings, score_sample
+from steerlab.evals.pipeline import run_cells
+from steerlab.evals.protocol import factor_table, leaderboard_table, score_sample
 from steerlab.evals.runstore import DATABASE, RunStore, exists
 
 
@@ -160,7 +156,7 @@ def benchmark(
         data_list = data_list[i::n]
         try:
             _prompts(lm, data_list, methods, judge, store, chat, max_new_tokens)
-            seconds = _run(lm, data_list, methods, site, judge, store, progress,
+            seconds = run_cells(lm, data_list, methods, site, judge, store, progress,
                            {"max_new_tokens": max_new_tokens, "temperature": temperature,
                             "seed": seed, "chat": chat})  # fmt: skip
         except BaseException as error:  # Ctrl-C too: say where the finished work is
@@ -310,121 +306,6 @@ def _prompts(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompt
     if inputs:
         longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
         check_window(lm.n_ctx, longest, int(max_new_tokens))
-
-
-def _run(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting], site: str,
-         judge: Any, store: RunStore, progress: bool,
-         sampling: dict[str, Any]) -> dict[str, float]:  # fmt: skip
-    """Every cell not yet stored: its steer made, its texts generated, its ratings asked,
-    each stored as it exists; then each concept's detection."""
-    seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
-    rows = sum(len(d.instructions) * len(m.factors) for d in concepts for m in methods)
-    workers = max(1, as_int(getattr(judge, "max_workers", 8)) or 8)
-    pool = ThreadPoolExecutor(workers)
-    try:
-        with counter(rows * 2, "benchmark", disable=not progress) as bar:  # made, then rated
-            for data in concepts:
-                steers = {}
-                for method in methods:
-                    cell = (method.name, data.name)
-                    bar.set_postfix_str(f"{method.name} / {data.name}")
-                    started = time.perf_counter()
-                    steers[cell] = steer = _steer(lm, method, data, site, store)
-                    seconds["make"] += time.perf_counter() - started
-                    started = time.perf_counter()
-                    texts = store.generations(cell) or _generate(lm, method, data, steer, store,
-                                                                 sampling)  # fmt: skip
-                    seconds["generate"] += time.perf_counter() - started
-                    bar.update(len(texts))
-                    started = time.perf_counter()
-                    _rate(judge, pool, store, cell, data, texts, bar.update)
-                    seconds["judge"] += time.perf_counter() - started
-                started = time.perf_counter()
-                _detect(lm, data, methods, steers, site, store)
-                seconds["detect"] += time.perf_counter() - started
-    finally:  # a failure stops the run: ratings queued are not asked, those in flight kept
-        pool.shutdown(wait=True, cancel_futures=True)
-    return seconds
-
-
-def _steer(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
-           store: RunStore) -> Any:  # fmt: skip
-    """The cell's steer (None for prompting): stored, or made now and stored."""
-    cell = (method.name, data.name)
-    if store.has_steer(cell):
-        return store.steer(cell, lm)
-    steer = None if isinstance(method, Prompting) else _make(method, lm, data, site)
-    store.put_steer(cell, steer)
-    return steer
-
-
-def _generate(lm: Any, method: Method | Prompting, data: ConceptData, steer: Any,
-              store: RunStore, sampling: dict[str, Any]) -> list[tuple[int, float, int, str, str]]:  # fmt: skip
-    """The cell's texts, every factor in one engine call (prompt-major: row = instruction ×
-    k + factor), stored in one transaction."""
-    cell = (method.name, data.name)
-    if isinstance(method, Prompting):
-        prompt = method.prompt or store.prompt(cell)
-        assert prompt is not None  # stored before the run began
-        inputs = method.inputs(prompt, data.instructions)
-    else:
-        inputs = list(data.instructions)
-    factors = list(method.factors)
-    steering = at_alphas(as_steers(steer), factors) if steer is not None else None
-    out = lm.generate(inputs, steering, **sampling)
-    k = len(factors) if steer is not None else 1
-    rows = [(r, float(factors[r % k]), r // k, inputs[r // k], text)
-            for r, text in enumerate(out.text)]  # fmt: skip
-    store.put_generations(cell, rows)
-    return rows
-
-
-def _rate(judge: Any, pool: ThreadPoolExecutor, store: RunStore, cell: tuple[str, str],
-          data: ConceptData, texts: list[tuple[int, float, int, str, str]],
-          done: Callable[[int], Any]) -> None:  # fmt: skip
-    """The cell's ratings not yet stored, asked ``max_workers`` at a time; each is stored by
-    the worker that asked it, the moment it arrives."""
-    have = store.ratings(cell)
-    missing = [t for t in texts if t[0] not in have]
-    done(len(texts) - len(missing))
-
-    def one(row: int, index: int, text: str) -> None:
-        values, replies = ask_judge(judge, data.name, data.instructions[index], text)
-        store.put_rating(cell, row, raw_ratings(values), replies)
-
-    jobs = [pool.submit(one, row, index, text) for row, _, index, _, text in missing]
-    try:
-        for job in jobs:
-            job.result()
-            done(1)
-    finally:
-        for job in jobs:
-            job.cancel()
-
-
-def ask_judge(judge: Any, concept: str, instruction: str, text: str) -> tuple[Any, Any]:
-    """The judge's ratings and its three replies (None from a judge that gives none)."""
-    explained = getattr(judge, "rate_with_replies", None)
-    if callable(explained):
-        return explained(concept, instruction, text)
-    return judge.rate(concept, instruction, text), None
-
-
-def _detect(lm: Any, data: ConceptData, methods: list[Method | Prompting],
-            steers: dict[tuple[str, str], Any], site: str, store: RunStore) -> None:  # fmt: skip
-    """Detection for the concept's cells not yet measured, stored (None: no one direction)."""
-    if not lm.engine.capabilities.capture:
-        return
-    pending = [m for m in methods if not store.detected((m.name, data.name))]
-    if not pending:
-        return
-    measured = {(r["method"], r["concept"]): r
-                for r in detection_table(lm, [data], pending, steers, site)}  # fmt: skip
-    rows = []
-    for method in pending:
-        row = measured.get((method.name, data.name))
-        rows.append((method.name, data.name, row and row["auroc"], row and row["n"]))
-    store.put_detection(rows)
 
 
 def _result(where: dict[str, RunStore], concepts: list[tuple[str, list[str]]],
@@ -604,24 +485,3 @@ def _check_answers(judge: Any) -> None:
     if callable(ping):
         ping()
         judge.rate(*PROBE)
-
-
-def _make(method: Method, lm: Any, data: ConceptData, site: str) -> Any:
-    """The method's steer for the concept, checked to be a steer at the method's site."""
-    where = method.site or site
-    steer = method.make(lm, data, where)
-    try:
-        steers = as_steers(steer)
-    except SteerError as error:
-        raise SteerError(f"Method {method.name!r} made {type(steer).__name__}, not a steer: "
-                         f"{error}") from None  # fmt: skip
-    if not steers:
-        raise SteerError(f"Method {method.name!r} made no steer for concept {data.name!r}.")
-    want = resolve(where, lm.sites()).name
-    for made in steers:
-        if resolve(made.site, lm.sites()).name != want:
-            raise SteerError(f"Method {method.name!r} made a steer at {made.site!r} for concept "
-                             f"{data.name!r}, and it should act at {where!r} (the benchmark's "
-                             "site=, or the method's own); a method that wants its own site "
-                             f"says so: sl.evals.Method(..., site={made.site!r}).")  # fmt: skip
-    return steer
