@@ -381,8 +381,9 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
     # every input known now is checked against the window before any compute; the judge
     # writes the missing prompting prompts only after these checks (``_prompts``)
     inputs = [i for d in concepts for i in d.instructions]
-    for method in (m for m in methods if isinstance(m, Prompting) and m.prompt is not None):
-        inputs += [i for d in concepts for i in method.inputs(method.prompt, d.instructions)]
+    for method in (m for m in methods if isinstance(m, Prompting)):
+        if method.prompt is not None:
+            inputs += [i for d in concepts for i in method.inputs(method.prompt, d.instructions)]
     longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
     check_window(lm.n_ctx, longest, int(max_new_tokens))
     _check_answers(judge)  # the one check that costs a judge call, after every cheap one
@@ -470,8 +471,9 @@ def _check_judge(judge: Any, methods: list[Method | Prompting], concepts: list[s
                          f"this judge ({type(judge).__name__}) has no write_prompt(concept); "
                          "give sl.evals.Prompting(prompt='...').")  # fmt: skip
     check = getattr(judge, "check_concept", None)
-    for concept in concepts if callable(check) else ():
-        check(concept)
+    if callable(check):
+        for concept in concepts:
+            check(concept)
 
 
 PROBE = ("the sea", "Tell me about your day.", "The waves rolled over the sand, and the "

@@ -203,10 +203,11 @@ def _detect(lm: Any, data: ConceptData, methods: list[Method | Prompting],
         return
     measured = {(r["method"], r["concept"]): r
                 for r in detection_table(lm, [data], pending, steers, site)}  # fmt: skip
-    rows = []
+    rows: list[tuple[str, str, float | None, int | None]] = []
     for method in pending:
         row = measured.get((method.name, data.name))
-        rows.append((method.name, data.name, row and row["auroc"], row and row["n"]))
+        auroc, n = (None, None) if row is None else (float(row["auroc"]), int(row["n"]))
+        rows.append((method.name, data.name, auroc, n))
     store.put_detection(rows)
 
 
