@@ -11,7 +11,7 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     # the large-model block needs a hub and 8 GPUs; the training block's data is the
     # reader's (tutorial 11 trains on the toy under nbval)
     runnable = [b for b in blocks if "meta-llama" not in b and "sl.train." not in b]
-    assert len(runnable) == 7
+    assert len(runnable) == 8
     monkeypatch.chdir(tmp_path)  # the quickstart writes happy.safetensors and norms.pdf
     namespace: dict = {}
     for block in runnable:
@@ -26,3 +26,5 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     assert [r["alpha"] for r in namespace["res"].summary] == [-8, -4, 0, 4, 8]  # evaluations
     board = {r["method"]: r["score"] for r in namespace["result"].leaderboard}  # the benchmark
     assert set(board) == {"mean_diff", "prompt", "random"}
+    kept, merged = namespace["kept"], namespace["merged"]  # a run folder, and two shards'
+    assert repr(list(merged.table)) == repr(list(kept.table)) and len(kept.table) == 4
