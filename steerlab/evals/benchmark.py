@@ -32,6 +32,7 @@ from steerlab.core.table import Table
 from steerlab.core.window import check_window
 from steerlab.evals.detection import detection_table
 from steerlab.evals.intervals import check_bootstrap
+from steerlab.evals.make_on import check_make_on
 from steerlab.evals.methods import Method, Prompting, resolve_methods
 from steerlab.evals.protocol import factor_table, leaderboard_table, rate_samples
 
@@ -87,14 +88,15 @@ def benchmark(
     level: float = 0.95,
     n_boot: int = 1000,
     progress: bool = True,
+    make_on: Any = None,
 ) -> BenchmarkResult:
     """Rank steering methods on concepts by AxBench's protocol.
 
     Args:
-        lm: the model. Every method runs on an in-process model; on vLLM, the prompting
-            arm and methods whose steers are made elsewhere (``Method(make=...)`` returning
-            a saved vector) run, the built-in methods that read activations or train are
-            refused up front, and detection is not measured.
+        lm: the model that generates. Every method runs on an in-process model; on vLLM,
+            give ``make_on=`` an in-process model with the same weights for the methods
+            that read activations or train (without it they are refused up front, and
+            detection is not measured).
         concepts: ``ConceptData`` for each concept (``steerlab.toy.concept_data`` offline).
         methods: names (``"mean_diff"``, ``"pca"``, ``"bipo"``, ``"reps"``, ``"reft"``,
             ``"reps_reft"``, ``"prompt"``, ``"random"``), ``sl.evals.Method`` or
@@ -113,18 +115,24 @@ def benchmark(
         chat: apply the chat template; None: when the model has one.
         level, n_boot: the leaderboard's bootstrap interval.
         progress: one progress bar over the whole run.
+        make_on: an in-process model with ``lm``'s weights on which every method makes its
+            steer and detection is measured; ``lm`` then only generates (a vLLM engine,
+            say). Checked first: the same config, tokenizer, sites, and a probe text's
+            log-probabilities to the dtypes' rounding (``evals.make_on``).
 
     Raises:
         SteerError: bad input, before any compute: a concept without the data its method
             needs, fewer than 2 instructions, bad factors, an unknown method, a method
-            that needs an in-process model on vLLM.
+            that needs an in-process model on vLLM without ``make_on``, a ``make_on`` with
+            other weights.
         JudgeError: an unreachable judge, before any compute.
         SamplingError, SiteError, ContextError (ValueErrors): a bad temperature or seed,
             an unknown site, generations that would not fit the model's window; also
             before any compute.
     """
+    maker = lm if make_on is None else make_on
     plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, temperature,
-                  seed, chat, level, n_boot)  # fmt: skip
+                  seed, chat, level, n_boot, maker)  # fmt: skip
     data_list: list[ConceptData] = plan["concepts"]
     methods, chat = plan["methods"], plan["chat"]
     seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
@@ -140,7 +148,7 @@ def benchmark(
             for method in methods:
                 bar.set_postfix_str(f"{method.name} / {data.name}")
                 started = time.perf_counter()
-                steer, inputs = _make(lm, method, data, site, prompts)
+                steer, inputs = _make(maker, method, data, site, prompts)
                 steers[(method.name, data.name)] = steer
                 seconds["make"] += time.perf_counter() - started
                 started = time.perf_counter()
@@ -163,7 +171,7 @@ def benchmark(
         parse_failures = rate_samples(judge, samples, bar.update)
         seconds["judge"] = time.perf_counter() - started
     started = time.perf_counter()
-    detection = detection_table(lm, data_list, methods, steers, site)
+    detection = detection_table(maker, data_list, methods, steers, site)
     seconds["detect"] = time.perf_counter() - started
     table = factor_table(samples, data_list, methods)
     board = leaderboard_table(samples, table, methods, level, n_boot, seed)
@@ -173,8 +181,9 @@ def benchmark(
 
 def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selection: Any,
            max_new_tokens: Any, temperature: Any, seed: Any, chat: Any, level: float,
-           n_boot: int) -> dict[str, Any]:  # fmt: skip
+           n_boot: int, maker: Any) -> dict[str, Any]:  # fmt: skip
     """Every refusal, before any compute; the run's concepts, methods, chat and prompts."""
+    check_make_on(lm, maker)
     concepts = _check_concepts(concepts)
     methods = resolve_methods(methods)
     _check_splits(concepts, methods, selection)
@@ -187,11 +196,12 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
     check_bootstrap(level, n_boot)
     Sampling(temperature=temperature, seed=seed)  # refuses a bad temperature or seed by name
     cannot = [m.name for m in methods if getattr(m, "in_process", False)]
-    if cannot and not lm.engine.capabilities.capture:
+    if cannot and not maker.engine.capabilities.capture:
         raise SteerError(f"Methods {cannot} read activations or train, which the "
-                         f"{lm.engine.kind} engine cannot do: make their steers on an "
-                         "in-process model and pass them as sl.evals.Method(name, make=lambda "
-                         "lm, data, site: steer), or leave them out.")  # fmt: skip
+                         f"{lm.engine.kind} engine cannot do: give make_on= an in-process "
+                         "model with the same weights (sl.load(..., backend='hf')), pass "
+                         "steers made elsewhere as sl.evals.Method(name, make=lambda lm, data, "
+                         "site: steer), or leave them out.")  # fmt: skip
     _check_judge(judge, methods)
     chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
     # the prompting arms' prompts, written now (by the judge where none is given), so that

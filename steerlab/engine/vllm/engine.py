@@ -57,6 +57,7 @@ class VLLMEngine:
         self.d_model: int = text.hidden_size
         self.n_ctx: int | None = config.max_model_len
         self.n_vocab: int = config.get_vocab_size()
+        self.dtype = config.dtype  # the weights' torch dtype, as vLLM loaded them
         # How many alternatives a score may list (vLLM's -1: all of them).
         self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
