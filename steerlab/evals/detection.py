@@ -84,7 +84,7 @@ def _scores(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tensor:
                              f"{float(scores[i])} at [{i}].", name)  # fmt: skip
     else:
         numbers = []
-        for i, value in enumerate(list_of(values, f"roc_auc's {name} scores")):
+        for i, value in enumerate(list_of(values, name)):
             number = as_real(value)
             if number is None:
                 raise SteerError(f"roc_auc's {name} scores must be finite real numbers; got "

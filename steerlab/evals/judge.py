@@ -271,7 +271,7 @@ def _check_key(key: Any, name: str) -> None:
     bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)  # visible ASCII
     if bad is not None:
         char = unicodedata.name(key[bad], f"U+{ord(key[bad]):04X}")
-        raise SteerError(f"{name} has a character an HTTP header cannot carry at position "
+        raise SteerError(f"{name} has a character a header cannot carry at position "
                          f"{bad} ({char}); keys are visible ASCII, with no spaces or line "
                          "breaks.", "api_key")  # fmt: skip
 

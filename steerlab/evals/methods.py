@@ -130,14 +130,14 @@ def _check_template(template: Any) -> None:
     """A template with ``{instruction}``; a field with ``str.format``'s attribute, index,
     conversion or format spec (``{instruction.upper}``, ``{prompt!r}``) is refused by name,
     since it is not filled: only plain ``{prompt}`` and ``{instruction}`` are."""
-    if not isinstance(template, str) or "{instruction}" not in template:
-        raise SteerError("Prompting template must contain {instruction} (and may contain "
-                         f"{{prompt}}); got {template!r:.80}.", "template")  # fmt: skip
-    extra = _FIELD_LIKE.search(template)
+    extra = _FIELD_LIKE.search(template) if isinstance(template, str) else None
     if extra:
         raise SteerError(f"Prompting template has the field {extra[0]!r:.60}: only {{prompt}} "
                          "and {instruction} are filled in, as they are (every other brace is "
                          "text).", "template")  # fmt: skip
+    if not isinstance(template, str) or "{instruction}" not in template:
+        raise SteerError("Prompting template must contain {instruction} (and may contain "
+                         f"{{prompt}}); got {template!r:.80}.", "template")  # fmt: skip
 
 
 _FUNCTION_WORDS = frozenset({"a", "an", "and", "are", "as", "at", "be", "by", "for", "from",
