@@ -505,3 +505,35 @@ def test_the_key_is_sent_as_a_bearer_token():
     with raw_server(answer) as url:
         assert Judge(url, "m", api_key="sk-good_key.1").ask("q") == "Rating: 2"
     assert b"\r\nAuthorization: Bearer sk-good_key.1\r\n" in heads[0] + b"\r\n"
+
+
+def test_the_judge_goes_through_the_environments_proxy(monkeypatch):
+    """As httpx did: a request to a judge goes to HTTP_PROXY in absolute form, with the
+    proxy's credentials; a host in NO_PROXY is reached directly."""
+    heads: list[bytes] = []
+
+    def answer(conn: socket.socket, n: int, head: bytes) -> None:
+        heads.append(head)
+        conn.sendall(_reply(200, _completion()))
+
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with raw_server(answer) as url:
+        proxy = url.removesuffix("/v1").replace("http://", "http://me:s%40fe@")
+        monkeypatch.setenv("http_proxy", proxy)
+        assert Judge("http://judge.invalid/v1", "m").ask("q") == "Rating: 2"
+        assert heads[0].startswith(b"POST http://judge.invalid/v1/chat/completions HTTP/1.1")
+        assert b"Proxy-Authorization: Basic bWU6c0BmZQ==" in heads[0]  # me:s@fe
+        monkeypatch.setenv("no_proxy", "judge.invalid")
+        with pytest.raises(JudgeError, match="did not answer"):
+            Judge("http://judge.invalid/v1", "m", max_retries=0).ask("q")  # no such host
+    assert len(heads) == 1
+
+
+def test_a_socks_proxy_in_the_environment_is_refused_by_name(monkeypatch):
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+    with pytest.raises(sl.SteerError, match="only http:// and https:// proxies") as info:
+        Judge("http://judge.invalid/v1", "m")
+    assert info.value.field == "base_url"

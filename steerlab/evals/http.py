@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +52,25 @@ class DeadlinePool:
 
     Args:
         headers: sent with every request (an ``Authorization`` header, say).
+        proxy: an ``http://`` or ``https://`` proxy every request goes through
+            (``proxy_for(url)`` reads the environment's, as httpx does); None: none.
     """
 
-    def __init__(self, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, headers: dict[str, str] | None = None, proxy: str | None = None) -> None:
         self._headers = [(k.encode("ascii"), v.encode("ascii")) for k, v in (headers or {}).items()]
         self._deadline = threading.local()  # each thread's request has its own
-        self._pool = httpcore.ConnectionPool(max_connections=None, keepalive_expiry=5.0,
-                                             network_backend=_Backend(self._deadline))  # fmt: skip
+        backend = _Backend(self._deadline)
+        self._pool: httpcore.ConnectionPool
+        if proxy is None:
+            self._pool = httpcore.ConnectionPool(max_connections=None, keepalive_expiry=5.0,
+                                                 network_backend=backend)  # fmt: skip
+        else:
+            parts = urllib.parse.urlsplit(proxy)
+            auth = (urllib.parse.unquote(parts.username or ""),
+                    urllib.parse.unquote(parts.password or "")) if parts.username else None  # fmt: skip
+            plain = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+            self._pool = httpcore.HTTPProxy(plain, proxy_auth=auth, max_connections=None,
+                                            keepalive_expiry=5.0, network_backend=backend)  # fmt: skip
 
     def send(self, method: str, url: str, body: bytes = b"", *, timeout: float,
              content_type: str = "application/json") -> Reply:  # fmt: skip
@@ -85,6 +99,24 @@ class DeadlinePool:
             raise HTTPFailure(str(error) or type(error).__name__) from error
         finally:
             self._deadline.end = None
+
+
+def proxy_for(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
+    ``ALL_PROXY``; none for a host in ``NO_PROXY``), as httpx reads them; None: go direct.
+
+    Raises:
+        HTTPFailure: the proxy named is not an ``http://`` or ``https://`` one (SOCKS).
+    """
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.netloc):
+        return None
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if proxy and not proxy.startswith(("http://", "https://")):
+        raise HTTPFailure(f"the proxy the environment names for {url} is {proxy!r:.60}; only "
+                          "http:// and https:// proxies are supported")  # fmt: skip
+    return proxy or None
 
 
 class _Backend(httpcore.NetworkBackend):

@@ -142,17 +142,18 @@ class Judge:
         max_workers: requests in flight at once.
         max_tokens: the most tokens a judge may spend on one rating.
         max_retries: tries after the first for a request that failed to connect or was
-            answered 429 or 5xx, waiting 1, 2, 4 ... s (or the server's ``Retry-After``, at
-            most 60 s) between them. Any other answer is final.
+            answered 429 or 5xx, waiting the server's ``Retry-After`` or else 1, 2, 4 ... s
+            between them, never more than 60 s (``MAX_WAIT``). Any other answer is final.
 
     Ratings are asked at temperature 0. Needs ``httpx`` (the ``server`` extra), whose
-    ``httpcore`` it speaks through. Proxy variables (``HTTPS_PROXY``) are not read.
+    ``httpcore`` it speaks through; an ``http(s)://`` proxy in ``HTTPS_PROXY`` /
+    ``HTTP_PROXY`` / ``ALL_PROXY`` is used, as httpx would (not for hosts in ``NO_PROXY``).
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
                  timeout: float = 60.0, max_workers: int = 8, max_tokens: int = 256,
                  max_retries: int = 3) -> None:  # fmt: skip
-        from steerlab.evals.http import DeadlinePool
+        from steerlab.evals.http import DeadlinePool, HTTPFailure, proxy_for
 
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise SteerError(f"base_url must be an http(s) URL; got {base_url!r:.80}.", "base_url")
@@ -168,7 +169,11 @@ class Judge:
         self.base_url, self.model = base_url.rstrip("/"), model
         self.max_workers, self.max_tokens = int(max_workers), int(max_tokens)
         self.max_retries = int(max_retries)
-        self._http = DeadlinePool({"Authorization": f"Bearer {key}"} if key else {})
+        try:
+            proxy = proxy_for(self.base_url)
+        except HTTPFailure as error:
+            raise SteerError(f"No way to reach the judge: {error}.", "base_url") from None
+        self._http = DeadlinePool({"Authorization": f"Bearer {key}"} if key else {}, proxy)
 
     def __repr__(self) -> str:
         return f"Judge({self.base_url!r}, {self.model!r})"
