@@ -34,7 +34,7 @@ from steerlab.evals.detection import detection_table
 from steerlab.evals.intervals import check_bootstrap
 from steerlab.evals.make_on import check_make_on
 from steerlab.evals.methods import Method, Prompting, resolve_methods
-from steerlab.evals.protocol import factor_table, leaderboard_table, rate_samples
+from steerlab.evals.protocol import factor_table, judge_workers, leaderboard_table, rate_samples
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
     inputs = [i for d in concepts for i in d.instructions]
     for method in (m for m in methods if isinstance(m, Prompting)):
         for data in concepts:
-            prompt = method.prompt or judge.write_prompt(data.name)
+            prompt = method.prompt_for(judge, data.name)
             prompts[(method.name, data.name)] = prompt
             inputs += method.inputs(prompt, data.instructions)
     longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
@@ -262,6 +262,7 @@ def _check_judge(judge: Any, methods: list[Method | Prompting]) -> None:
     if not callable(getattr(judge, "rate", None)):
         raise SteerError(f"judge must have rate(concept, instruction, text); got "
                          f"{type(judge).__name__}.")  # fmt: skip
+    judge_workers(judge)
     if any(isinstance(m, Prompting) and m.prompt is None for m in methods) \
             and not callable(getattr(judge, "write_prompt", None)):  # fmt: skip
         raise SteerError("Prompting(prompt=None) has the judge write each concept's prompt, and "

@@ -6,13 +6,12 @@ by its test-split mean; the leaderboard, the mean over concepts."""
 from __future__ import annotations
 
 import math
-import numbers
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, as_real
 from steerlab.core.table import Table
 from steerlab.evals.intervals import mean_of_means_interval
 from steerlab.evals.judge import harmonic_mean
@@ -24,10 +23,22 @@ _FORMATS = {"factor": "g", "selection": ".3f", "score": ".3f", "concept_rating":
             "auroc": ".3f"}  # fmt: skip
 
 
+def judge_workers(judge: Any) -> int:
+    """How many ratings a judge takes at once: its ``max_workers``, 8 when it has none; an
+    int >= 1, refused by name otherwise."""
+    workers = getattr(judge, "max_workers", 8)
+    count = as_int(workers)
+    if count is None or count < 1:
+        raise SteerError(f"The judge's max_workers must be an int >= 1; got {workers!r:.40}.",
+                         "max_workers")  # fmt: skip
+    return count
+
+
 def rate_samples(judge: Any, samples: list[dict[str, Any]], done: Any) -> int:
-    """Every sample's ratings, requests concurrently; returns the unreadable ones' count."""
-    workers = as_int(getattr(judge, "max_workers", 8)) or 8
-    pool = ThreadPoolExecutor(max(1, workers))
+    """Every sample's ratings, requests concurrently; returns the unreadable ones' count.
+    A rating is any real number in [0, 2] (numpy's, a 0-d tensor, a fraction ...);
+    anything else is unreadable."""
+    pool = ThreadPoolExecutor(judge_workers(judge))
     try:
         jobs = [pool.submit(judge.rate, s["concept"], s["instruction"], s["text"])
                 for s in samples]  # fmt: skip
@@ -41,12 +52,10 @@ def rate_samples(judge: Any, samples: list[dict[str, Any]], done: Any) -> int:
     for sample, values in zip(samples, ratings):
         kept, failed = [], False
         for value in _three(values):
-            real = isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
-            number = float(value) if real else math.nan
-            ok = math.isfinite(number) and 0 <= number <= 2
-            kept.append(number if ok else 0.0)
-            failed |= not ok
-            failures += not ok
+            number = as_real(value)
+            if number is None or not 0 <= number <= 2:  # unreadable: scored 0 and counted
+                number, failed, failures = 0.0, True, failures + 1
+            kept.append(number)
         sample.update(zip(RATINGS, kept))
         sample["score"] = harmonic_mean(kept)
         sample["parse_failed"] = failed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,17 +96,3 @@ def check_rows_fit(n_ctx: int | None, rows: Sequence[Row], what: str) -> None:
     for i, row in enumerate(rows):
         check_window(n_ctx, len(row.prompt), len(row.continuation), what=f"{what}[{i}]'s tokens",
                      hint="; shorten it, or leave it out")  # fmt: skip
-
-
-def check_factors(factors: Any, what: str = "factors") -> list[float]:
-    """A non-empty list of finite numbers (a range, list, tuple or array), refused by name."""
-    if isinstance(factors, (str, bytes)) or not isinstance(factors, Iterable):
-        raise SteerError(f"{what} must be a list of numbers; got {factors!r:.60}.")
-    values = factors.tolist() if hasattr(factors, "tolist") else list(factors)
-    if not values:
-        raise SteerError(f"{what} is empty: give at least one factor.")
-    for value in values:
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value)):  # fmt: skip
-            raise SteerError(f"{what} must be finite numbers; got {value!r} in {values!r:.80}.")
-    return [float(v) for v in values]

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from steerlab.core.concepts import Preference
 from steerlab.core.directions import direction_of
 from steerlab.core.errors import SteerError
-from steerlab.train.data import Row, check_factors, check_items, check_settings
+from steerlab.core.scalars import real_list
+from steerlab.train.data import Row, check_items, check_settings
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -113,7 +114,7 @@ def reps(
     """
     pairs = check_items(pairs, Preference, "pairs")
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
-    grid = torch.tensor(check_factors(factors))
+    grid = torch.tensor(real_list(factors, "factors"))
     engine = local_engine(lm)
     at = check_site(engine, site)
     v = torch.nn.Parameter(_initial(init, at.name, engine.d_model, seed))
