@@ -149,6 +149,10 @@ class SteerlabAPI(ModelAPI):
         self.scheduler = Scheduler(lambda _: lm.engine, window_s=args.window_ms / 1000,
                                    max_rows=args.batch_size).start()  # fmt: skip
         self._limiter = anyio.CapacityLimiter(args.batch_size)
+        if config.max_connections is None and config.adaptive_connections is None:
+            # Inspect's adaptive concurrency paces a rate-limited API (it starts at 20 calls
+            # and ignores max_connections()); here every call waiting is a row for the batch.
+            config.max_connections = args.batch_size
 
     async def generate(self, input: list[ChatMessage], tools: list[ToolInfo],
                        tool_choice: ToolChoice, config: GenerateConfig) -> ModelOutput:  # fmt: skip
@@ -200,16 +204,17 @@ def inspect_model(lm: SteerableModel, steer: Any = None, alpha: float | None = N
     Returns:
         An ``inspect_ai.model.Model``; its ``model_args`` say what steers it (the log's).
 
-    >>> from inspect_ai import Task, eval
-    >>> from inspect_ai.dataset import Sample
-    >>> task = Task(dataset=[Sample(input="Tell me a story.")])
-    >>> [log] = eval(task, model=sl.evals.inspect_model(lm), display="none")  # doctest: +SKIP
+    >>> import asyncio
+    >>> model = sl.evals.inspect_model(lm, config=GenerateConfig(max_tokens=6))
+    >>> asyncio.run(model.generate("Tell me a story.")).completion
+    'Once upon a time, there'
     """
     given = {"lm": lm, "steer": steer, "alpha": alpha, "window_ms": window_ms,
              "batch_size": batch_size}  # fmt: skip
     from inspect_ai.model import get_model
 
-    model = get_model(f"steerlab/{lm.name}", config=config or GenerateConfig(), memoize=False,
+    config = (config or GenerateConfig()).model_copy()  # the provider may set max_connections
+    model = get_model(f"steerlab/{lm.name}", config=config, memoize=False,
                       **{k: v for k, v in given.items() if v is not None})  # fmt: skip
     api = model.api
     assert isinstance(api, SteerlabAPI)
