@@ -219,6 +219,13 @@ def test_what_steerlab_cannot_honour_is_refused_by_name_before_compute(
     assert error.value.field == field and calls == []
 
 
+def test_a_closed_model_says_so_instead_of_waiting_for_good(toy_lm):
+    with sl.evals.inspect_model(toy_lm) as model:
+        assert asyncio.run(model.generate("Hi", config=GenerateConfig(max_tokens=2))).completion
+    with pytest.raises(RuntimeError, match="is closed"):
+        asyncio.run(model.generate("Hi"))
+
+
 def test_generate_settings_are_honoured_as_lm_generate_takes_them(toy_lm):
     model = sl.evals.inspect_model(toy_lm)
     prompt = PROMPTS[0]

@@ -160,6 +160,8 @@ class SteerlabAPI(ModelAPI):
         rows = lay_out(self.lm, [messages_of(input, tools)], self.steers, chat=True,
                        new_tokens=sampling.max_new_tokens)  # fmt: skip
         requests = rows.requests(sampling)
+        if not self.scheduler.running:  # closed (Inspect's `with model:`), or its thread died
+            raise RuntimeError(f"The steerlab model {self.model_name!r} is closed; get a new one.")
         (done,) = await anyio.to_thread.run_sync(self.scheduler.run, requests,
                                                  limiter=self._limiter)  # fmt: skip
         prompt, new = len(requests[0].prompt), len(done.tokens)
