@@ -39,7 +39,6 @@ __all__ = [
     "SteerabilityResult",
     "Table",
     "benchmark",
-    "inspect_model",
     "lm_eval",
     "mean_interval",
     "perplexity_interval",
@@ -49,7 +48,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``inspect_model`` loads Inspect AI only when asked for (``import steerlab`` stays light)."""
+    """``inspect_model`` loads Inspect AI only when asked for (``import steerlab`` stays light,
+    and ``from steerlab.evals import *`` works without the ``inspect`` extra)."""
     if name == "inspect_model":
         from steerlab.evals.inspect_provider import inspect_model
 
