@@ -9,7 +9,11 @@
 - ``Judge(base_url, model)``: AxBench-style 0-2 ratings from any OpenAI-compatible endpoint.
 - ``lm_eval(lm_or_url, tasks, steer=...)``: lm-evaluation-harness scores, steered beside
   unsteered, through a ``steerlab serve`` server (the ``evals`` extra).
+- ``inspect_model(lm, steer=vec, alpha=4)``: the model, steered, for Inspect AI's ``eval``
+  (the ``inspect`` extra; ``inspect eval --model steerlab/NAME -M steer=FILE@ALPHA`` too).
 """
+
+from typing import Any
 
 from steerlab.core.concepts import ConceptData, Preference
 from steerlab.core.table import Table
@@ -41,3 +45,13 @@ __all__ = [
     "roc_auc",
     "steerability",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``inspect_model`` loads Inspect AI only when asked for (``import steerlab`` stays light,
+    and ``from steerlab.evals import *`` works without the ``inspect`` extra)."""
+    if name == "inspect_model":
+        from steerlab.evals.inspect_provider import inspect_model
+
+        return inspect_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
