@@ -23,7 +23,7 @@ from typing import Any
 from steerlab.core.concepts import ConceptData
 from steerlab.toy.corpus import make_story
 from steerlab.toy.metrics import concept_score
-from steerlab.vectors.pairs import preference_pairs
+from steerlab.core.concepts import preference_pairs
 
 _SETTING_ASKS = [f"Tell me a story about the {p}." for p in
                  ("sea", "forest", "beach", "woods", "shore", "grove", "ocean", "glade",
