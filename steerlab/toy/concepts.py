@@ -20,10 +20,9 @@ import math
 import random
 from typing import Any
 
-from steerlab.core.concepts import ConceptData
+from steerlab.core.concepts import ConceptData, preference_pairs
 from steerlab.toy.corpus import make_story
 from steerlab.toy.metrics import concept_score
-from steerlab.core.concepts import preference_pairs
 
 _SETTING_ASKS = [f"Tell me a story about the {p}." for p in
                  ("sea", "forest", "beach", "woods", "shore", "grove", "ocean", "glade",
