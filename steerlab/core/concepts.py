@@ -137,7 +137,10 @@ class ConceptData:
             SteerError: a folder without AxBench's files, an unknown concept (naming the
                 closest ones), both or neither of ``concept`` and ``concept_id``.
 
-        >>> data = ConceptData.from_axbench("concept500/prod_2b_l10_v1", concept_id=0)  # doctest: +SKIP
+        With AxBench's data at hand (its repository's ``axbench/concept500``),
+        ``ConceptData.from_axbench("concept500/prod_2b_l10_v1", concept_id=0)`` is
+        ``ConceptData('references to specific dates and publication information': 72
+        positives, 72 negatives, 0 pairs, 72 instructions)``.
         """
         from steerlab.core.axbench import read_concept
 

@@ -76,8 +76,10 @@ def write_concept_data(
         JudgeError: an unreachable writer (before any work), or replies that stayed empty or
             refused after the retries (naming the concept and how many).
 
-    >>> data = write_concept_data("the sea", writer=toy.ToyWriter(), n_positives=8,
-    ...                           n_negatives=8, instructions=["Tell me a happy story."] * 2)  # doctest: +SKIP
+    >>> import steerlab.toy as toy
+    >>> write_concept_data("the sea", writer=toy.ToyWriter(), instructions=["Tell me a story."],
+    ...                    n_positives=4, n_negatives=4, progress=False)
+    ConceptData('the sea': 4 positives, 4 negatives, 0 pairs, 1 instructions)
     """
     asked, retries, workers = _check(concept, writer, instructions, n_positives, n_negatives,
                                      prompts, max_new_tokens, progress)  # fmt: skip
