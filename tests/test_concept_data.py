@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 import steerlab as sl
 from steerlab.core.errors import SteerError
@@ -252,6 +254,39 @@ def test_replies_that_stay_empty_or_refused_are_reported_with_the_concept_and_co
         sl.evals.write_concept_data("the sea", writer=writer, instructions=HAPPY_ASKS + OTHER_ASKS,
                                     n_positives=4, n_negatives=8, progress=False)  # fmt: skip
     assert len(writer.asked) == 5 + 7 * 3
+
+
+def test_a_judge_writes_over_http_with_the_judges_retry_rules():
+    """``sl.evals.Judge`` is a writer: its ``ask`` over an OpenAI-compatible endpoint, each
+    request answered 503 once (retried after the server's Retry-After), then a reply."""
+    from steerlab.server.background import serve_in_background
+
+    app, seen = FastAPI(), []
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "stub", "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        text = (await request.json())["messages"][0]["content"]
+        seen.append(text)
+        if seen.count(text) == 1:
+            return JSONResponse({"error": "busy"}, status_code=503, headers={"Retry-After": "0"})
+        asked = read_question(text)
+        reply = f"{asked.kind} {asked.genre} answer to {asked.instruction}"
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": reply}}]}  # fmt: skip
+
+    with serve_in_background(app) as url:
+        judge = Judge(f"{url}/v1", "stub", max_workers=4, max_retries=1)
+        data = sl.evals.write_concept_data("the sea", writer=judge, instructions=HAPPY_ASKS,
+                                           n_positives=4, n_negatives=7, progress=False)  # fmt: skip
+    assert len(seen) == 2 * 11 and len(set(seen)) == 11
+    assert list(data.positives) == [f"positive text answer to {a}" for a in HAPPY_ASKS]
+    genres = sorted(t.split(" ")[1] for t in data.negatives)
+    assert genres == ["code", "math"] + ["text"] * 5  # int(7 × 0.15) = 1 each
 
 
 def _closed_port() -> int:
