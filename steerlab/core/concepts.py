@@ -3,7 +3,9 @@
 ``Preference`` and ``Example`` are what ``sl.train`` learns from; ``ConceptData`` is what
 ``sl.evals.benchmark`` needs to extract, train, detect and judge one concept. They live in
 the core because the toy world builds them offline and the trainers and the benchmark read
-them, and neither may import the other.
+them, and neither may import the other. ``preference_pairs`` (``sl.train.preference_pairs``)
+builds pairs from a model's own greedy replies, and ``ConceptData.from_axbench`` reads
+AxBench's released data (``steerlab.core.axbench``), with pairs when given a model.
 """
 
 from __future__ import annotations
