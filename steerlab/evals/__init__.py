@@ -7,6 +7,8 @@
 - ``steerability(lm, vec, prompts, alphas, concept=...)``: concept against fluency, KL and
   length per alpha, with bootstrap intervals, from one batched generation.
 - ``Judge(base_url, model)``: AxBench-style 0-2 ratings from any OpenAI-compatible endpoint.
+- ``write_concept_data(concept, writer=, instructions=)``: a concept's data written by an LLM
+  (AxBench's recipe); ``ConceptData.from_axbench(folder, concept=)`` reads AxBench's own.
 - ``lm_eval(lm_or_url, tasks, steer=...)``: lm-evaluation-harness scores, steered beside
   unsteered, through a ``steerlab serve`` server (the ``evals`` extra).
 - ``inspect_model(lm, steer=vec, alpha=4)``: the model, steered, for Inspect AI's ``eval``
@@ -24,6 +26,7 @@ from steerlab.evals.intervals import Estimate, mean_interval, perplexity_interva
 from steerlab.evals.judge import Criterion, Judge, JudgeError
 from steerlab.evals.methods import Method, Prompting
 from steerlab.evals.steerability import SteerabilityResult, steerability
+from steerlab.evals.writing import write_concept_data
 
 __all__ = [
     "BenchmarkResult",
@@ -44,6 +47,7 @@ __all__ = [
     "perplexity_interval",
     "roc_auc",
     "steerability",
+    "write_concept_data",
 ]
 
 
