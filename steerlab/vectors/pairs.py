@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from steerlab.core.concepts import Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.prompts import has_chat_template, rendered
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, flag
 
 if TYPE_CHECKING:
     from steerlab.model import SteerableModel
@@ -44,7 +44,7 @@ def preference_pairs(lm: SteerableModel, instructions: Sequence[str], replies: S
         raise SteerError(f"preference_pairs needs one reply per instruction; got "
                          f"{len(instructions)} instructions and {len(replies)} replies.")  # fmt: skip
     tokenizer = lm.tokenizer
-    chat = has_chat_template(tokenizer) if chat is None else bool(chat)
+    chat = has_chat_template(tokenizer) if chat is None else flag(chat, "chat")
     if max_new_tokens is None:
         max_new_tokens = max(len(tokenizer(r, add_special_tokens=False)["input_ids"])
                              for r in replies)  # fmt: skip
