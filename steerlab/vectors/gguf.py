@@ -358,8 +358,8 @@ def _tensors(path: Path, data: bytes, tensors: list[tuple[str, int, int, int]], 
     """Site -> direction, each ``direction.{L}`` checked as llama.cpp's loader checks it."""
     by_layer: dict[int, torch.Tensor] = {}
     for name, n, kind, offset in tensors:
-        named = re.fullmatch(r"direction\.([0-9]{1,9})", name)  # ASCII digits ("²" is a digit)
-        if named is None or int(named.group(1)) < 1:
+        parsed = re.fullmatch(r"direction\.([0-9]{1,9})", name)  # ASCII digits ("²" is a digit)
+        if parsed is None or int(parsed.group(1)) < 1:
             raise VectorFileError(f"{path.name} holds a tensor {name!r:.80}; a control vector "
                                   "holds direction.L tensors, L >= 1 (llama.cpp refuses others).")  # fmt: skip
         if kind != _F32 or n < 1:
@@ -367,7 +367,7 @@ def _tensors(path: Path, data: bytes, tensors: list[tuple[str, int, int, int]], 
         begin, end = start + offset, start + offset + 4 * n
         if end > len(data):
             raise VectorFileError(f"{path.name}: {name} runs past the end of the file.")
-        layer = int(named.group(1))
+        layer = int(parsed.group(1))
         if layer in by_layer:
             raise VectorFileError(f"{path.name} holds {name} twice.")
         by_layer[layer] = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
