@@ -75,6 +75,8 @@ def test_the_other_doors_refuse_a_flag_that_is_not_a_bool(toy_lm):
     assert Sampling(stop_at_eos=np.bool_(False)).stop_at_eos is False  # read, and plain
     with pytest.raises(sl.SteerError, match="adaptive must be True or False"):
         sl.Rotate(90.0, torch.ones(toy_lm.d_model), adaptive="yes")
+    with pytest.raises(sl.SteerError, match="compact must be True or False"):
+        sl.stats.describe(torch.ones(3), compact="no")
 
 
 def test_numpy_and_tensor_bools_read_as_the_bool_they_hold(toy_lm):
