@@ -189,12 +189,9 @@ class SteerableModel:
                                               capture=capture, use_cache=use_cache, cache=cache,
                                               keep_cache=keep_cache, monitor=monitor)  # fmt: skip
             return self.engine.explain(requests, **call)
-        if options or monitor is not None or chat is not False:
-            named = (
-                sorted(options)
-                + ["monitor"] * (monitor is not None)
-                + ["chat"] * (chat is not False)
-            )
+        named = [*sorted(options), *["monitor"] * (monitor is not None),
+                 *["chat"] * flag(chat, "chat")]  # fmt: skip
+        if named:
             raise TypeError(f"explain() of Request rows takes the call options capture, "
                             f"use_cache, cache and keep_cache; {named[0]!r} belongs in the "
                             "rows themselves.")  # fmt: skip
