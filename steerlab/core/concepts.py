@@ -18,7 +18,7 @@ from typing import Any
 
 from steerlab.core.errors import SteerError
 from steerlab.core.prompts import has_chat_template, rendered
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, flag
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def preference_pairs(lm: Any, instructions: Sequence[str], replies: Sequence[str
         raise SteerError(f"preference_pairs needs one reply per instruction; got "
                          f"{len(instructions)} instructions and {len(replies)} replies.")  # fmt: skip
     tokenizer = lm.tokenizer
-    chat = has_chat_template(tokenizer) if chat is None else bool(chat)
+    chat = has_chat_template(tokenizer) if chat is None else flag(chat, "chat")
     if max_new_tokens is None:
         max_new_tokens = max(len(tokenizer(r, add_special_tokens=False)["input_ids"])
                              for r in replies)  # fmt: skip

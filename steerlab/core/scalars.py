@@ -150,3 +150,38 @@ def list_of(value: object, what: str) -> list:
         raise SteerError(f"{what} must be a list; got {type(value).__name__} {value!r:.60}.",
                          what)  # fmt: skip
     return list(value)
+
+
+def as_flag(value: object) -> bool | None:
+    """``value`` as a plain bool when it is ``True`` or ``False`` (numpy's ``bool_`` and a 0-d
+    bool tensor too), else None: a string ("no", "yes") or a number (1, 0) is never read by
+    its truth value, since ``bool("no")`` is True.
+
+    >>> as_flag(True), as_flag(np.bool_(False)), as_flag(torch.tensor(True)), as_flag("no"), as_flag(1)
+    (True, False, True, None, None)
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype == torch.bool:
+        return bool(value)
+    return None
+
+
+def flag(value: object, what: str) -> bool:
+    """``value`` as a plain bool, or a ``SteerError`` naming ``what``: THE rule for every
+    boolean option (``chat``, ``use_cache``, ``suppress`` ...), ``as_flag``'s.
+
+    >>> flag(False, "chat")
+    False
+    >>> flag("no", "chat")
+    Traceback (most recent call last):
+    ...
+    steerlab.core.errors.SteerError: chat must be True or False; got the str 'no'.
+    """
+    read = as_flag(value)
+    if read is None:
+        raise SteerError(f"{what} must be True or False; got the {type(value).__name__} "
+                         f"{value!r:.60}.", what)  # fmt: skip
+    return read

@@ -25,7 +25,7 @@ from steerlab.core.errors import SteerError
 from steerlab.core.prompts import encode, has_chat_template
 from steerlab.core.request import Sampling
 from steerlab.core.rows import as_steers
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, flag
 from steerlab.core.sites import resolve
 from steerlab.core.steer import at_alphas
 from steerlab.core.table import Table
@@ -203,7 +203,7 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
                          "steers made elsewhere as sl.evals.Method(name, make=lambda lm, data, "
                          "site: steer), or leave them out.")  # fmt: skip
     _check_judge(judge, methods)
-    chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
+    chat = has_chat_template(lm.tokenizer) if chat is None else flag(chat, "chat")
     # the prompting arms' prompts, written now (by the judge where none is given), so that
     # every input the run will feed is checked against the window before any compute
     prompts: dict[tuple[str, str], str] = {}

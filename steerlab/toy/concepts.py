@@ -21,6 +21,8 @@ import random
 from typing import Any
 
 from steerlab.core.concepts import ConceptData, preference_pairs
+from steerlab.core.errors import SteerError
+from steerlab.core.scalars import as_int
 from steerlab.toy.corpus import make_story
 from steerlab.toy.metrics import concept_score
 
@@ -57,10 +59,17 @@ def concept_data(name: str, *, lm: Any = None, n: int = 36, seed: int = 0) -> Co
     >>> concept_data("setting")
     ConceptData('the sea': 36 positives, 36 negatives, 36 pairs, 10 instructions)
     """
-    if name not in _SPECS:
-        raise ValueError(f"The toy's concepts are {sorted(_SPECS)}; got {name!r}.")
+    if not isinstance(name, str) or name not in _SPECS:
+        raise SteerError(f"The toy's concepts are {sorted(_SPECS)}; got {name!r:.40}.", "name")
+    count, start = as_int(n), as_int(seed)
+    if count is None or count < 1:
+        raise SteerError(f"n must be an int >= 1 (positives, negatives and pairs each); got "
+                         f"{n!r:.40}.", "n")  # fmt: skip
+    if start is None:
+        raise SteerError(f"seed must be an int; got {seed!r:.40}.", "seed")
+    n = count
     title, pole, asks, instructions = _SPECS[name]
-    rng = random.Random(seed)
+    rng = random.Random(start)
 
     def story(on: bool) -> str:
         return make_story(rng, **{pole: on}).text  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ import torch
 from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.prompts import encode
+from steerlab.core.scalars import real_list
 from steerlab.core.window import check_window
 
 
@@ -96,3 +97,33 @@ def check_rows_fit(n_ctx: int | None, rows: Sequence[Row], what: str) -> None:
     for i, row in enumerate(rows):
         check_window(n_ctx, len(row.prompt), len(row.continuation), what=f"{what}[{i}]'s tokens",
                      hint="; shorten it, or leave it out")  # fmt: skip
+
+
+def check_factors(factors: Any, what: str = "factors") -> list[float]:
+    """A non-empty list of finite real numbers (``core.scalars.real_list``), each within
+    float32's range, the type the steer trains in (``1e308`` would be inf)."""
+    values = real_list(factors, what)
+    for value in values:
+        if abs(value) > FLOAT32_MAX:
+            raise SteerError(f"{what} holds {value!r:.40}, past float32's range (±{FLOAT32_MAX:.3g}), "
+                             "the type the steer trains in: it would be inf.")  # fmt: skip
+    return [float(v) for v in values]
+
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def check_factor_scale(
+    factors: Sequence[float], start: torch.Tensor, what: str = "factors"
+) -> None:
+    """Refuse factors that scale the starting vector ``start`` past what a forward can hold:
+    the model's normalisations square the steered activation, so ``max|factor| x |start|``
+    must stay below the square root of float32's largest value (about 1.8e19); past it the
+    first loss is not finite before any update, whatever the lr."""
+    largest = max(abs(f) for f in factors)
+    size = largest * float(start.float().norm())
+    if not size < math.sqrt(FLOAT32_MAX):
+        raise SteerError(f"{what} up to {largest:g} scale the starting vector (norm "
+                         f"{float(start.float().norm()):.3g}) to a steer of norm {size:.3g}, whose "
+                         f"square (the model's normalisations compute it) is past float32 "
+                         f"(max {FLOAT32_MAX:.3g}): give smaller factors.")  # fmt: skip

@@ -19,9 +19,10 @@ from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.positions import Positions, _as_positions, position_form
 from steerlab.core.reft import LoReFT
-from steerlab.core.scalars import real_list
+from steerlab.core.scalars import flag
 from steerlab.train.data import (
     Row,
+    check_factors,
     check_items,
     check_rows_fit,
     check_settings,
@@ -120,7 +121,8 @@ def reft(
     held = check_items(held_out, Example, "held_out") if held_out else []
     if held and objective == "reps":
         raise SteerError("held_out is for objective='lm'; RePS training has no held-out loss.")
-    grid = torch.tensor(real_list(factors, "factors"))
+    grid = torch.tensor(check_factors(factors))
+    suppress, progress = flag(suppress, "suppress"), flag(progress, "progress")
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
     engine = local_engine(lm)
     at = check_site(engine, site)
