@@ -24,6 +24,7 @@ from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.request import Readout, Sampling
 from steerlab.core.results import Generation, Step, read_fields
 from steerlab.core.rows import SteerArg, as_steers
+from steerlab.core.scalars import flag
 
 
 class ServerError(RuntimeError):
@@ -141,14 +142,15 @@ class RemoteModel:
     # --- wire -------------------------------------------------------------------------
 
     def _body(self, prompts: Any, steer: SteerArg, args: dict[str, Any]) -> dict[str, Any]:
-        if args["capture"] or args["cache"] is not None or args["keep_cache"]:
+        flag(args["use_cache"], "use_cache")  # one rule for boolean options (``core.scalars``)
+        if args["capture"] or args["cache"] is not None or flag(args["keep_cache"], "keep_cache"):
             raise ValueError(
                 "capture, cache and keep_cache run in-process only; use a local model."
             )
         listed = normalise(prompts)
         sampling = Sampling.of(args["options"])  # checked here, sent by wire name
         body: dict[str, Any] = {
-            "model": self.name, **sampling.wire(), "chat": args["chat"],
+            "model": self.name, **sampling.wire(), "chat": flag(args["chat"], "chat"),
             "steering": [s.to_data() for s in as_steers(steer)],
             "prompts": [p if isinstance(p, str) else {"prompt": p} for p in listed],
         }  # fmt: skip

@@ -18,6 +18,7 @@ from steerlab.core.prompts import Prompt
 from steerlab.core.request import Request, Sampling
 from steerlab.core.results import Generation, Step
 from steerlab.core.rows import Rows, SteerArg, as_steers, checked_monitors, lay_out
+from steerlab.core.scalars import flag
 from steerlab.core.sites import resolve, site_names
 from steerlab.engine.local import LocalEngine
 from steerlab.engine.protocol import Engine
@@ -157,8 +158,11 @@ class SteerableModel:
         request: Request | Sequence[Request] | Prompt | Sequence[Prompt],
         steer: SteerArg = None,
         *,
-        max_new_tokens: int = 40,
         chat: bool = False,
+        capture: str | Sequence[str] = (),
+        use_cache: bool = True,
+        cache: KVCache | None = None,
+        keep_cache: bool = False,
         monitor: Any = None,
         **options: Any,
     ) -> str:
@@ -167,9 +171,9 @@ class SteerableModel:
         ``eager`` (with the shared prefix when rows repeat one prompt); the one choice the
         engine acts on (``engine/local/path.py``).
 
-        Takes engine ``Request`` rows, or the prompts and steer of a ``generate`` call;
-        ``options`` are ``cache``, ``keep_cache``, ``capture`` and ``use_cache``, and any of
-        ``generate``'s generation options (``temperature`` ...), which go into the rows.
+        Takes engine ``Request`` rows, or the prompts, steer and options of a ``generate``
+        call (its generation options, ``temperature`` ..., go into the rows). A call that
+        ``generate`` refuses is refused here the same way, by the same checks.
 
         >>> fast = sl.load("steerlab-tiny", backend="hf").compile()
         >>> fast.explain("Once", capture=["blocks.0.hook_resid_post"])
@@ -181,13 +185,33 @@ class SteerableModel:
         elif isinstance(given, (list, tuple)) and given and isinstance(given[0], Request):
             requests = list(given)
         else:
-            rows = lay_out(self, given, steer, chat=chat, new_tokens=max_new_tokens)
-            path = ("capture", "cache", "keep_cache", "use_cache", "compact")
-            generation = {k: options.pop(k) for k in list(options) if k not in path}
-            sampling = Sampling.of({**generation, "max_new_tokens": max_new_tokens},
-                                   where="explain")  # fmt: skip
-            requests = rows.requests(sampling, checked_monitors(self, monitor))
-        return self.engine.explain(requests, **options)
+            _, requests, _, call = self._call(given, steer, options, where="explain", chat=chat,
+                                              capture=capture, use_cache=use_cache, cache=cache,
+                                              keep_cache=keep_cache, monitor=monitor)  # fmt: skip
+            return self.engine.explain(requests, **call)
+        named = [*sorted(options), *["monitor"] * (monitor is not None),
+                 *["chat"] * flag(chat, "chat")]  # fmt: skip
+        if named:
+            raise TypeError(f"explain() of Request rows takes the call options capture, "
+                            f"use_cache, cache and keep_cache; {named[0]!r} belongs in the "
+                            "rows themselves.")  # fmt: skip
+        return self.engine.explain(requests, capture=site_names(capture, "capture"),
+                                   use_cache=use_cache, cache=cache, keep_cache=keep_cache)  # fmt: skip
+
+    def _call(self, prompts: Any, steer: SteerArg, options: dict[str, Any], *, where: str,
+              chat: Any, capture: Any, use_cache: Any, cache: Any, keep_cache: Any,
+              monitor: Any) -> tuple[Rows, list[Request], Sampling, dict[str, Any]]:  # fmt: skip
+        """What ``stream``, ``generate`` and ``explain`` check before any compute, in one
+        place: the rows, their requests, the sampling, and the engine's call options."""
+        sampling = Sampling.of(options, where=where)
+        chat, use_cache = flag(chat, "chat"), flag(use_cache, "use_cache")
+        keep_cache, sites = flag(keep_cache, "keep_cache"), site_names(capture, "capture")
+        if sites and not use_cache:
+            raise ValueError("capture needs use_cache=True.")
+        monitors = checked_monitors(self, monitor)
+        rows = self._rows(prompts, steer, chat, sampling.max_new_tokens, cache)
+        call = {"cache": cache, "keep_cache": keep_cache, "capture": sites, "use_cache": use_cache}
+        return rows, rows.requests(sampling, monitors), sampling, call
 
     @takes_options
     def stream(
@@ -210,15 +234,12 @@ class SteerableModel:
         Hooks are on only while the stream runs; closing the generator early removes them.
         Arguments are those of ``generate``; everything is checked before the first forward.
         """
-        if capture and not use_cache:
-            raise ValueError("capture needs use_cache=True.")
-        sampling = Sampling.of(options, where="stream")
-        monitors = checked_monitors(self, monitor)
-        rows = self._rows(prompts, steer, chat, sampling.max_new_tokens, cache)
-        progress = self.engine.stream(
-            rows.requests(sampling, monitors), cache=cache, keep_cache=keep_cache, capture=site_names(capture),
-            use_cache=use_cache, wait=wait, description=f"stream of {len(rows.encoded)} rows",
+        rows, requests, sampling, call = self._call(
+            prompts, steer, options, where="stream", chat=chat, capture=capture,
+            use_cache=use_cache, cache=cache, keep_cache=keep_cache, monitor=monitor,
         )  # fmt: skip
+        progress = self.engine.stream(requests, wait=wait, **call,
+                                      description=f"stream of {len(rows.encoded)} rows")  # fmt: skip
         return steps(progress, rows, sampling.seed, on_token)
 
     def _rows(self, prompts: Any, steer: SteerArg, chat: bool, new: int,
@@ -321,7 +342,8 @@ class SteerableModel:
         >>> acts.top(k=5).indices[0, -1]
         tensor([476, 106,  95, 346, 339])
         """
-        return _provided("features")(self, prompts, sae, k=k, dense=dense, steer=steer, chat=chat)
+        return _provided("features")(self, prompts, sae, k=k, dense=flag(dense, "dense"),
+                                     steer=steer, chat=chat)  # fmt: skip
 
     def logits(
         self,
@@ -341,6 +363,7 @@ class SteerableModel:
         torch.Size([2, 1, 678])
         """
         rows = lay_out(self, prompts, steer, chat=chat, new_tokens=0)
+        last_only = flag(last_only, "last_only")
         logits, _, _, _ = self.engine.forward(rows.requests(Sampling()), last_only=last_only)
         return logits
 

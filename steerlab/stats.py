@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from steerlab.core.scalars import flag
 from steerlab.core.sites import Site
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def describe(tensor: torch.Tensor, *, compact: bool = False,
     base = dict(shape=tuple(shape if shape is not None else tensor.shape), mean=float(x.mean()),
                 std=float(x.std()) if x.numel() > 1 else 0.0, min=float(x.min()),
                 max=float(x.max()), norm=float(x.norm()))  # fmt: skip
-    if compact:
+    if flag(compact, "compact"):
         return TensorStats(**base)  # type: ignore[arg-type]
     sample = x[:: -(-x.numel() // _EXACT_LIMIT)]
     q = torch.quantile(sample, torch.tensor([p / 100 for p in PERCENTILES], dtype=torch.float64))

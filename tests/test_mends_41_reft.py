@@ -233,7 +233,9 @@ def test_an_lr_adamw_cannot_step_with_is_refused_before_any_compute(toy_lm):
 
 def test_a_huge_lr_that_adamw_can_step_stops_at_the_first_non_finite_loss(toy_lm):
     data = [sl.Example("Once upon a time", " there was a boat.")] * 2
-    with pytest.raises(sl.train.TrainingError, match="loss is nan at step 2"):
+    # step 1 leaves values of about 1e37, each finite, of a norm past float32: it stops there
+    # (issue 51: no steer whose norm is not finite), before the loss of step 2 is nan
+    with pytest.raises(sl.train.TrainingError, match="Step 1 .* norm past float32"):
         sl.train.reft(toy_lm, data, site=SITE, epochs=2, lr=1e37, batch_size=2, progress=False)
     assert toy_lm.hook_count() == 0
 

@@ -3,16 +3,22 @@
 ``Preference`` and ``Example`` are what ``sl.train`` learns from; ``ConceptData`` is what
 ``sl.evals.benchmark`` needs to extract, train, detect and judge one concept. They live in
 the core because the toy world builds them offline and the trainers and the benchmark read
-them, and neither may import the other.
+them, and neither may import the other. ``preference_pairs`` (``sl.train.preference_pairs``)
+builds pairs from a model's own greedy replies, and ``ConceptData.from_axbench`` reads
+AxBench's released data (``steerlab.core.axbench``), with pairs when given a model.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from steerlab.core.errors import SteerError
+from steerlab.core.prompts import has_chat_template, rendered
+from steerlab.core.scalars import as_int, flag
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,48 @@ class ConceptData:
                                  f"{type(pair).__name__}, not sl.Preference.")  # fmt: skip
         object.__setattr__(self, "pairs", tuple(pairs))
 
+    @classmethod
+    def from_axbench(cls, path: str | os.PathLike[str], concept: str | None = None, *,
+                     concept_id: int | None = None, lm: Any = None,
+                     instructions: Sequence[str] | None = None,
+                     max_new_tokens: int | None = None) -> ConceptData:  # fmt: skip
+        """One concept of an AxBench dataset folder (its released layout), as AxBench trains it.
+
+        Args:
+            path: the folder, such as ``concept500/prod_2b_l10_v1``, holding
+                ``generate/metadata.jsonl`` and ``generate/train_data.parquet``.
+            concept: the concept's description as its metadata names it; or
+            concept_id: its id there.
+            lm: the model whose greedy replies are the pairs' rejected side; None: no pairs.
+            instructions: the prompts the steered model answers; None: the concept's
+                positive rows' inputs.
+            max_new_tokens: the greedy replies' length (``preference_pairs``'s rule when None).
+
+        The positives are the concept's ``positive`` rows' outputs; the negatives are the
+        ``negative`` rows AxBench shares between concepts (``concept_id`` -1), those of the
+        concept's genre, as AxBench's training reads them. The pairs are ``(input, output,
+        lm's greedy reply to input)`` for each positive row. Needs pandas and pyarrow (the
+        ``axbench`` extra).
+
+        Raises:
+            SteerError: a folder without AxBench's files, an unknown concept (naming the
+                closest ones), both or neither of ``concept`` and ``concept_id``.
+
+        With AxBench's data at hand (its repository's ``axbench/concept500``),
+        ``ConceptData.from_axbench("concept500/prod_2b_l10_v1", concept_id=0)`` is
+        ``ConceptData('references to specific dates and publication information': 72
+        positives, 72 negatives, 0 pairs, 72 instructions)``.
+        """
+        from steerlab.core.axbench import read_concept
+
+        rows = read_concept(path, concept, concept_id)
+        data = cls(rows.concept, positives=rows.positives, negatives=rows.negatives,
+                   instructions=rows.inputs if instructions is None else instructions)  # fmt: skip
+        if lm is None:
+            return data
+        pairs = preference_pairs(lm, rows.inputs, rows.positives, max_new_tokens=max_new_tokens)
+        return replace(data, pairs=pairs)
+
     @property
     def examples(self) -> list[Example]:
         """The pairs' chosen sides as supervised examples (a LoReFT trained on likelihood)."""
@@ -115,3 +163,48 @@ class ConceptData:
         return (f"ConceptData({self.name!r}: {len(self.positives)} positives, "
                 f"{len(self.negatives)} negatives, {len(self.pairs)} pairs, "
                 f"{len(self.instructions)} instructions)")  # fmt: skip
+
+
+def preference_pairs(lm: Any, instructions: Sequence[str], replies: Sequence[str], *,
+                     chat: bool | None = None, max_new_tokens: int | None = None
+                     ) -> list[Preference]:  # fmt: skip
+    """``Preference(model input, reply, the model's own greedy reply)`` for each instruction.
+
+    Args:
+        lm: the model whose own replies are the rejected side.
+        instructions: the prompts.
+        replies: for each instruction, a reply that shows the concept (the chosen side).
+        chat: render each instruction with the chat template; None: when the model has one.
+            The pair's prompt is the rendered text, so training sees what generation sees.
+        max_new_tokens: the greedy reply's length; None: the longest reply's token count.
+
+    A reply the model would give itself teaches nothing and is dropped, with a warning.
+
+    >>> pairs = preference_pairs(lm, ["Once upon a time"], [" there was a happy fox."])
+    >>> pairs[0].chosen
+    ' there was a happy fox.'
+    """
+    for what, texts in (("instructions", instructions), ("replies", replies)):
+        if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+            raise SteerError(f"{what} must be a list of strings; got {type(texts).__name__}.")
+        if not texts or not all(isinstance(t, str) and t for t in texts):
+            raise SteerError(f"{what} must be a non-empty list of non-empty strings.")
+    if len(instructions) != len(replies):
+        raise SteerError(f"preference_pairs needs one reply per instruction; got "
+                         f"{len(instructions)} instructions and {len(replies)} replies.")  # fmt: skip
+    tokenizer = lm.tokenizer
+    chat = has_chat_template(tokenizer) if chat is None else flag(chat, "chat")
+    if max_new_tokens is None:
+        max_new_tokens = max(len(tokenizer(r, add_special_tokens=False)["input_ids"])
+                             for r in replies)  # fmt: skip
+    elif as_int(max_new_tokens) is None or max_new_tokens < 1:
+        raise SteerError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
+    own = lm.generate(list(instructions), max_new_tokens=int(max_new_tokens), temperature=0.0,
+                      chat=chat).text  # fmt: skip
+    pairs = [Preference(rendered(tokenizer, i, chat=chat), r, o)
+             for i, r, o in zip(instructions, replies, own) if o and o != r]  # fmt: skip
+    if len(pairs) < len(replies):
+        warnings.warn(f"{len(replies) - len(pairs)} of {len(replies)} replies equal the model's "
+                      "own greedy reply (or it replied nothing); those pairs are dropped.",
+                      stacklevel=2)  # fmt: skip
+    return pairs

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from steerlab.core.errors import PromptError
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, flag
 
 Message = dict[str, str]
 Prompt = str | list[Message]
@@ -133,7 +133,7 @@ def _content(content: Any, where: str) -> str:
 
 def encode(tokenizer: Any, prompt: Prompt, *, chat: bool) -> list[int]:
     """Token ids for one prompt, with exactly the BOS the model expects (never two)."""
-    if chat:
+    if flag(chat, "chat"):
         messages = (
             [{"role": "user", "content": prompt}]
             if isinstance(prompt, str)
@@ -160,7 +160,7 @@ def rendered(tokenizer: Any, prompt: Prompt, *, chat: bool) -> str:
     (when the tokenizer has one); otherwise the string itself. Training rows encode it with
     ``chat=False``: the same ids as the chat prompt where the template writes the BOS itself
     or the tokenizer adds none (one BOS either way, never two)."""
-    if chat and getattr(tokenizer, "chat_template", None):
+    if flag(chat, "chat") and getattr(tokenizer, "chat_template", None):
         messages = (
             [{"role": "user", "content": prompt}]
             if isinstance(prompt, str)

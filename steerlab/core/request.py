@@ -17,7 +17,7 @@ from typing import Any
 from steerlab.core.errors import SamplingError
 from steerlab.core.monitors import Monitor
 from steerlab.core.ops import SteerError
-from steerlab.core.scalars import as_int, as_real
+from steerlab.core.scalars import as_flag, as_int, as_real
 from steerlab.core.steer import Steer
 
 
@@ -185,9 +185,11 @@ class Sampling:
             raise SamplingError("top_k", f"top_k must be None or an int >= 1; got {k!r}.")
         if not _is_int(self.seed):
             raise SamplingError("seed", f"seed must be an int; got {self.seed!r}.")
-        if not isinstance(self.stop_at_eos, bool):
+        eos = as_flag(self.stop_at_eos)  # ``core.scalars``' rule for every boolean option
+        if eos is None:
             raise SamplingError("stop_at_eos", "stop_at_eos must be True or False; got "
                                 f"{self.stop_at_eos!r}.")  # fmt: skip
+        object.__setattr__(self, "stop_at_eos", eos)
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise SamplingError("stop", f"stop strings must be non-empty strings; got {s!r}.")

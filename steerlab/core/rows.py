@@ -13,7 +13,7 @@ from steerlab.core.monitors import Monitor, as_monitors
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, PromptError, encode, normalise
 from steerlab.core.request import Request, Sampling
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, flag
 from steerlab.core.steer import Steer, warn_other_model
 from steerlab.core.window import check_text_window, check_window
 
@@ -128,6 +128,7 @@ def lay_out(
     >>> lay_out(lm, ["Hi"], steer, chat=False, new_tokens=8).alphas
     [(0.0,), (4.0,)]
     """
+    chat = flag(chat, "chat")
     prompts = normalise(prompts)
     steers = checked_steers(lm, steer)
     prompt_index, alphas = expand_rows(len(prompts), steers)

@@ -89,16 +89,20 @@ def all_sites(
     return names
 
 
-def site_names(sites: str | Sequence[str]) -> list[str]:
-    """Site names as a list: one name alone is one site (never its characters).
+def site_names(sites: str | Sequence[str], what: str = "sites") -> list[str]:
+    """Site names as a list: one name alone is one site (never its characters); ``what``
+    names the argument in a refusal.
 
     >>> site_names("blocks.1.hook_resid_pre")
     ['blocks.1.hook_resid_pre']
     """
+    if not isinstance(sites, str) and (isinstance(sites, bytes) or not hasattr(sites, "__iter__")):
+        raise SiteError(f"{what} must be a site name or a list of them; got "
+                        f"{type(sites).__name__} {sites!r:.40}.")  # fmt: skip
     names = [sites] if isinstance(sites, str) else list(sites)
     for name in names:
         if not isinstance(name, str):
-            raise SiteError(f"sites must be site names; got {type(name).__name__} {name!r:.40}.")
+            raise SiteError(f"{what} must be site names; got {type(name).__name__} {name!r:.40}.")
     return names
 
 

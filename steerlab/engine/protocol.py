@@ -73,8 +73,9 @@ class Engine(Protocol):
 
     def explain(self, requests: Sequence[Request], *, capture: Sequence[str] = (),
                 cache: KVCache | None = None, keep_cache: bool = False,
-                use_cache: bool = True, compact: bool = True) -> str:  # fmt: skip
-        """One line: which path these requests take with these call options, and why."""
+                use_cache: bool = True) -> str:  # fmt: skip
+        """One line: which path these requests take with these call options (``stream``'s),
+        and why; a call ``stream`` refuses is refused."""
         ...
 
     def prefill(

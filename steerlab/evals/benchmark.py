@@ -26,15 +26,16 @@ from steerlab.core.errors import SteerError
 from steerlab.core.identity import model_id
 from steerlab.core.prompts import encode, has_chat_template
 from steerlab.core.request import Sampling
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, flag
 from steerlab.core.sites import resolve
 from steerlab.core.table import Table
 from steerlab.core.window import check_window
 from steerlab.evals.detection import detection_rows, detection_table
 from steerlab.evals.intervals import check_bootstrap
+from steerlab.evals.make_on import check_make_on
 from steerlab.evals.methods import Method, Prompting, resolve_methods
 from steerlab.evals.pipeline import run_cells
-from steerlab.evals.protocol import factor_table, leaderboard_table, score_sample
+from steerlab.evals.protocol import factor_table, judge_workers, leaderboard_table, score_sample
 from steerlab.evals.runstore import DATABASE, RunStore, exists
 
 
@@ -91,14 +92,15 @@ def benchmark(
     progress: bool = True,
     run: str | Path | None = None,
     shard: tuple[int, int] = (0, 1),
+    make_on: Any = None,
 ) -> BenchmarkResult:
     """Rank steering methods on concepts by AxBench's protocol.
 
     Args:
-        lm: the model. Every method runs on an in-process model; on vLLM, the prompting
-            arm and methods whose steers are made elsewhere (``Method(make=...)`` returning
-            a saved vector) run, the built-in methods that read activations or train are
-            refused up front, and detection is not measured.
+        lm: the model that generates. Every method runs on an in-process model; on vLLM,
+            give ``make_on=`` an in-process model with the same weights for the methods
+            that read activations or train (without it they are refused up front, and
+            detection is not measured).
         concepts: ``ConceptData`` for each concept (``steerlab.toy.concept_data`` offline).
         methods: names (``"mean_diff"``, ``"pca"``, ``"bipo"``, ``"reps"``, ``"reft"``,
             ``"reps_reft"``, ``"prompt"``, ``"random"``), ``sl.evals.Method`` or
@@ -126,11 +128,16 @@ def benchmark(
         shard: ``(i, n)``: run every n-th concept from the i-th (0-based), each shard in
             its own ``run`` folder, on its own GPU or machine; ``sl.evals.merge_runs``
             joins the folders into the result one unsharded run gives.
+        make_on: an in-process model with ``lm``'s weights on which every method makes its
+            steer and detection is measured; ``lm`` then only generates (a vLLM engine,
+            say). Checked first: the same config, tokenizer, sites, and a probe text's
+            log-probabilities to the dtypes' rounding (``evals.make_on``).
 
     Raises:
         SteerError: bad input, before any compute: a concept without the data its method
             needs, fewer than 2 instructions, bad factors, an unknown method, a method
-            that needs an in-process model on vLLM, a run folder holding another run.
+            that needs an in-process model on vLLM without ``make_on``, a ``make_on`` with
+            other weights, a run folder holding another run.
         JudgeError: an unreachable judge, before any compute.
         SamplingError, SiteError, ContextError (ValueErrors): a bad temperature or seed,
             an unknown site, generations that would not fit the model's window; also
@@ -140,8 +147,9 @@ def benchmark(
     raising, Ctrl-C) keeps everything finished in ``run``; the error's note says so.
     """
     i, n = _check_shard(shard, run)
+    maker = lm if make_on is None else make_on
     plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, temperature,
-                  seed, chat, level, n_boot)  # fmt: skip
+                  seed, chat, level, n_boot, maker)  # fmt: skip
     data_list: list[ConceptData] = plan["concepts"]
     methods, chat = plan["methods"], plan["chat"]
     store = RunStore(run)
@@ -156,7 +164,7 @@ def benchmark(
         data_list = data_list[i::n]
         try:
             _prompts(lm, data_list, methods, judge, store, chat, max_new_tokens)
-            seconds = run_cells(lm, data_list, methods, site, judge, store, progress,
+            seconds = run_cells(lm, maker, data_list, methods, site, judge, store, progress,
                            {"max_new_tokens": max_new_tokens, "temperature": temperature,
                             "seed": seed, "chat": chat})  # fmt: skip
         except BaseException as error:  # Ctrl-C too: say where the finished work is
@@ -167,7 +175,7 @@ def benchmark(
             raise
         names = [(d.name, list(d.instructions)) for d in data_list]
         result = _result(dict.fromkeys([d.name for d in data_list], store), names,
-                         [m.name for m in methods], selection, level, n_boot, seed, lm, site,
+                         [m.name for m in methods], selection, level, n_boot, seed, maker, site,
                          seconds)  # fmt: skip
     finally:
         store.close()
@@ -298,7 +306,7 @@ def _prompts(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompt
             cell = (method.name, data.name)
             prompt = method.prompt or store.prompt(cell)
             if prompt is None:
-                prompt = judge.write_prompt(data.name)
+                prompt = method.prompt_for(judge, data.name)  # checked: usable, on concept
                 store.put_prompt(cell, prompt)
             elif method.prompt is not None and store.prompt(cell) is None:
                 store.put_prompt(cell, prompt)
@@ -339,7 +347,7 @@ def _result(where: dict[str, RunStore], concepts: list[tuple[str, list[str]]],
     for store in {id(s): s for s in where.values()}.values():
         found.update({(m, c): (a, n) for m, c, a, n in store.detection()})
         prompts.update(store.prompts())
-    if lm is not None and not lm.engine.capabilities.capture:
+    if lm is not None and not lm.engine.capabilities.capture:  # lm: the maker here
         detection = detection_table(lm, [], [], {}, site)  # says why it was not measured
     else:
         detection = detection_rows([{"method": m, "concept": c, "auroc": found[(m, c)][0],
@@ -353,8 +361,9 @@ def _result(where: dict[str, RunStore], concepts: list[tuple[str, list[str]]],
 
 def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selection: Any,
            max_new_tokens: Any, temperature: Any, seed: Any, chat: Any, level: float,
-           n_boot: int) -> dict[str, Any]:  # fmt: skip
-    """Every refusal, before any compute; the run's concepts, methods, chat and prompts."""
+           n_boot: int, maker: Any) -> dict[str, Any]:  # fmt: skip
+    """Every refusal, before any compute; the run's concepts, methods and chat."""
+    check_make_on(lm, maker)
     concepts = _check_concepts(concepts)
     methods = resolve_methods(methods)
     _check_splits(concepts, methods, selection)
@@ -370,14 +379,15 @@ def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selectio
     check_bootstrap(level, n_boot)
     Sampling(temperature=temperature, seed=seed)  # refuses a bad temperature or seed by name
     cannot = [m.name for m in methods if getattr(m, "in_process", False)]
-    if cannot and not lm.engine.capabilities.capture:
+    if cannot and not maker.engine.capabilities.capture:
         raise SteerError(f"Methods {cannot} read activations or train, which the "
-                         f"{lm.engine.kind} engine cannot do: make their steers on an "
-                         "in-process model and pass them as sl.evals.Method(name, make=lambda "
-                         "lm, data, site: steer), or leave them out.")  # fmt: skip
+                         f"{lm.engine.kind} engine cannot do: give make_on= an in-process "
+                         "model with the same weights (sl.load(..., backend='hf')), pass "
+                         "steers made elsewhere as sl.evals.Method(name, make=lambda lm, data, "
+                         "site: steer), or leave them out.")  # fmt: skip
     _check_judge(judge, methods, [d.name for d in concepts])
     _check_data_window(lm, concepts, methods)
-    chat = has_chat_template(lm.tokenizer) if chat is None else bool(chat)
+    chat = has_chat_template(lm.tokenizer) if chat is None else flag(chat, "chat")
     # every input known now is checked against the window before any compute; the judge
     # writes the missing prompting prompts only after these checks (``_prompts``)
     inputs = [i for d in concepts for i in d.instructions]
@@ -465,6 +475,7 @@ def _check_judge(judge: Any, methods: list[Method | Prompting], concepts: list[s
     if not callable(getattr(judge, "rate", None)):
         raise SteerError(f"judge must have rate(concept, instruction, text); got "
                          f"{type(judge).__name__}.")  # fmt: skip
+    judge_workers(judge)
     if any(isinstance(m, Prompting) and m.prompt is None for m in methods) \
             and not callable(getattr(judge, "write_prompt", None)):  # fmt: skip
         raise SteerError("Prompting(prompt=None) has the judge write each concept's prompt, and "

@@ -10,9 +10,10 @@ from typing import Any
 import torch
 
 from steerlab.core.concepts import ConceptData
+from steerlab.core.errors import SteerError
 from steerlab.core.ops import Add
 from steerlab.core.rows import as_steers
-from steerlab.core.scalars import list_of
+from steerlab.core.scalars import as_real, list_of
 from steerlab.core.steer import Steer
 from steerlab.core.table import Table
 from steerlab.vectors.extract import without_bos
@@ -46,19 +47,54 @@ def token_latents(lm: Any, texts: Sequence[str], site: str, direction: torch.Ten
 def roc_auc(positive: Sequence[float] | torch.Tensor, negative: Sequence[float] | torch.Tensor
             ) -> float:  # fmt: skip
     """The probability that a random positive scores above a random negative (ties count
-    half): the area under the ROC curve, by the Mann-Whitney rank statistic.
+    half): the area under the ROC curve, by the Mann-Whitney U statistic over the pooled
+    scores' ranks (tied scores share their average rank). Memory grows with n + m, never
+    with n x m.
 
     >>> roc_auc([3.0, 2.0], [1.0, 2.0])
     0.875
+
+    Raises:
+        SteerError: either side empty, or a score that is not a finite real number (NaN
+            included, as scikit-learn's ``roc_auc_score`` refuses it).
     """
-    pos, neg = (torch.as_tensor(x if isinstance(x, torch.Tensor) else list_of(x, name),
-                                dtype=torch.float64).flatten()
-                for x, name in ((positive, "positive"), (negative, "negative")))  # fmt: skip
-    if not len(pos) or not len(neg):
-        raise ValueError("roc_auc needs at least one positive and one negative score.")
-    above = (pos[:, None] > neg[None, :]).double().sum()
-    ties = (pos[:, None] == neg[None, :]).double().sum()
-    return float((above + 0.5 * ties) / (len(pos) * len(neg)))
+    pos, neg = _scores(positive, "positive"), _scores(negative, "negative")
+    pooled = torch.cat([pos, neg])
+    _, where, counts = torch.unique(pooled, sorted=True, return_inverse=True,
+                                    return_counts=True)  # fmt: skip
+    # each distinct score's average rank (1-based): the ranks its ties span, averaged
+    ends = torch.cumsum(counts, 0).double()
+    average = ends - (counts.double() - 1) / 2
+    rank_sum = float(average[where[: len(pos)]].sum())
+    u = rank_sum - len(pos) * (len(pos) + 1) / 2  # positives above negatives, ties half
+    return u / (len(pos) * len(neg))
+
+
+def _scores(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tensor:
+    """``[n]`` float64 scores, each a finite real number, refused by name otherwise."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype == torch.bool or values.is_complex():
+            raise SteerError(f"roc_auc's {name} scores must be real numbers; got a "
+                             f"{values.dtype} tensor.", name)  # fmt: skip
+        scores = values.detach().cpu().double().flatten()
+        bad = (~torch.isfinite(scores)).nonzero()
+        if len(bad):
+            i = int(bad[0, 0])
+            raise SteerError(f"roc_auc's {name} scores must be finite real numbers; got "
+                             f"{float(scores[i])} at [{i}].", name)  # fmt: skip
+    else:
+        numbers = []
+        for i, value in enumerate(list_of(values, name)):
+            number = as_real(value)
+            if number is None:
+                raise SteerError(f"roc_auc's {name} scores must be finite real numbers; got "
+                                 f"{value!r:.40} at [{i}].", name)  # fmt: skip
+            numbers.append(number)
+        scores = torch.tensor(numbers, dtype=torch.float64)
+    if not len(scores):
+        raise SteerError(f"roc_auc needs at least one positive and one negative score; "
+                         f"the {name} scores are empty.", name)  # fmt: skip
+    return scores
 
 
 def _direction(steer: Any, site: str) -> Any:

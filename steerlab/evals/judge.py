@@ -13,17 +13,20 @@ that drops any one of them scores 0. The prompts below are steerlab's own.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
+import unicodedata
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from steerlab.core.bars import bar
+from steerlab.core.errors import SteerError
 from steerlab.core.prompts import Prompt
-from steerlab.core.scalars import as_int, list_of
+from steerlab.core.scalars import as_int, as_real, list_of
 
 CRITERIA = ("concept", "instruction", "fluency")
 
@@ -57,14 +60,24 @@ _WRITE = (
 
 
 _RETRY = (429, 500, 502, 503, 504)  # rate limits and a server's passing trouble
+MAX_WAIT = 60.0  # seconds: the longest pause between two tries, whoever asks for more
+_sleep = time.sleep  # how the judge pauses between tries (a test records it instead)
 
 
-def _wait(response: Any, attempt: int) -> float:
-    """Seconds before the next try: the server's ``Retry-After`` (in seconds), else 1, 2, 4..."""
+def retry_wait(retry_after: str | None, attempt: int) -> float:
+    """Seconds before try ``attempt + 1``: the server's ``Retry-After`` when it gives a
+    number of seconds, else 1, 2, 4 ... (exponential backoff); either way in [0, MAX_WAIT].
+
+    >>> retry_wait("3", 0), retry_wait(None, 3), retry_wait("nan", 1), retry_wait(None, 40)
+    (3.0, 8.0, 2.0, 60.0)
+    """
     try:
-        return min(max(float(response.headers.get("retry-after", "")), 0.0), 60.0)
-    except ValueError:
-        return 2.0**attempt
+        seconds = float(retry_after) if retry_after is not None else math.nan
+    except ValueError:  # an HTTP date, or garbage: as if it were not there
+        seconds = math.nan
+    if math.isnan(seconds):
+        seconds = 2.0 ** min(attempt, 30)
+    return min(max(seconds, 0.0), MAX_WAIT)
 
 
 class JudgeError(RuntimeError):
@@ -124,33 +137,43 @@ class Judge:
             serve`` / vLLM server's ``http://127.0.0.1:8000/v1``.
         model: the judge model's name at that endpoint.
         api_key: sent as a bearer token; None reads ``OPENAI_API_KEY`` when it is set.
-        timeout: seconds per request.
+        timeout: seconds per request, the whole of it (connecting, sending, the reply's
+            headers and body): a server that trickles its reply cannot stretch it.
         max_workers: requests in flight at once.
         max_tokens: the most tokens a judge may spend on one rating.
         max_retries: tries after the first for a request that failed to connect or was
-            answered 429 or 5xx, waiting 1, 2, 4 ... s (or the server's ``Retry-After``, at
-            most 60 s) between them. Any other answer is final.
+            answered 429 or 5xx, waiting the server's ``Retry-After`` or else 1, 2, 4 ... s
+            between them, never more than 60 s (``MAX_WAIT``). Any other answer is final.
 
-    Ratings are asked at temperature 0. Needs ``httpx`` (the ``server`` extra).
+    Ratings are asked at temperature 0. Needs ``httpx`` (the ``server`` extra), whose
+    ``httpcore`` it speaks through; an ``http(s)://`` proxy in ``HTTPS_PROXY`` /
+    ``HTTP_PROXY`` / ``ALL_PROXY`` is used, as httpx would (not for hosts in ``NO_PROXY``).
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
                  timeout: float = 60.0, max_workers: int = 8, max_tokens: int = 256,
                  max_retries: int = 3) -> None:  # fmt: skip
-        import httpx
+        from steerlab.evals.http import DeadlinePool, HTTPFailure, proxy_for
 
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL; got {base_url!r}.")
-        if as_int(max_workers) is None or max_workers < 1:
-            raise ValueError(f"max_workers must be an int >= 1; got {max_workers!r}.")
+            raise SteerError(f"base_url must be an http(s) URL; got {base_url!r:.80}.", "base_url")
+        if not isinstance(model, str) or not model.strip():
+            raise SteerError(f"model must be the judge model's name; got {model!r:.60}.", "model")
+        self.timeout = _positive_seconds(timeout)
+        for name, value, least in (("max_workers", max_workers, 1), ("max_tokens", max_tokens, 1),
+                                   ("max_retries", max_retries, 0)):  # fmt: skip
+            if as_int(value) is None or value < least:
+                raise SteerError(f"{name} must be an int >= {least}; got {value!r:.40}.", name)
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        _check_key(key, "api_key" if api_key is not None else "OPENAI_API_KEY (the api_key)")
         self.base_url, self.model = base_url.rstrip("/"), model
-        if as_int(max_retries) is None or max_retries < 0:
-            raise ValueError(f"max_retries must be an int >= 0; got {max_retries!r}.")
-        self.max_workers, self.max_tokens = int(max_workers), max_tokens
+        self.max_workers, self.max_tokens = int(max_workers), int(max_tokens)
         self.max_retries = int(max_retries)
-        self._http = httpx.Client(headers=headers, timeout=timeout)
+        try:
+            proxy = proxy_for(self.base_url)
+        except HTTPFailure as error:
+            raise SteerError(f"No way to reach the judge: {error}.", "base_url") from None
+        self._http = DeadlinePool({"Authorization": f"Bearer {key}"} if key else {}, proxy)
 
     def __repr__(self) -> str:
         return f"Judge({self.base_url!r}, {self.model!r})"
@@ -164,31 +187,33 @@ class Judge:
 
     def ask(self, question: str, *, temperature: float = 0.0) -> str:
         """One chat completion: the judge's reply to ``question``."""
-        import httpx
+        from steerlab.evals.http import HTTPFailure
 
-        body = {"model": self.model, "messages": [{"role": "user", "content": question}],
-                "temperature": temperature, "max_tokens": self.max_tokens}  # fmt: skip
+        body = json.dumps({"model": self.model, "temperature": temperature,
+                           "messages": [{"role": "user", "content": question}],
+                           "max_tokens": self.max_tokens}).encode()  # fmt: skip
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
-                response = self._http.post(f"{self.base_url}/chat/completions", json=body)
-            except httpx.HTTPError as error:
+                reply = self._http.send("POST", f"{self.base_url}/chat/completions", body,
+                                        timeout=self.timeout)  # fmt: skip
+            except HTTPFailure as error:
                 if last:
                     raise JudgeError(f"The judge at {self.base_url} did not answer: {error}"
                                      ) from error  # fmt: skip
-                time.sleep(2.0**attempt)
+                _sleep(retry_wait(None, attempt))
                 continue
-            if response.status_code not in _RETRY or last:
+            if reply.status not in _RETRY or last:
                 break
-            time.sleep(_wait(response, attempt))
-        if response.status_code != 200:
-            raise JudgeError(f"The judge at {self.base_url} answered {response.status_code}: "
-                             f"{response.text[:300]}")  # fmt: skip
+            _sleep(retry_wait(reply.headers.get("retry-after"), attempt))
+        if reply.status != 200:
+            raise JudgeError(f"The judge at {self.base_url} answered {reply.status}: "
+                             f"{reply.text[:300]}")  # fmt: skip
         try:
-            content = response.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            content = json.loads(reply.body)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):
             raise JudgeError(f"The judge's answer is not a chat completion: "
-                             f"{response.text[:300]}") from None  # fmt: skip
+                             f"{reply.text[:300]}") from None  # fmt: skip
         if not isinstance(content, str):
             raise JudgeError(f"The judge's message has no text content: {content!r:.300}")
         return content
@@ -228,14 +253,36 @@ class Judge:
         Raises:
             JudgeError: nothing answered at ``base_url``.
         """
-        import httpx
+        from steerlab.evals.http import HTTPFailure
 
         try:
-            self._http.get(f"{self.base_url}/models", timeout=min(self._http.timeout.connect
-                                                                  or 10.0, 10.0))  # fmt: skip
-        except httpx.HTTPError as error:
+            self._http.send("GET", f"{self.base_url}/models", timeout=min(self.timeout, 10.0))
+        except HTTPFailure as error:
             raise JudgeError(f"The judge at {self.base_url} is unreachable: {error}. Start the "
                              "judge's server, or check base_url.") from error  # fmt: skip
+
+
+def _positive_seconds(timeout: Any) -> float:
+    seconds = as_real(timeout)
+    if seconds is None or seconds <= 0:
+        raise SteerError(f"timeout must be a finite number of seconds > 0; got {timeout!r:.40}.",
+                         "timeout")  # fmt: skip
+    return seconds
+
+
+def _check_key(key: Any, name: str) -> None:
+    """An API key a header can carry: a string of visible ASCII, no spaces or line breaks
+    (the key itself is never shown)."""
+    if key is None:
+        return
+    if not isinstance(key, str):
+        raise SteerError(f"{name} must be a string; got {type(key).__name__}.", "api_key")
+    bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)  # visible ASCII
+    if bad is not None:
+        char = unicodedata.name(key[bad], f"U+{ord(key[bad]):04X}")
+        raise SteerError(f"{name} has a character a header cannot carry at position "
+                         f"{bad} ({char}); keys are visible ASCII, with no spaces or line "
+                         "breaks.", "api_key")  # fmt: skip
 
 
 @dataclass(frozen=True)

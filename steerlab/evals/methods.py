@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +27,9 @@ import torch
 
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
-from steerlab.core.scalars import list_of
+from steerlab.core.scalars import list_of, real_list
 from steerlab.evals.detection import token_latents
 from steerlab.train import bipo, reft, reps
-from steerlab.train.data import check_factors
 from steerlab.train.reft import LOREFT_FACTORS
 from steerlab.vectors import SteeringVector, extract, mean_diff, pca_diff
 
@@ -66,8 +66,7 @@ class Method:
     site: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise SteerError(f"Method name must be a non-empty string; got {self.name!r:.60}.")
+        _check_name(self.name, "Method")
         if self.site is not None and not isinstance(self.site, str):
             raise SteerError(f"Method {self.name!r}: site must be a site name or None; got "
                              f"{self.site!r:.60}.")  # fmt: skip
@@ -75,7 +74,7 @@ class Method:
             raise SteerError(f"Method {self.name!r}: make must be a function "
                              "(lm, data, site) -> steer.")  # fmt: skip
         object.__setattr__(self, "factors",
-                           tuple(check_factors(self.factors, f"Method {self.name!r} factors")))  # fmt: skip
+                           tuple(real_list(self.factors, f"Method {self.name!r} factors")))  # fmt: skip
         object.__setattr__(self, "needs", tuple(list_of(self.needs, f"Method {self.name!r} needs")))
 
 
@@ -86,7 +85,11 @@ class Prompting:
     Args:
         prompt: the prompt; None: the judge's model writes one per concept, as AxBench
             does (the judge needs ``write_prompt(concept)``).
-        template: how the prompt and an instruction become the model's input.
+        template: how the prompt and an instruction become the model's input: ``{prompt}``
+            and ``{instruction}`` are filled in by name, every other brace is text (JSON
+            included).
+        name: the arm's row in the leaderboard.
+        factors: the arm's factor (prompting has no strength; kept for the tables).
     """
 
     prompt: str | None = None
@@ -96,18 +99,88 @@ class Prompting:
     needs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_name(self.name, "Prompting")
         if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
             raise SteerError(f"Prompting prompt must be a non-empty string or None; got "
                              f"{self.prompt!r:.60}.")  # fmt: skip
-        if not isinstance(self.template, str) or "{instruction}" not in self.template:
-            raise SteerError("Prompting template must contain {instruction} (and may contain "
-                             f"{{prompt}}); got {self.template!r:.80}.")  # fmt: skip
-        object.__setattr__(self, "factors", tuple(list_of(self.factors, "Prompting factors")))
+        _check_template(self.template)
+        object.__setattr__(self, "factors", tuple(real_list(self.factors, "Prompting factors")))
         object.__setattr__(self, "needs", tuple(list_of(self.needs, "Prompting needs")))
 
     def inputs(self, prompt: str, instructions: Sequence[str]) -> list[str]:
-        return [self.template.format(prompt=prompt, instruction=i)
+        """The model's input for each instruction: the template, filled by name."""
+        return [_fill(self.template, {"prompt": prompt, "instruction": i})
                 for i in list_of(instructions, "instructions")]  # fmt: skip
+
+    def prompt_for(self, judge: Any, concept: str) -> str:
+        """This arm's prompt for ``concept``: its own, or the one the judge writes (checked:
+        a prompt the judge wrote in no usable form is refused, naming the concept)."""
+        if self.prompt is not None:
+            return self.prompt
+        return check_written_prompt(judge.write_prompt(concept), concept)
+
+
+_FIELD = re.compile(r"\{(prompt|instruction)\}")  # the template's only fields, by name
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    """``template`` with each ``{name}`` replaced, in one pass: a value is never read again
+    (an instruction holding "{prompt}" stays as it is)."""
+    return _FIELD.sub(lambda m: values[m[1]], template)
+
+
+_FIELD_LIKE = re.compile(r"\{(?:prompt|instruction)[.\[!:][^{}]*\}")  # str.format's extras
+
+
+def _check_template(template: Any) -> None:
+    """A template with ``{instruction}``; a field with ``str.format``'s attribute, index,
+    conversion or format spec (``{instruction.upper}``, ``{prompt!r}``) is refused by name,
+    since it is not filled: only plain ``{prompt}`` and ``{instruction}`` are."""
+    extra = _FIELD_LIKE.search(template) if isinstance(template, str) else None
+    if extra:
+        raise SteerError(f"Prompting template has the field {extra[0]!r:.60}: only {{prompt}} "
+                         "and {instruction} are filled in, as they are (every other brace is "
+                         "text).", "template")  # fmt: skip
+    if not isinstance(template, str) or "{instruction}" not in template:
+        raise SteerError("Prompting template must contain {instruction} (and may contain "
+                         f"{{prompt}}); got {template!r:.80}.", "template")  # fmt: skip
+
+
+_FUNCTION_WORDS = frozenset({"a", "an", "and", "are", "as", "at", "be", "by", "for", "from",
+                             "in", "into", "is", "it", "of", "on", "or", "that", "the",
+                             "their", "this", "to", "with", "about"})  # fmt: skip
+
+
+def check_written_prompt(prompt: Any, concept: str) -> str:
+    """A judge-written prompt, refused by the concept's name when it is not a usable
+    prompt: not a non-empty string, holding a ``Rating:`` (the judge answered as if
+    rating), or naming nothing of the concept (none of its words, each matched by its
+    first four letters, so "oceans" matches "ocean").
+
+    >>> check_written_prompt("Always bring the ocean into your answers.", "oceans")
+    'Always bring the ocean into your answers.'
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SteerError(f"The judge wrote no prompt for the concept {concept!r} (its "
+                         f"write_prompt returned {prompt!r:.60}); give "
+                         "sl.evals.Prompting(prompt='...').")  # fmt: skip
+    prompt = prompt.strip()
+    if "rating:" in prompt.lower():
+        raise SteerError(f"The prompt the judge wrote for the concept {concept!r} holds a "
+                         f"'Rating:', as if it were rating, not writing a prompt: "
+                         f"{prompt!r:.120}.")  # fmt: skip
+    words = re.findall(r"\w+", concept.lower())
+    content = [w for w in words if w not in _FUNCTION_WORDS] or words
+    text = prompt.lower()
+    if content and not any(w[:4] in text for w in content):
+        raise SteerError(f"The prompt the judge wrote for the concept {concept!r} names none "
+                         f"of the concept's words: {prompt!r:.120}.")  # fmt: skip
+    return prompt
+
+
+def _check_name(name: Any, kind: str) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise SteerError(f"{kind} name must be a non-empty string; got {name!r:.60}.", "name")
 
 
 def _scaled_direction(method: Any) -> Make:

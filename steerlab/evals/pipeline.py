@@ -21,27 +21,29 @@ from steerlab.core.bars import counter
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
 from steerlab.core.rows import as_steers
-from steerlab.core.scalars import as_int
 from steerlab.core.sites import resolve
 from steerlab.core.steer import at_alphas
 from steerlab.evals.detection import detection_table
 from steerlab.evals.methods import Method, Prompting
-from steerlab.evals.protocol import raw_ratings
+from steerlab.evals.protocol import judge_workers, raw_ratings
 from steerlab.evals.runstore import RunStore
 
 LAG = 1  # cells whose ratings may still be running while the next cell generates
 Texts = list[tuple[int, float, int, str, str]]  # (row, factor, instruction, input, text)
 
 
-def run_cells(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],
-              site: str, judge: Any, store: RunStore, progress: bool,
-              sampling: dict[str, Any]) -> dict[str, float]:  # fmt: skip
-    """Every cell not yet stored, through the pipeline; returns seconds spent making,
-    generating, detecting (the model's time) and judging (the time any rating ran)."""
+def run_cells(lm: Any, maker: Any, concepts: list[ConceptData],
+              methods: list[Method | Prompting], site: str, judge: Any, store: RunStore,
+              progress: bool, sampling: dict[str, Any]) -> dict[str, float]:  # fmt: skip
+    """Every cell not yet stored, through the pipeline: steers made and detection measured
+    on ``maker`` (``lm`` itself, or ``make_on``), texts generated on ``lm``. Returns seconds
+    spent making, generating, detecting (the models' time) and judging (the time any rating
+    ran)."""
     seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
     rows = sum(len(d.instructions) * len(m.factors) for d in concepts for m in methods)
     model = threading.Lock()  # one model: generation and a judge that shares it take turns
-    rater = _Rater(judge, store, model if _shares_model(judge, lm) else None)
+    shares = _shares_model(judge, lm) or _shares_model(judge, maker)
+    rater = _Rater(judge, store, model if shares else None)
     pending: list[list[Future[None]]] = []
     try:
         with counter(rows * 2, "benchmark", disable=not progress) as bar:  # made, then rated
@@ -52,7 +54,7 @@ def run_cells(lm: Any, concepts: list[ConceptData], methods: list[Method | Promp
                     cell = (method.name, data.name)
                     bar.set_postfix_str(f"{method.name} / {data.name}")
                     with model, _timed(seconds, "make"):
-                        steers[cell] = steer = _steer(lm, method, data, site, store)
+                        steers[cell] = steer = _steer(maker, method, data, site, store)
                     texts = store.generations(cell)
                     if not texts:
                         with model, _timed(seconds, "generate"):
@@ -63,7 +65,7 @@ def run_cells(lm: Any, concepts: list[ConceptData], methods: list[Method | Promp
                     while len(pending) > LAG:
                         rater.wait(pending.pop(0))
                 with model, _timed(seconds, "detect"):
-                    _detect(lm, data, methods, steers, site, store)
+                    _detect(maker, data, methods, steers, site, store)
             while pending:
                 rater.wait(pending.pop(0))
     except BaseException as error:
@@ -83,8 +85,7 @@ class _Rater:
     def __init__(self, judge: Any, store: RunStore, lock: threading.Lock | None) -> None:
         self.judge, self.store = judge, store
         self.turn: AbstractContextManager[Any] = lock if lock is not None else nullcontext()
-        workers = max(1, as_int(getattr(judge, "max_workers", 8)) or 8)
-        self.pool = ThreadPoolExecutor(workers)
+        self.pool = ThreadPoolExecutor(judge_workers(judge))
         self.done: Callable[[int], Any] = lambda n: None
         self.failed = False
         self.busy = 0.0

@@ -6,11 +6,11 @@ by its test-split mean; the leaderboard, the mean over concepts."""
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
 from typing import Any
 
 from steerlab.core.errors import SteerError
+from steerlab.core.scalars import as_int, as_real
 from steerlab.core.table import Table
 from steerlab.evals.intervals import mean_of_means_interval
 from steerlab.evals.judge import harmonic_mean
@@ -21,14 +21,21 @@ _FORMATS = {"factor": "g", "selection": ".3f", "score": ".3f", "concept_rating":
             "auroc": ".3f"}  # fmt: skip
 
 
+def judge_workers(judge: Any) -> int:
+    """How many ratings a judge takes at once: its ``max_workers``, 8 when it has none; an
+    int >= 1, refused by name otherwise."""
+    workers = getattr(judge, "max_workers", 8)
+    count = as_int(workers)
+    if count is None or count < 1:
+        raise SteerError(f"The judge's max_workers must be an int >= 1; got {workers!r:.40}.",
+                         "max_workers")  # fmt: skip
+    return count
+
+
 def raw_ratings(values: Any) -> tuple[float | None, float | None, float | None]:
     """A judge's answer as three numbers as given, None where it gave no number (or nan);
     refused unless it is three values."""
-    out = []
-    for value in _three(values):
-        real = isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
-        number = float(value) if real else math.nan
-        out.append(None if math.isnan(number) else number)
+    out = [as_real(value) for value in _three(values)]  # numpy's, a 0-d tensor, a fraction
     return out[0], out[1], out[2]
 
 

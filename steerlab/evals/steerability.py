@@ -14,16 +14,14 @@ alpha then gets, with bootstrap intervals (``evals.intervals``):
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from steerlab.core.ops import SteerError
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.rows import SteerArg, as_steers
-from steerlab.core.scalars import as_int, as_real
+from steerlab.core.scalars import as_int, as_real, real_list
 from steerlab.core.steer import Steer, at_alphas
 from steerlab.core.table import Table
 from steerlab.evals.intervals import check_bootstrap, mean_interval, perplexity_interval
@@ -204,19 +202,12 @@ def _put(record: dict[str, Any], name: str, estimate: Any) -> None:
 
 
 def _alphas(alphas: Sequence[float]) -> list[float]:
-    """A list, tuple, numpy array or tensor of finite numbers, each once."""
-    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Iterable):
-        raise ValueError(f"alphas must be a list of numbers; got {alphas!r:.60}.")
-    alphas = alphas.tolist() if hasattr(alphas, "tolist") else list(alphas)
-    out = []
-    for a in alphas:
-        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a):
-            raise ValueError(f"alphas must be finite numbers; got {a!r} in {list(alphas)}.")
-        out.append(float(a))
-    if not out:
-        raise ValueError("alphas is empty: give the steering strengths to compare.")
+    """A list, tuple, numpy array or tensor of finite numbers (``core.scalars.real_list``),
+    each once."""
+    out = real_list(alphas, "alphas")
     if len(set(out)) != len(out):
-        raise ValueError(f"alphas repeat a value: {out}; use samples= for more completions.")
+        raise SteerError(f"alphas repeat a value: {out}; use samples= for more completions.",
+                         "alphas")  # fmt: skip
     return out
 
 

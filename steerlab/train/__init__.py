@@ -6,12 +6,11 @@ weights are never changed and no hook is left behind. What they return is a stee
 other: a ``SteeringVector`` or an ``sl.LoReFT``.
 """
 
-from steerlab.core.concepts import Example, Preference
+from steerlab.core.concepts import Example, Preference, preference_pairs
 from steerlab.train.bipo import bipo, bipo_loss
 from steerlab.train.loop import History, TrainingError
 from steerlab.train.reft import reft
 from steerlab.train.reps import reps, reps_loss
-from steerlab.vectors.pairs import preference_pairs
 
 __all__ = [
     "Example",

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from steerlab.core.concepts import Preference
 from steerlab.core.errors import SteerError
+from steerlab.core.scalars import flag
 from steerlab.train.data import check_items, check_settings
 from steerlab.train.loop import (
     History,
@@ -82,6 +83,7 @@ def bipo(
     """
     pairs = check_items(pairs, Preference, "pairs")
     held = check_items(held_out, Preference, "held_out") if held_out else []
+    progress = flag(progress, "progress")
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, beta=beta, seed=seed)
     if beta <= 0:
         raise SteerError(f"beta must be above 0; got {beta!r}: at 0 the loss is log 2 whatever "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.prompts import encode
+from steerlab.core.scalars import real_list
 from steerlab.core.window import check_window
 
 
@@ -99,14 +100,30 @@ def check_rows_fit(n_ctx: int | None, rows: Sequence[Row], what: str) -> None:
 
 
 def check_factors(factors: Any, what: str = "factors") -> list[float]:
-    """A non-empty list of finite numbers (a range, list, tuple or array), refused by name."""
-    if isinstance(factors, (str, bytes)) or not isinstance(factors, Iterable):
-        raise SteerError(f"{what} must be a list of numbers; got {factors!r:.60}.")
-    values = factors.tolist() if hasattr(factors, "tolist") else list(factors)
-    if not values:
-        raise SteerError(f"{what} is empty: give at least one factor.")
+    """A non-empty list of finite real numbers (``core.scalars.real_list``), each within
+    float32's range, the type the steer trains in (``1e308`` would be inf)."""
+    values = real_list(factors, what)
     for value in values:
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value)):  # fmt: skip
-            raise SteerError(f"{what} must be finite numbers; got {value!r} in {values!r:.80}.")
+        if abs(value) > FLOAT32_MAX:
+            raise SteerError(f"{what} holds {value!r:.40}, past float32's range (±{FLOAT32_MAX:.3g}), "
+                             "the type the steer trains in: it would be inf.")  # fmt: skip
     return [float(v) for v in values]
+
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def check_factor_scale(
+    factors: Sequence[float], start: torch.Tensor, what: str = "factors"
+) -> None:
+    """Refuse factors that scale the starting vector ``start`` past what a forward can hold:
+    the model's normalisations square the steered activation, so ``max|factor| x |start|``
+    must stay below the square root of float32's largest value (about 1.8e19); past it the
+    first loss is not finite before any update, whatever the lr."""
+    largest = max(abs(f) for f in factors)
+    size = largest * float(start.float().norm())
+    if not size < math.sqrt(FLOAT32_MAX):
+        raise SteerError(f"{what} up to {largest:g} scale the starting vector (norm "
+                         f"{float(start.float().norm()):.3g}) to a steer of norm {size:.3g}, whose "
+                         f"square (the model's normalisations compute it) is past float32 "
+                         f"(max {FLOAT32_MAX:.3g}): give smaller factors.")  # fmt: skip

@@ -23,6 +23,7 @@ from steerlab.core.concepts import Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.positions import Positions, position_mask, prompt_span
 from steerlab.core.request import Request
+from steerlab.core.scalars import flag
 from steerlab.core.sites import Site, resolve
 from steerlab.engine.batch import Batch
 from steerlab.engine.context import ForwardContext
@@ -172,24 +173,42 @@ def progress_bar(total: int, desc: str, show: bool) -> Any:
     """A tqdm bar (the notebook's where one runs), or a stand-in that does nothing."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, disable=not show, leave=True)
+    return tqdm(total=total, desc=desc, disable=not flag(show, "progress"), leave=True)
 
 
 def check_finite(loss: torch.Tensor, step: int, epoch: int) -> None:
+    """Stop at a loss that is not finite. At step 1 no update has happened yet, so the lr
+    played no part: the steer's starting size (``init``, ``factors``) or the data did."""
     if not bool(torch.isfinite(loss)):
-        raise TrainingError(f"The loss is {float(loss.detach())} at step {step} (epoch {epoch}): training "
-                            "stopped there, and the model is untouched. Try a smaller lr.")  # fmt: skip
+        why = ("Try a smaller lr." if step > 1 else "This is before any update, so not the "
+               "lr: the steer's starting size (init, factors) overflowed the model's forward, "
+               "or the data did; try smaller factors or init.")  # fmt: skip
+        raise TrainingError(f"The loss is {float(loss.detach())} at step {step} (epoch {epoch}): "
+                            f"training stopped there, and the model is untouched. {why}")  # fmt: skip
 
 
 def check_parameters(optimizer: torch.optim.Optimizer, step: int, epoch: int) -> None:
-    """Stop at the first step that leaves a parameter not finite (an lr too large): the
-    steer is not returned, as a loss that is not finite stops training too."""
+    """Stop at the first step that leaves a parameter not finite, or so large that its norm
+    is not (an lr too large): the steer is never returned with a value that is not finite
+    (a vector of norm inf steers every activation to inf), as a loss that is not finite
+    stops training too. Every trainer (BiPO, RePS, LoReFT) steps through here."""
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if not bool(torch.isfinite(p).all()):
+            if not finite_steer(p):
                 raise TrainingError(f"Step {step} (epoch {epoch}) left the steer's parameters "
-                                    f"not finite (lr={group['lr']:g}): training stopped there, "
-                                    "and the model is untouched. Try a smaller lr.")  # fmt: skip
+                                    f"not finite, or of a norm past float32 (lr={group['lr']:g}): "
+                                    "training stopped there, and the model is untouched. Try a "
+                                    "smaller lr.")  # fmt: skip
+
+
+def finite_steer(tensor: torch.Tensor) -> bool:
+    """Every value finite, and the norm too, in float32 (the type a steer trains in).
+
+    >>> finite_steer(torch.ones(4)), finite_steer(torch.full((4,), 1e30))
+    (True, False)
+    """
+    values = tensor.detach().float()
+    return bool(torch.isfinite(values).all()) and bool(torch.isfinite(values.norm()))
 
 
 def batches(n: int, size: int, generator: torch.Generator) -> list[list[int]]:

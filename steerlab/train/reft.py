@@ -19,6 +19,7 @@ from steerlab.core.concepts import Example, Preference
 from steerlab.core.errors import SteerError
 from steerlab.core.positions import Positions, _as_positions, position_form
 from steerlab.core.reft import LoReFT
+from steerlab.core.scalars import flag
 from steerlab.train.data import (
     Row,
     check_factors,
@@ -121,6 +122,7 @@ def reft(
     if held and objective == "reps":
         raise SteerError("held_out is for objective='lm'; RePS training has no held-out loss.")
     grid = torch.tensor(check_factors(factors))
+    suppress, progress = flag(suppress, "suppress"), flag(progress, "progress")
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
     engine = local_engine(lm)
     at = check_site(engine, site)

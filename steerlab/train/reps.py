@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from steerlab.core.concepts import Preference
 from steerlab.core.directions import direction_of
 from steerlab.core.errors import SteerError
-from steerlab.train.data import Row, check_factors, check_items, check_settings
+from steerlab.core.scalars import flag
+from steerlab.train.data import (
+    Row,
+    check_factor_scale,
+    check_factors,
+    check_items,
+    check_settings,
+)
 from steerlab.train.loop import (
     History,
     attach_edit,
@@ -58,10 +65,17 @@ def reps_loss(policy_w: torch.Tensor, policy_l: torch.Tensor, reference_w: torch
     ``L = −log σ((β/|w|)·log p(w|x) − (1/|l|)·log p(l|x))``, with
     ``β = max(log p₀(l|x) − log p₀(w|x), 1)`` from the reference, not differentiated.
 
+    A response's length is its token count, at least 1: an empty response has no
+    per-token log-probability (0 / 0), so a length that is not a number >= 1 is refused.
+
     >>> z = torch.zeros(1)
     >>> reps_loss(z, z, z, z, torch.ones(1), torch.ones(1))
     tensor(0.6931)
     """
+    for name, length in (("length_w", length_w), ("length_l", length_l)):
+        if not bool((torch.as_tensor(length) >= 1).all()):  # NaN fails too
+            raise SteerError(f"{name} must be token counts >= 1 (a response has at least one "
+                             f"token; 0 would divide by zero); got {length!r:.80}.")  # fmt: skip
     beta = (reference_l - reference_w).detach().clamp(min=1.0)
     margin = beta * policy_w / length_w - policy_l / length_l
     return -F.logsigmoid(margin).mean()
@@ -112,11 +126,14 @@ def reps(
     ('reps', 2)
     """
     pairs = check_items(pairs, Preference, "pairs")
+    suppress, progress = flag(suppress, "suppress"), flag(progress, "progress")
     check_settings(epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
     grid = torch.tensor(check_factors(factors))
     engine = local_engine(lm)
     at = check_site(engine, site)
-    v = torch.nn.Parameter(_initial(init, at.name, engine.d_model, seed))
+    start = _initial(init, at.name, engine.d_model, seed)
+    check_factor_scale(grid.tolist(), start)
+    v = torch.nn.Parameter(start)
     b = torch.nn.Parameter(torch.zeros(()))
     data = PairData(lm.tokenizer, pairs)
     data.check_fit(engine.n_ctx)

@@ -18,7 +18,7 @@ from steerlab.core.errors import SteerError
 from steerlab.core.prompts import Prompt
 from steerlab.core.reads import COMPARES, PROMPT_READS, SCORES, Condition
 from steerlab.core.reads import score as read_score
-from steerlab.core.scalars import as_int, list_of
+from steerlab.core.scalars import as_int, flag, list_of
 from steerlab.core.sites import resolve
 from steerlab.core.table import Table
 
@@ -194,7 +194,9 @@ def _reduced(lm: Any, prompts: list[Prompt], sites: list[str], read: str, batch_
     parts: dict[str, list[torch.Tensor]] = {s: [] for s in sites}
     dtype = torch.float32
     starts = range(0, len(prompts), batch_size)
-    for start in bar(starts, desc="find_condition", disable=not progress or len(starts) < 2):
+    for start in bar(
+        starts, desc="find_condition", disable=not flag(progress, "progress") or len(starts) < 2
+    ):
         acts = lm.run_with_cache(prompts[start : start + batch_size], sites=sites, chat=chat)
         real = acts.attention_mask.to(torch.float32)[..., None]  # [b, pos, 1]
         for site in sites:

@@ -17,7 +17,7 @@ import torch
 from steerlab._version import __version__
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt
-from steerlab.core.scalars import as_int
+from steerlab.core.scalars import as_int, flag
 from steerlab.core.sites import resolve, site_names
 from steerlab.vectors.methods import Method, mean_diff
 from steerlab.vectors.vector import Provenance, SteeringVector
@@ -150,7 +150,7 @@ def extract(
     norm_sums = dict.fromkeys(names, 0.0)
     counts = dict.fromkeys(names, 0)
     starts = range(0, len(prompts), batch_size)
-    for start in bar(starts, desc="extract", disable=not progress):
+    for start in bar(starts, desc="extract", disable=not flag(progress, "progress")):
         acts = lm.run_with_cache(prompts[start : start + batch_size], names, chat=chat)
         mask = acts.attention_mask
         content = without_bos(acts.tokens, mask, lm.tokenizer.bos_token_id)

@@ -18,8 +18,14 @@ after the MLP's residual add), counting layers from 0, and never steers layer 0 
   (the residual stream between two blocks), and is written as ``direction.{L-1}``;
 - a file read back gives each direction at ``blocks.{L}.hook_resid_post``, unless steerlab
   wrote it from other sites (``hook_resid_pre``): then its key ``steerlab.sites`` (which
-  llama.cpp ignores) restores them. A file of ``hook_resid_post`` sites has repeng's keys
-  only, and is byte for byte what repeng exports for the same directions.
+  llama.cpp ignores) restores them.
+
+**Provenance.** A vector's provenance beyond its model (the method, the data's sha256, a
+trained vector's settings ...) is written as string keys ``steerlab.<field>`` (the fields
+of a ``.safetensors`` file's metadata, checked by the same schema), which llama.cpp and the
+``gguf`` package read past; read back, the vector keeps it. A file of ``hook_resid_post``
+sites from a vector that knows no more than its model has repeng's keys only, and is byte
+for byte what repeng exports for the same directions.
 
 **What cannot travel.** A control vector is one direction added at every position of a
 layer's output, scaled by the one strength llama.cpp is given. So only residual-stream
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,7 +54,7 @@ from steerlab.core.errors import SiteError
 from steerlab.core.ops import Add
 from steerlab.core.sites import Site
 from steerlab.core.steer import Steer
-from steerlab.vectors.io import VectorFileError
+from steerlab.vectors.io import SCHEMA, VectorFileError, provenance_metadata, provenance_of
 from steerlab.vectors.vector import Provenance, SteeringVector
 
 if TYPE_CHECKING:
@@ -55,7 +62,11 @@ if TYPE_CHECKING:
 
 MAGIC, VERSION, ALIGNMENT = b"GGUF", 3, 32
 ARCH = "controlvector"
-SITES_KEY = "steerlab.sites"  # steerlab's own key: the sites a file's directions came from
+PREFIX = "steerlab."  # steerlab's own keys, which llama.cpp ignores
+SITES_KEY = PREFIX + "sites"  # the sites a file's directions came from
+PROVENANCE_FIELDS = frozenset(
+    provenance_metadata(Provenance(model_config_sha256="0" * 16, training="{}"))
+)
 _STRING, _UINT32, _ARRAY = 8, 4, 9  # GGUF value types used here
 _F32 = 0  # GGML's tensor type for float32
 # GGUF's scalar value types: struct format by type id (8 string, 9 array are read apart)
@@ -129,8 +140,20 @@ def save(source: SteeringVector | Steer | Sequence[Steer], path: str | Path) -> 
         raise ValueError(f"The directions have different widths {sorted(sizes)}.")
     sites = [layers[layer] for layer in blobs]
     canonical = all(site == site_of(layer) for layer, site in layers.items())
-    atomic.write_file(path, _gguf(hint, blobs, None if canonical else sites))
+    extra = _provenance_keys(source.provenance) if isinstance(source, SteeringVector) else {}
+    atomic.write_file(path, _gguf(hint, blobs, None if canonical else sites, extra))
     return path
+
+
+def _provenance_keys(provenance: Provenance) -> dict[str, str]:
+    """``steerlab.<field>`` -> the value, for a provenance that knows more than its model
+    (which ``controlvector.model_hint`` carries); checked as ``load`` will read it."""
+    if provenance == Provenance(model=provenance.model):
+        return {}
+    fields = provenance_metadata(provenance)
+    for key, value in fields.items():
+        SCHEMA[key](value)  # never write a file that load would refuse
+    return {f"{PREFIX}{key}": value for key, value in fields.items()}
 
 
 def _directions(source: Any) -> tuple[dict[str, torch.Tensor], str]:
@@ -187,16 +210,18 @@ def _string(text: str) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def _gguf(hint: str, blobs: Mapping[int, bytes], sites: Sequence[str] | None) -> bytes:
+def _gguf(hint: str, blobs: Mapping[int, bytes], sites: Sequence[str] | None,
+          extra: Mapping[str, str]) -> bytes:  # fmt: skip
     """The file: header, keys, tensor infos, padding to 32, then each tensor, padded. The
-    keys are repeng's, in its order, and ``steerlab.sites`` only where a site is not the
-    canonical one of its layer (a file of ``hook_resid_post`` sites is repeng's, byte for
-    byte)."""
+    keys are repeng's, in its order, then ``steerlab.sites`` only where a site is not the
+    canonical one of its layer, and the ``extra`` string keys (a file of
+    ``hook_resid_post`` sites and no extra keys is repeng's, byte for byte)."""
     keys = [("general.architecture", _STRING, _string(ARCH)),
             (f"{ARCH}.model_hint", _STRING, _string(hint)),
             (f"{ARCH}.layer_count", _UINT32, struct.pack("<I", len(blobs)))]  # fmt: skip
     if sites is not None:
         keys.append((SITES_KEY, _STRING, _string(",".join(sites))))
+    keys += [(key, _STRING, _string(value)) for key, value in extra.items()]
     out = bytearray(MAGIC + struct.pack("<IQQ", VERSION, len(blobs), len(keys)))
     for key, kind, value in keys:
         out += _string(key) + struct.pack("<I", kind) + value
@@ -245,10 +270,33 @@ def load(path: str | Path, model: SteerableModel | None = None) -> SteeringVecto
         _check(path, directions, model)
     hint = keys.get(f"{ARCH}.model_hint")
     hint = hint if isinstance(hint, str) else ""
+    meta = _provenance_read(path, keys)
+    if meta:  # steerlab's own file, with what its provenance knew
+        return SteeringVector(directions, 1.0, provenance_of({"model": hint} | meta))
     ours = SITES_KEY in keys
     provenance = Provenance(model=hint if ours else "",
                             method="" if ours else f"llama.cpp control vector ({hint or 'no model hint'})")  # fmt: skip
     return SteeringVector(directions, 1.0, provenance)
+
+
+def _provenance_read(path: Path, keys: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``steerlab.<field>`` keys, parsed by the vector files' schema; refused by name
+    where a value is not one steerlab writes."""
+    meta: dict[str, Any] = {}
+    for key, value in keys.items():
+        if not key.startswith(PREFIX) or key == SITES_KEY:
+            continue
+        field = key[len(PREFIX) :]
+        if field not in PROVENANCE_FIELDS:
+            raise VectorFileError(f"{path.name} holds the key {key!r}, which steerlab does not "
+                                  "write: refused rather than ignored.")  # fmt: skip
+        if not isinstance(value, str):
+            raise VectorFileError(f"{path.name}: {key} is {type(value).__name__}, not a string.")
+        try:
+            meta[field] = SCHEMA[field](value)
+        except VectorFileError as error:
+            raise VectorFileError(f"{path.name}: {key}: {error}") from None
+    return meta
 
 
 def _parse(f: BinaryIO, size: int) -> tuple[dict[str, Any], list[tuple[str, int, int, int]], int]:
@@ -310,16 +358,16 @@ def _tensors(path: Path, data: bytes, tensors: list[tuple[str, int, int, int]], 
     """Site -> direction, each ``direction.{L}`` checked as llama.cpp's loader checks it."""
     by_layer: dict[int, torch.Tensor] = {}
     for name, n, kind, offset in tensors:
-        prefix, _, number = name.partition(".")
-        if prefix != "direction" or not number.isdigit() or int(number) < 1:
-            raise VectorFileError(f"{path.name} holds a tensor {name!r}; a control vector holds "
-                                  "direction.L tensors, L >= 1 (llama.cpp refuses others).")  # fmt: skip
+        parsed = re.fullmatch(r"direction\.([0-9]{1,9})", name)  # ASCII digits ("²" is a digit)
+        if parsed is None or int(parsed.group(1)) < 1:
+            raise VectorFileError(f"{path.name} holds a tensor {name!r:.80}; a control vector "
+                                  "holds direction.L tensors, L >= 1 (llama.cpp refuses others).")  # fmt: skip
         if kind != _F32 or n < 1:
             raise VectorFileError(f"{path.name}: {name} is not a 1-D float32 tensor.")
         begin, end = start + offset, start + offset + 4 * n
         if end > len(data):
             raise VectorFileError(f"{path.name}: {name} runs past the end of the file.")
-        layer = int(number)
+        layer = int(parsed.group(1))
         if layer in by_layer:
             raise VectorFileError(f"{path.name} holds {name} twice.")
         by_layer[layer] = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)

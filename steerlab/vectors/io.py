@@ -169,30 +169,43 @@ def _fail(message: str) -> Any:
 
 
 def _metadata(vector: SteeringVector) -> dict[str, str]:
-    p = vector.provenance
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "d_model": str(vector.d_model),
+        "sites": json.dumps(vector.sites),
+        "scale": repr(vector.scale),
+        "norms": json.dumps(vector.norms()),
+    } | provenance_metadata(vector.provenance)
+
+
+def provenance_metadata(p: Provenance) -> dict[str, str]:
+    """A vector's provenance as metadata strings, each one ``SCHEMA`` reads back: the part
+    of a vector file's metadata that every file format steerlab writes carries (the
+    ``.gguf`` writer too, under its own keys)."""
     return (
         {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
             "model": plain_text(p.model),
             "revision": plain_text(p.revision),
             "backend": p.backend,
-            "d_model": str(vector.d_model),
-            "sites": json.dumps(vector.sites),
             "method": plain_text(p.method),
             "data_sha256": p.data_sha256,
             "token": p.token,
             "chat": "true" if p.chat else "false",
             "n_positive": str(p.n_positive),
             "n_negative": str(p.n_negative),
-            "scale": repr(vector.scale),
-            "norms": json.dumps(vector.norms()),
             "residual_norms": json.dumps(dict(p.residual_norms)),
             "steerlab_version": p.steerlab_version,
         }
         | ({"model_config_sha256": p.model_config_sha256} if p.model_config_sha256 else {})
         | ({"training": p.training} if p.training else {})
     )
+
+
+def provenance_of(meta: dict[str, Any]) -> Provenance:
+    """The ``Provenance`` in parsed metadata (``SCHEMA``'s values); missing keys default."""
+    fields = {k: meta[k] for k in asdict(Provenance()) if k in meta and k != "residual_norms"}
+    return Provenance(**fields, residual_norms=meta.get("residual_norms", {}))
 
 
 def save(vector: SteeringVector, path: str | Path) -> Path:
@@ -383,8 +396,4 @@ def load(path: str | Path, model: SteerableModel | None = None) -> SteeringVecto
         tensors = load_file(str(path))
     except Exception as error:  # safetensors' own errors, for anything the header check missed
         raise VectorFileError(f"{path.name} could not be read as safetensors: {error}") from None
-    provenance = Provenance(
-        **{k: meta[k] for k in asdict(Provenance()) if k in meta and k != "residual_norms"},
-        residual_norms=meta["residual_norms"],
-    )
-    return SteeringVector(tensors, meta["scale"], provenance)
+    return SteeringVector(tensors, meta["scale"], provenance_of(meta))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from steerlab.core.bars import bar
 from steerlab.core.prompts import Prompt, normalise
 from steerlab.core.reft import LoReFT
-from steerlab.core.scalars import list_of
+from steerlab.core.scalars import flag, list_of
 from steerlab.core.sites import Site
 from steerlab.core.steer import Steer, at_alphas
 from steerlab.vectors.scoring import (
@@ -232,7 +232,7 @@ def sweep(
     }
     records: list[dict[str, Any]] = []
     completions: dict[tuple[Any, ...], list[str]] = {}
-    for name, v, site in bar(cells, desc="sweep", disable=not progress):
+    for name, v, site in bar(cells, desc="sweep", disable=not flag(progress, "progress")):
         steers = _steers_at(v, site, alphas)
         for record, texts in _sweep_site(lm, steers, prompts, alphas, options, scorer):
             key: tuple[Any, ...] = (site, record["alpha"])

@@ -10,7 +10,7 @@ import torch
 
 from steerlab.core.errors import SteerError
 from steerlab.core.ops.base import Form, Op, is_zero, unit
-from steerlab.core.scalars import as_int, as_real
+from steerlab.core.scalars import as_int, as_real, flag
 
 
 def _degrees(value: Any, what: str) -> float:
@@ -61,8 +61,7 @@ class Rotate(Op):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "angle", _degrees(self.angle, "Rotate angle"))
-        if not isinstance(self.adaptive, bool):
-            raise SteerError(f"Rotate adaptive must be True or False; got {self.adaptive!r}.")
+        object.__setattr__(self, "adaptive", flag(self.adaptive, "Rotate adaptive"))
         if self.toward.ndim != 1 or is_zero(self.toward):
             raise SteerError("Rotate toward must be a non-zero 1-D vector [d_model].")
 

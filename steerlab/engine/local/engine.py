@@ -11,7 +11,8 @@ import torch
 from steerlab.backends.base import Backend
 from steerlab.backends.cache import KVCache
 from steerlab.core.request import Completion, Request
-from steerlab.core.sites import Site, resolve
+from steerlab.core.scalars import flag
+from steerlab.core.sites import Site, resolve, site_names
 from steerlab.core.tagging import count_hooks, remove_hooks
 from steerlab.core.window import check_window
 from steerlab.engine.batch import Batch
@@ -76,10 +77,9 @@ class LocalEngine:
     def explain(self, requests: Sequence[Request], *, capture: Sequence[str] = (),
                 cache: KVCache | None = None, keep_cache: bool = False,
                 use_cache: bool = True, compact: bool = True) -> str:  # fmt: skip
-        """One line: which path these requests take (``local/path.py``), and why."""
-        sites = [resolve(name, self.sites()) for name in capture]
-        return choose(self, requests, sites=sites, cache=cache, keep_cache=keep_cache,
-                      use_cache=use_cache, compact=compact).line  # fmt: skip
+        """One line: which path these requests take (``local/path.py``), and why; a call
+        that ``stream`` refuses is refused here, by the same checks."""
+        return self._path(requests, cache, keep_cache, capture, use_cache, compact).line
 
     def sites(self) -> list[str]:
         return self.backend.sites()
@@ -145,7 +145,20 @@ class LocalEngine:
         the batch once half of it has (``compact``), unless the cache is kept or
         activations are captured.
         """
-        sites = self.check(requests, capture, cache.length if cache is not None else 0)
+        path = self._path(requests, cache, keep_cache, capture, use_cache, compact)
+        if path.kind == "eager" and self.compiled is not None:
+            log.debug("steerlab: %s runs eagerly: %s", description, path.why)
+        return self._stream(list(requests), path, wait, description)
+
+    def _path(self, requests: Sequence[Request], cache: KVCache | None, keep_cache: bool,
+              capture: Sequence[str], use_cache: bool, compact: bool) -> Path:  # fmt: skip
+        """Every check of a ``stream`` call's options, before any compute, then its path."""
+        keep_cache, use_cache = flag(keep_cache, "keep_cache"), flag(use_cache, "use_cache")
+        compact = flag(compact, "compact")
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache (from keep_cache=True); got {cache!r:.60}.")
+        sites = self.check(requests, site_names(capture, "capture"),
+                           cache.length if cache is not None else 0)  # fmt: skip
         if cache is not None and cache.batch_size != len(requests):
             raise ValueError(
                 f"The cache has {cache.batch_size} rows; got {len(requests)} requests."
@@ -157,11 +170,8 @@ class LocalEngine:
         if cache is not None and any(r.sampling.prompt_logprobs is not None for r in requests):
             raise ValueError("Scoring a prompt (prompt_logprobs) reads the logits of every "
                              "prompt token, so it cannot continue a cache: drop cache=.")  # fmt: skip
-        path = choose(self, requests, sites=sites, cache=cache, keep_cache=keep_cache,
+        return choose(self, requests, sites=sites, cache=cache, keep_cache=keep_cache,
                       use_cache=use_cache, compact=compact)  # fmt: skip
-        if path.kind == "eager" and self.compiled is not None:
-            log.debug("steerlab: %s runs eagerly: %s", description, path.why)
-        return self._stream(list(requests), path, wait, description)
 
     def _stream(self, requests: list[Request], path: Path, wait: float,
                 description: str) -> Iterator[Progress]:  # fmt: skip

@@ -23,6 +23,7 @@ from steerlab.core.ops import SteerError, op_to_data, own_copy
 from steerlab.core.positions import position_mask
 from steerlab.core.prompts import PromptError
 from steerlab.core.request import Completion, Request
+from steerlab.core.scalars import flag
 from steerlab.core.sites import all_sites
 from steerlab.core.window import check_window
 from steerlab.engine.guard import CallInFlightError
@@ -57,6 +58,7 @@ class VLLMEngine:
         self.d_model: int = text.hidden_size
         self.n_ctx: int | None = config.max_model_len
         self.n_vocab: int = config.get_vocab_size()
+        self.dtype = config.dtype  # the weights' torch dtype, as vLLM loaded them
         # How many alternatives a score may list (vLLM's -1: all of them).
         self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
@@ -161,6 +163,15 @@ class VLLMEngine:
 
         ``use_cache`` has no effect (vLLM always decodes through its paged KV cache).
         """
+        self._check_call(cache, keep_cache, capture, use_cache)
+        self.check(requests)
+        return VLLMStream(self, list(requests), wait, description)
+
+    def _check_call(self, cache: KVCache | None, keep_cache: bool, capture: Sequence[str],
+                    use_cache: bool) -> None:  # fmt: skip
+        """The checks of a ``stream`` call's options, before any compute (``explain`` runs
+        them too; what ``check`` refuses in the rows, ``explain`` says)."""
+        keep_cache, _ = flag(keep_cache, "keep_cache"), flag(use_cache, "use_cache")
         if cache is not None or keep_cache:
             raise ValueError(
                 "The vLLM engine keeps its KV cache inside vLLM (paged, shared through prefix "
@@ -172,8 +183,6 @@ class VLLMEngine:
                 "The vLLM engine does not return activations (they stay in its worker "
                 "processes): use backend='hf' or 'bridge' for capture= and run_with_cache."
             )
-        self.check(requests)
-        return VLLMStream(self, list(requests), wait, description)
 
     def run(self, requests: Sequence[Request], *, wait: float = 0.0) -> list[Completion]:
         """Decode every request; one ``Completion`` per request, in order."""
@@ -193,7 +202,11 @@ class VLLMEngine:
             "vllm_args={'enforce_eager': True}); lm.compile() is the in-process engine's."
         )
 
-    def explain(self, requests: Sequence[Request], **_: Any) -> str:
+    def explain(self, requests: Sequence[Request], *, capture: Sequence[str] = (),
+                cache: KVCache | None = None, keep_cache: bool = False,
+                use_cache: bool = True) -> str:  # fmt: skip
+        """One line: how vLLM runs these requests; a call ``stream`` refuses is refused."""
+        self._check_call(cache, keep_cache, capture, use_cache)
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
         if why is not None:
             return f"refused: {why}"
