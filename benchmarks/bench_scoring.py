@@ -61,8 +61,8 @@ SECTION = "## Scoring: lm-eval through steerlab serve vs lm-eval's hf model"
 SECTION_IN_PROCESS = "## Scoring in-process: sl.evals.lm_eval's model vs lm-eval's hf model"
 IN_PROCESS = "sl.evals.lm_eval in-process (no HTTP)"
 ALPHA = 4.0
-MC, ROLLING = "bench_mc", "bench_rolling"
-TARGETS = {MC: 1.5, ROLLING: 1.0}
+MC, ROLLING, GEN = "bench_mc", "bench_rolling", "bench_gen"
+TARGETS = {MC: 1.5, ROLLING: 1.0, GEN: 1.0}
 TINY_TARGET = 1.0  # steerlab-tiny: at least lm-eval hf's speed on both tasks
 
 
@@ -139,6 +139,22 @@ target_delimiter: ""
 metric_list:
   - metric: acc
 """
+_GEN_YAML = """task: bench_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{target}}}}"
+generation_kwargs:
+  until: ["\\n\\n", "Question:"]
+  max_gen_toks: 32
+  do_sample: false
+metric_list:
+  - metric: exact_match
+"""
 _ROLLING_YAML = """task: bench_rolling
 dataset_path: json
 dataset_kwargs:
@@ -154,8 +170,9 @@ metric_list:
 
 
 def write_tasks(folder: Path, n_mc: int, n_rolling: int) -> Path:
-    """The two tasks' YAML and JSON lines in ``folder``: contexts of a story's first 30 words,
-    four endings of 1-4 words drawn from other stories; whole stories for the rolling task."""
+    """The three tasks' YAML and JSON lines in ``folder``: contexts of a story's first 30 words,
+    four endings of 1-4 words drawn from other stories; whole stories for the rolling task;
+    a story's first 10-40 words to continue, 32 greedy tokens, for the generation task."""
     rng = random.Random(30)
     words = [make_story(rng).text.split() for _ in range(n_mc * 5 + n_rolling)]
     mc = []
@@ -164,7 +181,11 @@ def write_tasks(folder: Path, n_mc: int, n_rolling: int) -> Path:
         endings = [" " + " ".join(words[n_mc + 4 * i + k][: 1 + (i + k) % 4]) for k in range(4)]
         mc.append({"context": context, "choices": endings, "label": i % 4})
     stories = [{"text": " ".join(w)} for w in words[n_mc * 5 :]]
-    for name, template, docs in ((MC, _MC_YAML, mc), (ROLLING, _ROLLING_YAML, stories)):
+    # a story's first 10-40 words, to be continued (prompts of many lengths, as a task's)
+    gen = [{"context": " ".join(words[i][: 10 + (7 * i) % 31]),
+            "target": " ".join(words[i][10 + (7 * i) % 31 :][:5])} for i in range(n_mc)]  # fmt: skip
+    for name, template, docs in ((MC, _MC_YAML, mc), (ROLLING, _ROLLING_YAML, stories),
+                                 (GEN, _GEN_YAML, gen)):  # fmt: skip
         data = (folder / f"{name}.jsonl").resolve()
         data.write_text("".join(json.dumps(d) + "\n" for d in docs))
         (folder / f"{name}.yaml").write_text(template.format(data=json.dumps(str(data))))
