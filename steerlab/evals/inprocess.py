@@ -12,7 +12,9 @@ straight to ``lm.engine``:
   document's windows together, 16 a forward (they share no start, so no KV cache is kept);
   a document's loglikelihood is the sum of its windows';
 - ``generate_until``: greedy (or the task's temperature) decoding to the task's stop
-  strings, the context cut from the left to leave room for the new tokens, as ``hf`` does.
+  strings, the context cut from the left to leave room for the new tokens, as ``hf`` does;
+  requests of the same settings decode together, ``ROWS`` a call, each row stopping at its
+  own ``until`` strings.
 
 Every request is steered by the same steers (a vector's scale and the call's alpha
 included), as a served preset is. ``max_length`` is the model's window (``n_ctx``), as
@@ -159,7 +161,7 @@ def generate_until(model: Any, requests: list[Any]) -> list[str]:
     the text (``hf`` cuts at each string in turn, ours at the earliest start)."""
     rows = [generation(model, request.args) for request in requests]
     groups: dict[Sampling, list[int]] = {}
-    for i, (prompt, sampling) in enumerate(rows):
+    for i, (_, sampling) in enumerate(rows):
         groups.setdefault(replace(sampling, stop=()), []).append(i)
     texts: dict[int, str] = {}
     for members in groups.values():
