@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from steerlab.model import SteerableModel
 
 MAX_GEN_TOKS = 256  # lm-eval's hf model's default for generate_until
-ROWS = 16  # generate_until rows a call: lm-eval hf's batch in benchmarks/bench_scoring.py
+ROWS = 64  # generate_until rows a call at most (the server scheduler's max_rows too)
 # lm-eval's generation settings that steerlab's sampling honours (the rest are refused)
 _GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 
