@@ -71,7 +71,7 @@ def test_a_toy_task_without_its_folder_points_to_the_toy(toy_lm, monkeypatch, tm
     monkeypatch.setattr(harness, "_task_manager",
                         lambda _, names, path: TaskManager(include_path=str(tmp_path),
                                                            include_defaults=False))  # fmt: skip
-    with pytest.raises(sl.SteerError, match=r"steerlab\.toy\.lm_eval_tasks\(\)"):
+    with pytest.raises(sl.SteerError, match=r"steerlab\.toy\.tasks\.lm_eval_tasks\(\)"):
         sl.evals.lm_eval(toy_lm, ["toy_sentiment"])
     with pytest.raises(sl.SteerError, match=r"include_path .* does not hold it"):
         sl.evals.lm_eval(toy_lm, "toy_stories", include_path=tmp_path)

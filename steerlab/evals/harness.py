@@ -300,7 +300,7 @@ def _batched_rolling() -> Any:
 def _check_task_names(manager: Any, names: Sequence[str], include_path: Any = None) -> None:
     """Refuse a task lm-eval's ``TaskManager`` does not know (not a name, a pattern of names,
     or a task file), naming it and its closest names, before any server starts; one of the
-    toy's tasks is answered with where they are written (``steerlab.toy.lm_eval_tasks()``)."""
+    toy's tasks is answered with where they are written (``steerlab.toy.tasks.lm_eval_tasks()``)."""
     from steerlab.toy.tasks import TASKS
 
     known = manager.all_tasks
@@ -315,8 +315,8 @@ def _check_task_names(manager: Any, names: Sequence[str], include_path: Any = No
             )
             raise SteerError(
                 f"{name!r} is one of steerlab's toy tasks, which lm-eval knows only from their "
-                f"folder{where}: write them with steerlab.toy.lm_eval_tasks() and pass "
-                "include_path=steerlab.toy.lm_eval_tasks().", "tasks")  # fmt: skip
+                f"folder{where}: write them with steerlab.toy.tasks.lm_eval_tasks() and pass "
+                "include_path=steerlab.toy.tasks.lm_eval_tasks().", "tasks")  # fmt: skip
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise SteerError(
