@@ -17,6 +17,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from steerlab.core.errors import SteerError
 from steerlab.evals.samples import Reference, SampleIndex
 
 RATING_NAMES = (("concept_rating", "concept"), ("instruction_rating", "instruction"),
@@ -85,7 +86,7 @@ class SampleBrowser(widgets.VBox):
         """Point the slider and the reference picker at ``cell``, then render once."""
         factors = self.index.factors(cell)
         if factor is not None and factor not in factors:
-            raise ValueError(f"factor {factor!r} is not one of cell {cell}'s factors {factors}.")
+            raise SteerError(f"factor={factor!r} is not one of cell {cell}'s factors {factors}.")
         references = self.index.references(cell)
         self._quiet = True  # one render for the whole change, not one per widget
         try:
@@ -122,7 +123,9 @@ def _cell_label(cell: tuple[str, str], row: dict[str, Any] | None) -> str:
     method, concept = cell
     if row is None:
         return f"{method} · {concept}"
-    return f"{method} · {concept} — test score {row['score']:.3f} at factor {row['factor']:g}"
+    score = row.get("score")
+    shown = f"{score:.3f}" if isinstance(score, (int, float)) else "–"
+    return f"{method} · {concept} — test score {shown} at factor {row['factor']:g}"
 
 
 def _summary(cell: tuple[str, str], factor: float, shown: list[dict[str, Any]],
