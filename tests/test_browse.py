@@ -154,9 +154,12 @@ def test_ratings_judge_replies_and_empty_texts_are_shown_escaped():
     browser = result.browse(method="mean_diff", concept="the sea")
     page = browser.listing.value
     assert "&lt;b&gt;waves&lt;/b&gt; Rating: 2" in page and "<b>waves</b>" not in page
-    assert "on topic. Rating: 1" in page and "steerlab-browse-judge" in page
+    assert "on topic. Rating: 1" in page
     assert "(empty generation)" in page and "unreadable rating" in page
-    assert page.count("not kept in this run") == 3  # the other samples at factor 1
+    assert page.count("steerlab-browse-judge") == 1  # the other samples kept none
+    assert "not kept" not in browser.summary.value
+    browser.factor.value = 2.0
+    assert "not kept in this run" in browser.summary.value
 
 
 def test_bad_cells_and_factors_are_refused_by_name():

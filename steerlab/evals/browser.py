@@ -29,6 +29,8 @@ HINT = ("<i>Pick a cell; its samples at the factor the selection split chose are
 PANE = ("border:1px solid #ddd;padding:4px;white-space:pre-wrap;font-family:monospace;"
         "line-height:1.45;overflow-wrap:anywhere")  # fmt: skip
 NO_REFERENCE = "none"
+# Text at a text's line height, not a widget row's 28 px (as the live panel's PANEL_CSS).
+STYLE = ("<style>.steerlab-browser .widget-html-content { line-height: 1.45; }</style>")
 
 
 class SampleBrowser(widgets.VBox):
@@ -58,7 +60,7 @@ class SampleBrowser(widgets.VBox):
         table = {(r["method"], r["concept"]): r for r in result.table}
         options = [(_cell_label(cell, table.get(cell)), cell) for cell in self.index.cells]
         self.cell = widgets.Dropdown(options=options, value=first, description="cell",
-                                     layout=widgets.Layout(width="32em"))  # fmt: skip
+                                     layout=widgets.Layout(width="40em"))  # fmt: skip
         self.factor = widgets.SelectionSlider(options=[0.0], description="factor",
                                               continuous_update=False)  # fmt: skip
         self.reference = widgets.Dropdown(options=[NO_REFERENCE], description="beside it",
@@ -78,7 +80,8 @@ class SampleBrowser(widgets.VBox):
         self.reference.observe(lambda _: self._render(), "value")
         controls = widgets.HBox([self.cell, self.factor, self.reference],
                                 layout=widgets.Layout(flex_flow="row wrap"))  # fmt: skip
-        super().__init__([widgets.HTML(HINT), controls, self.summary, self.listing],
+        css = widgets.HTML(STYLE, layout=widgets.Layout(display="none"))
+        super().__init__([widgets.HTML(HINT), controls, self.summary, self.listing, css],
                          layout=widgets.Layout(width="100%", max_width="1400px"))  # fmt: skip
         self.add_class("steerlab-browser")
 
@@ -131,67 +134,75 @@ def _cell_label(cell: tuple[str, str], row: dict[str, Any] | None) -> str:
 def _summary(cell: tuple[str, str], factor: float, shown: list[dict[str, Any]],
              index: SampleIndex, reference: Reference | None, limit: int) -> str:  # fmt: skip
     method, concept = cell
-    chosen = index.chosen.get(cell)
-    why = " (chosen on the selection split)" if factor == chosen else ""
+    why = " (chosen on the selection split)" if factor == index.chosen.get(cell) else ""
     scores = [s["score"] for s in shown if isinstance(s.get("score"), (int, float))]
     mean = f"; mean score {sum(scores) / len(scores):.3f}" if scores else ""
     more = f"; the first {limit} listed" if len(shown) > limit else ""
-    beside = (f"beside each: {html.escape(reference.label)}" if reference else
+    beside = (f"beside each: {html.escape(reference.label)}." if reference else
               "beside each: nothing, this run has no unsteered or prompting arm for "
-              f"{html.escape(concept)!s}")  # fmt: skip
+              f"{html.escape(concept)}.")  # fmt: skip
+    kept = "" if any(s.get("judge_replies") for s in shown) else (
+        " <span style='color:#888'>The judge's replies were not kept in this run.</span>")
     return (f"<b>{html.escape(method)}</b> · {html.escape(concept)} at factor "
-            f"<b>{factor:g}</b>{why}: {len(shown)} samples, best first{mean}{more}. {beside}.")
+            f"<b>{factor:g}</b>{why}: {len(shown)} samples, best first{mean}{more}. "
+            f"{beside}{kept}")
 
 
 def _sample_html(rank: int, sample: dict[str, Any], cell: tuple[str, str],
                  reference: Reference | None, other: dict[str, Any] | None) -> str:  # fmt: skip
-    head = (f"<b>#{rank}</b> · score <b>{_number(sample.get('score'))}</b> · "
-            f"{html.escape(str(sample.get('split', '')))} split · instruction "
-            f"{sample['instruction_index']} · {_ratings(sample)}")
+    """One sample: its rank and split, the instruction, then a grid of two columns (titles,
+    texts, ratings in rows of their own, so both texts start level)."""
+    head = (f"<b>#{rank}</b> · {html.escape(str(sample.get('split', '')))} split · "
+            f"instruction {sample['instruction_index']}")
     instruction = (f"<div class='steerlab-browse-instruction'><b>instruction</b> "
                    f"{html.escape(sample['instruction'])}</div>")  # fmt: skip
-    steered = _pane(f"<b>steered</b> · {html.escape(cell[0])} at factor {sample['factor']:g}",
-                    sample, "steerlab-browse-steered")  # fmt: skip
+    left = (f"<b>steered</b> · {html.escape(cell[0])} at factor {sample['factor']:g}",
+            _text(sample, "steerlab-browse-steered"), _ratings(sample))
     if reference is None:
-        beside = "<div style='color:#888'>no unsteered or prompting arm in this run</div>"
+        right = ("", "<div style='color:#888'>no unsteered or prompting arm in this run</div>", "")
     elif other is None:
-        beside = f"<div style='color:#888'>{html.escape(reference.label)}: no sample for this instruction</div>"
+        right = (_reference_title(reference),
+                 "<div style='color:#888'>no sample for this instruction</div>", "")
     else:
-        kind, _, rest = reference.label.partition(": ")
-        title = (f"<b>{html.escape(kind)}</b>: {html.escape(rest)} · score "
-                 f"{_number(other.get('score'))} · {_ratings(other)}")
-        beside = _pane(title, other, "steerlab-browse-reference-text")
-    panes = ("<div style='display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);"
-             f"gap:0 8px'>{steered}{beside}</div>")  # fmt: skip
+        right = (_reference_title(reference), _text(other, "steerlab-browse-reference-text"),
+                 _ratings(other))  # fmt: skip
+    cells = "".join(f"<div>{a}</div><div>{b}</div>" for a, b in zip(left, right))
+    grid = ("<div style='display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);"
+            f"gap:2px 8px;align-items:start;padding-right:4px'>{cells}</div>")  # fmt: skip
     return (f"<div class='steerlab-browse-sample' style='border-top:1px solid #ddd;"
-            f"padding:6px 0;margin-top:4px'><div>{head}</div>{instruction}{panes}"
+            f"padding:6px 0;margin-top:4px'><div>{head}</div>{instruction}{grid}"
             f"{_judge(sample)}</div>")
 
 
-def _pane(title: str, sample: dict[str, Any], css: str) -> str:
-    """A titled text pane; a model input that is more than the instruction shows in grey."""
+def _reference_title(reference: Reference) -> str:
+    kind, _, rest = reference.label.partition(": ")
+    return f"<b>{html.escape(kind)}</b> · {html.escape(rest)}"
+
+
+def _text(sample: dict[str, Any], css: str) -> str:
+    """A text pane; a model input that is more than the instruction shows in grey first."""
     prefix = ""
     if sample.get("model_input", sample["instruction"]) != sample["instruction"]:
         prefix = f"<span style='color:#888'>{html.escape(sample['model_input'])}</span>\n"
     text = sample["text"]
     body = (html.escape(text) if text.strip() else
             "<i style='color:#b00020'>(empty generation)</i>")  # fmt: skip
-    return (f"<div><div class='steerlab-pane-title'>{title}</div>"
-            f"<div class='steerlab-pane {css}' style='{PANE}'>{prefix}{body}</div></div>")
+    return f"<div class='steerlab-pane {css}' style='{PANE}'>{prefix}{body}</div>"
 
 
 def _ratings(sample: dict[str, Any]) -> str:
-    parts = [f"{name} {_number(sample.get(key))}" for key, name in RATING_NAMES]
+    parts = " · ".join(f"{name} {_number(sample.get(key))}" for key, name in RATING_NAMES)
     warn = " · <span style='color:#b00020'>⚠ unreadable rating</span>" if sample.get(
         "parse_failed") else ""  # fmt: skip
-    return " · ".join(parts) + warn
+    return (f"<span style='font-size:90%'>score <b>{_number(sample.get('score'))}</b> "
+            f"({parts}){warn}</span>")
 
 
 def _judge(sample: dict[str, Any]) -> str:
-    """The judge's three replies, folded; or a note that the run did not keep them."""
+    """The judge's three replies, folded; nothing where the run did not keep them."""
     replies = sample.get("judge_replies")
     if not replies:
-        return "<div style='color:#888;font-size:90%'>the judge's replies: not kept in this run</div>"
+        return ""
     items = "".join(f"<div><b>{name}</b>: <span style='white-space:pre-wrap'>"
                     f"{html.escape(str(reply))}</span></div>"
                     for name, reply in zip(JUDGE_CRITERIA, replies))  # fmt: skip
