@@ -73,8 +73,11 @@ def _listed(browser) -> list[dict[str, str]]:
 
 
 def _expected(result, method, concept, factor):
-    rows = [s for s in result.samples
-            if (s["method"], s["concept"], s["factor"]) == (method, concept, factor)]
+    rows = [
+        s
+        for s in result.samples
+        if (s["method"], s["concept"], s["factor"]) == (method, concept, factor)
+    ]
     return sorted(rows, key=lambda s: (-s["score"], s["instruction_index"]))
 
 
@@ -86,7 +89,8 @@ def test_the_first_cell_is_the_leaderboards_top_at_its_chosen_factor():
     assert [o[1] for o in browser.cell.options] == [
         ("prompt", "the sea"), ("prompt", "happiness"), ("mean_diff", "the sea"),
         ("mean_diff", "happiness"), ("unsteered", "the sea")]  # fmt: skip
-    assert "SampleBrowser(5 cells; showing prompt · the sea at factor 1: 4 samples)" == repr(browser)
+    expected = "SampleBrowser(5 cells; showing prompt · the sea at factor 1: 4 samples)"
+    assert repr(browser) == expected
 
 
 def test_samples_are_listed_best_first_and_the_slider_shows_other_factors():

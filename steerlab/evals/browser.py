@@ -30,7 +30,7 @@ PANE = ("border:1px solid #ddd;padding:4px;white-space:pre-wrap;font-family:mono
         "line-height:1.45;overflow-wrap:anywhere")  # fmt: skip
 NO_REFERENCE = "none"
 # Text at a text's line height, not a widget row's 28 px (as the live panel's PANEL_CSS).
-STYLE = ("<style>.steerlab-browser .widget-html-content { line-height: 1.45; }</style>")
+STYLE = "<style>.steerlab-browser .widget-html-content { line-height: 1.45; }</style>"
 
 
 class SampleBrowser(widgets.VBox):
@@ -141,37 +141,52 @@ def _summary(cell: tuple[str, str], factor: float, shown: list[dict[str, Any]],
     beside = (f"beside each: {html.escape(reference.label)}." if reference else
               "beside each: nothing, this run has no unsteered or prompting arm for "
               f"{html.escape(concept)}.")  # fmt: skip
-    kept = "" if any(s.get("judge_replies") for s in shown) else (
-        " <span style='color:#888'>The judge's replies were not kept in this run.</span>")
-    return (f"<b>{html.escape(method)}</b> · {html.escape(concept)} at factor "
-            f"<b>{factor:g}</b>{why}: {len(shown)} samples, best first{mean}{more}. "
-            f"{beside}{kept}")
+    kept = (
+        ""
+        if any(s.get("judge_replies") for s in shown)
+        else (" <span style='color:#888'>The judge's replies were not kept in this run.</span>")
+    )
+    return (
+        f"<b>{html.escape(method)}</b> · {html.escape(concept)} at factor "
+        f"<b>{factor:g}</b>{why}: {len(shown)} samples, best first{mean}{more}. "
+        f"{beside}{kept}"
+    )
 
 
 def _sample_html(rank: int, sample: dict[str, Any], cell: tuple[str, str],
                  reference: Reference | None, other: dict[str, Any] | None) -> str:  # fmt: skip
     """One sample: its rank and split, the instruction, then a grid of two columns (titles,
     texts, ratings in rows of their own, so both texts start level)."""
-    head = (f"<b>#{rank}</b> · {html.escape(str(sample.get('split', '')))} split · "
-            f"instruction {sample['instruction_index']}")
+    head = (
+        f"<b>#{rank}</b> · {html.escape(str(sample.get('split', '')))} split · "
+        f"instruction {sample['instruction_index']}"
+    )
     instruction = (f"<div class='steerlab-browse-instruction'><b>instruction</b> "
                    f"{html.escape(sample['instruction'])}</div>")  # fmt: skip
-    left = (f"<b>steered</b> · {html.escape(cell[0])} at factor {sample['factor']:g}",
-            _text(sample, "steerlab-browse-steered"), _ratings(sample))
+    left = (
+        f"<b>steered</b> · {html.escape(cell[0])} at factor {sample['factor']:g}",
+        _text(sample, "steerlab-browse-steered"),
+        _ratings(sample),
+    )
     if reference is None:
         right = ("", "<div style='color:#888'>no unsteered or prompting arm in this run</div>", "")
     elif other is None:
-        right = (_reference_title(reference),
-                 "<div style='color:#888'>no sample for this instruction</div>", "")
+        right = (
+            _reference_title(reference),
+            "<div style='color:#888'>no sample for this instruction</div>",
+            "",
+        )
     else:
         right = (_reference_title(reference), _text(other, "steerlab-browse-reference-text"),
                  _ratings(other))  # fmt: skip
     cells = "".join(f"<div>{a}</div><div>{b}</div>" for a, b in zip(left, right))
     grid = ("<div style='display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);"
             f"gap:2px 8px;align-items:start;padding-right:4px'>{cells}</div>")  # fmt: skip
-    return (f"<div class='steerlab-browse-sample' style='border-top:1px solid #ddd;"
-            f"padding:6px 0;margin-top:4px'><div>{head}</div>{instruction}{grid}"
-            f"{_judge(sample)}</div>")
+    return (
+        f"<div class='steerlab-browse-sample' style='border-top:1px solid #ddd;"
+        f"padding:6px 0;margin-top:4px'><div>{head}</div>{instruction}{grid}"
+        f"{_judge(sample)}</div>"
+    )
 
 
 def _reference_title(reference: Reference) -> str:
@@ -194,8 +209,10 @@ def _ratings(sample: dict[str, Any]) -> str:
     parts = " · ".join(f"{name} {_number(sample.get(key))}" for key, name in RATING_NAMES)
     warn = " · <span style='color:#b00020'>⚠ unreadable rating</span>" if sample.get(
         "parse_failed") else ""  # fmt: skip
-    return (f"<span style='font-size:90%'>score <b>{_number(sample.get('score'))}</b> "
-            f"({parts}){warn}</span>")
+    return (
+        f"<span style='font-size:90%'>score <b>{_number(sample.get('score'))}</b> "
+        f"({parts}){warn}</span>"
+    )
 
 
 def _judge(sample: dict[str, Any]) -> str:
@@ -206,8 +223,10 @@ def _judge(sample: dict[str, Any]) -> str:
     items = "".join(f"<div><b>{name}</b>: <span style='white-space:pre-wrap'>"
                     f"{html.escape(str(reply))}</span></div>"
                     for name, reply in zip(JUDGE_CRITERIA, replies))  # fmt: skip
-    return (f"<details class='steerlab-browse-judge'><summary>the judge's replies</summary>"
-            f"{items}</details>")
+    return (
+        f"<details class='steerlab-browse-judge'><summary>the judge's replies</summary>"
+        f"{items}</details>"
+    )
 
 
 def _number(value: Any) -> str:

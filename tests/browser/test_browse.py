@@ -91,8 +91,10 @@ def test_pick_a_cell_and_move_the_factor_slider(
 
     # pick the mean difference's cell
     select = page.locator(".steerlab-browse-cell select")
-    labels = [label.replace("\xa0", " ")  # ipywidgets shows spaces as no-break spaces
-              for label in select.evaluate("s => [...s.options].map(o => o.textContent)")]
+    labels = [
+        label.replace("\xa0", " ")  # ipywidgets shows spaces as no-break spaces
+        for label in select.evaluate("s => [...s.options].map(o => o.textContent)")
+    ]
     target = next(label for label in labels if label.startswith("mean_diff · happiness"))
     select.select_option(index=labels.index(target))
     page.wait_for_function(f"() => document.querySelector('{SUMMARY}')"
@@ -101,8 +103,11 @@ def test_pick_a_cell_and_move_the_factor_slider(
     first = float(readout.inner_text())
     chosen = float(re.search(r"at factor ([\d.]+)", target)[1])
     assert first == chosen  # the factor the selection split chose
-    beside_label = page.locator(".steerlab-browse-reference select").evaluate(
-        "s => s.options[s.selectedIndex].textContent").replace("\xa0", " ")
+    beside_label = (
+        page.locator(".steerlab-browse-reference select")
+        .evaluate("s => s.options[s.selectedIndex].textContent")
+        .replace("\xa0", " ")
+    )
     assert beside_label == "unsteered: mean_diff at factor 0"
 
     def check(factor: float) -> list[tuple[str, str, str]]:
@@ -133,8 +138,10 @@ def test_pick_a_cell_and_move_the_factor_slider(
 
     # the prompting arm beside it instead: its prompt in grey, then its text
     reference = page.locator(".steerlab-browse-reference select")
-    options = [o.replace("\xa0", " ")
-               for o in reference.evaluate("s => [...s.options].map(o => o.textContent)")]
+    options = [
+        o.replace("\xa0", " ")
+        for o in reference.evaluate("s => [...s.options].map(o => o.textContent)")
+    ]
     reference.select_option(index=options.index("prompting: prompt, the concept in its prompt"))
     page.wait_for_function(f"() => document.querySelector('{SUMMARY}')"
                            "?.textContent.includes('beside each: prompting')")  # fmt: skip
