@@ -107,7 +107,9 @@ def test_lm_eval_against_a_running_server_steers_through_its_preset(toy_lm, vec,
         assert _loglikelihoods(getattr(remote, run), "toy_sentiment") == pytest.approx(
             _loglikelihoods(getattr(local, run), "toy_sentiment"), abs=1e-5
         )
-    assert remote.preset == "happy" and local.preset == "steered"
+    assert remote.preset == "happy" and local.preset is None  # presets are a server's
+    assert "vs preset 'happy'" in repr(remote)
+    assert "preset" not in repr(local).splitlines()[0]
     assert remote.steered["config"]["model"] == "happy"
     assert remote.unsteered["config"]["steerlab_path"].startswith("server http://127.0.0.1")
 

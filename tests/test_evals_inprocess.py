@@ -156,3 +156,114 @@ def test_a_token_the_bias_cannot_force_is_refused_not_misreported(toy_lm):
     engine = SimpleNamespace(run=run, n_ctx=128, capabilities=toy_lm.engine.capabilities)
     with pytest.raises(RuntimeError, match="100 nats"):
         score_continuations(engine, [(ids, 2)], window=128)
+
+
+# generate_until: two tasks of the same settings but their stop strings, so one engine call
+# holds rows with different stops; "." and " the" end most of a story's rows early
+GEN_TASKS = {"gen_dot": ["."], "gen_the": [" the", "\n\n"]}
+MAX_GEN = 12
+
+
+@pytest.fixture(scope="module")
+def gen_tasks(tmp_path_factory):
+    from steerlab.toy.corpus import make_story
+
+    rng = random.Random(7)
+    folder = tmp_path_factory.mktemp("gen_tasks")
+    for name, until in GEN_TASKS.items():
+        docs = [{"context": " ".join(make_story(rng).text.split()[: 3 + 5 * i])} for i in range(5)]
+        data = folder / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        (folder / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {json.dumps(str(data))}\ntest_split: test\noutput_type: generate_until\n"
+            "doc_to_text: '{{context}}'\ndoc_to_target: ''\ngeneration_kwargs:\n"
+            f"  until: {json.dumps(until)}\n  max_gen_toks: {MAX_GEN}\n  do_sample: false\n"
+            "metric_list:\n  - metric: exact_match\n"
+        )
+    return folder
+
+
+def _texts(model, gen_tasks) -> dict[str, list[str]]:
+    from lm_eval.evaluator import evaluate
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    manager = TaskManager(include_path=str(gen_tasks), include_defaults=False)
+    out = evaluate(lm=model, task_dict=get_task_dict(list(GEN_TASKS), manager),
+                   log_samples=True, bootstrap_iters=0, verbosity="ERROR")  # fmt: skip
+    return {name: [s["resps"][0][0] for s in sorted(out["samples"][name],
+                                                    key=lambda s: s["doc_id"])]
+            for name in GEN_TASKS}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gpt2_small_shape(tmp_path_factory):
+    """GPT-2 small's shape (12 layers, d_model 768, 12 heads), random, with steerlab-tiny's
+    tokenizer and a vocabulary of its size (so generated tokens decode to text)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from steerlab.toy import asset_path
+
+    folder = tmp_path_factory.mktemp("gpt2_small")
+    tokenizer = AutoTokenizer.from_pretrained(asset_path("steerlab-tiny"))
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=len(tokenizer),
+                        n_positions=128, bos_token_id=0, eos_token_id=1, pad_token_id=2)  # fmt: skip
+    GPT2LMHeadModel(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("model", ["steerlab-tiny", "gpt2-small-shape"])
+def test_generate_until_equals_lm_evals_hf_model_text_by_text(model, gen_tasks, request):
+    """Greedy texts equal lm-eval ``hf``'s, per sample, unsteered and steered; the rows of
+    both tasks (different stop strings) run in one engine call."""
+    from lm_eval.models.huggingface import HFLM
+
+    from steerlab.toy import asset_path
+
+    path = asset_path(model) if model == "steerlab-tiny" else request.getfixturevalue(
+        "gpt2_small_shape")  # fmt: skip
+    lm = sl.load(path, backend="hf")
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # steerlab-tiny's generation config says max_new_tokens=64, which transformers puts
+    # before the max_length lm-eval's hf passes: without this, hf ignores max_gen_toks
+    hf_model.generation_config.max_new_tokens = None
+    hf = HFLM(pretrained=hf_model, tokenizer=AutoTokenizer.from_pretrained(path), batch_size=16,
+              add_bos_token=False, device="cpu")  # fmt: skip
+    vector = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(5))
+    vector = vector / vector.norm() * 4
+    calls, unsteered = [], {}
+    run = lm.engine.run
+    lm.engine.run = lambda requests, **kw: calls.append(len(requests)) or run(requests, **kw)
+    try:
+        for steers in ([], [sl.Steer(SITE, vector, ALPHA)]):
+            handles = _install(hf_model, [RefSteer(SITE, vector, ALPHA)] if steers else [], 0)
+            try:
+                want = _texts(hf, gen_tasks)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            calls.clear()
+            got = _texts(lm_eval_model(lm, steers), gen_tasks)
+            assert calls == [sum(len(t) for t in want.values())]  # one call: every row
+            assert got == want, steers
+            assert any(t.strip() for texts in want.values() for t in texts)  # real text
+            unsteered = unsteered or want
+    finally:
+        del lm.engine.run
+    assert lm.hook_count() == 0
+    if model == "steerlab-tiny":  # the stop strings cut its stories: without them, rows go on
+        prompts = [json.loads(line)["context"] for line in (gen_tasks / "gen_dot.jsonl").open()]
+        free = lm.generate(prompts, max_new_tokens=MAX_GEN).text
+        cut = [t for t, w in zip(free, unsteered["gen_dot"]) if t != w]
+        assert cut and all("." in t for t in cut)
+
+
+def test_generate_until_refuses_a_setting_it_cannot_honour(toy_lm):
+    from lm_eval.api.instance import Instance
+
+    model = lm_eval_model(toy_lm)
+    bad = Instance("generate_until", {}, ("Once", {"until": ["."], "num_beams": 4}), 0)
+    with pytest.raises(ValueError, match="num_beams=4"):
+        model.generate_until([bad])

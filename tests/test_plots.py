@@ -322,3 +322,23 @@ def test_sweep_heatmaps_write_values_in_cells_and_log_scale_a_wide_perplexity():
     assert linear.z[1][1] == 600.0
     narrow = plots.sweep_heatmaps(_perplexity_records(20.0)).data[1]
     assert narrow.z[1][1] == 20.0  # a narrow range stays linear
+
+
+def test_leaderboard_keeps_tied_concepts_side_by_side():
+    """Two concepts with the same score in a row: their markers sit at different heights
+    inside the method's row, each under the method's own tick."""
+    from types import SimpleNamespace
+
+    board = [{"method": m, "score": s, "low": s, "high": s, "concepts": 2}
+             for m, s in (("reft", 2.0), ("random", 1.0))]  # fmt: skip
+    table = [{"method": m, "concept": c, "score": s, "factor": 1.0}
+             for m, s in (("reft", 2.0), ("random", 1.0)) for c in ("happiness", "the sea")]  # fmt: skip
+    fig = plots.leaderboard(SimpleNamespace(leaderboard=board, table=table))
+    ticks = dict(zip(fig.layout.yaxis.ticktext, fig.layout.yaxis.tickvals))
+    assert ticks["reft"] > ticks["random"]  # best on top
+    markers = {trace.name: trace for trace in fig.data[1:]}
+    for i, method in enumerate(["random", "reft"]):  # rows bottom to top
+        ys = [markers[c].y[i] for c in ("happiness", "the sea")]
+        assert [markers[c].x[i] for c in ("happiness", "the sea")][0] == markers["the sea"].x[i]
+        assert ys[0] != ys[1]
+        assert all(abs(y - ticks[method]) < 0.5 for y in ys)  # still in the method's row

@@ -74,6 +74,31 @@ class BenchmarkResult:
     def _repr_html_(self) -> str:
         return self.leaderboard._repr_html_() + self.table._repr_html_()
 
+    def browse(self, method: str | None = None, concept: str | None = None,
+               factor: float | None = None) -> Any:  # fmt: skip
+        """The samples in a notebook widget: pick a method × concept cell, read its samples
+        best first at the chosen factor, each beside the same instruction's unsteered or
+        prompting text, with the ratings and the judge's replies; a slider for other
+        factors. Needs ipywidgets (the ``notebook`` extra).
+
+        Args:
+            method, concept: the cell shown first (default: the leaderboard's top method,
+                the first concept).
+            factor: the factor shown first (default: the one the selection split chose).
+
+        Returns:
+            a ``steerlab.evals.browser.SampleBrowser`` (an ``ipywidgets.VBox``).
+        """
+        from steerlab.evals.browser import SampleBrowser
+
+        return SampleBrowser(self, method=method, concept=concept, factor=factor)
+
+    def to_pandas(self) -> Any:
+        """Every sample as a row of a pandas DataFrame (pandas: the ``notebook`` extra)."""
+        from steerlab.evals.samples import samples_frame
+
+        return samples_frame(self.samples)
+
 
 def benchmark(
     lm: Any,

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from steerlab.core.errors import SteerError
 from steerlab.core.rows import SteerArg, as_steers, checked_steers
+from steerlab.core.scalars import as_int, as_real
 from steerlab.core.steer import Steer, at_alphas
 from steerlab.core.table import Table
 
@@ -62,6 +64,7 @@ class HarnessResult:
     steered: dict[str, Any] | None
     model: str
     preset: str | None
+    steer: str | None = None  # an in-process run's steer, in words (a preset is a server's)
 
     def table(self) -> Table:
         """Per task and metric: unsteered, steered and the difference, each with its stderr."""
@@ -83,7 +86,11 @@ class HarnessResult:
         columns = ["task", "metric", "unsteered", "unsteered_stderr"]
         if self.steered is not None:
             columns += ["steered", "steered_stderr", "delta"]
-        title = f"lm-eval: {self.model}" + (f" vs preset {self.preset!r}" if self.preset else "")
+        title = f"lm-eval: {self.model}"
+        if self.preset:
+            title += f" vs preset {self.preset!r}"
+        elif self.steered is not None:
+            title += f" vs steered{f' ({self.steer})' if self.steer else ''}, in-process"
         # A stderr lm-eval has no formula for is "N/A" in its own tables; the records hold NaN.
         return Table(title, columns, records, {c: ".4g" for c in columns[2:]}, missing="N/A")
 
@@ -150,10 +157,11 @@ def lm_eval(
         raise ImportError("sl.evals.lm_eval needs lm-evaluation-harness: "
                           "pip install 'steerlab[evals]'.") from error  # fmt: skip
     in_process = not isinstance(lm_or_url, str)
-    names = _check_arguments(tasks, limit, alpha, include_path, in_process, model_args)
+    names, limit, alpha, num_fewshot = _check_arguments(tasks, limit, alpha, include_path,
+                                                        num_fewshot, in_process, model_args)  # fmt: skip
     steers = _in_process_steers(lm_or_url, steer, alpha) if in_process else []  # type: ignore[arg-type]
     manager = _task_manager(TaskManager, names, include_path)
-    _check_task_names(manager, names)
+    _check_task_names(manager, names, include_path)
 
     def run(model: Any) -> dict[str, Any]:
         out = simple_evaluate(
@@ -173,7 +181,8 @@ def lm_eval(
             unsteered = run(lm_eval_model(lm_or_url))
             steered = run(lm_eval_model(lm_or_url, steers, name=f"{lm_or_url.name} + "
                                         f"{STEERED}")) if steers else None  # fmt: skip
-        return HarnessResult(unsteered, steered, lm_or_url.name, STEERED if steers else None)
+        said = f"{', '.join(s.site for s in steers)} at alpha {alpha:g}" if steers else None
+        return HarnessResult(unsteered, steered, lm_or_url.name, None, said)
 
     with _server(lm_or_url, steer, alpha, api_key) as (url, card, preset, key):
         model = card["id"]
@@ -191,25 +200,48 @@ def lm_eval(
     return HarnessResult(unsteered, steered, model, preset)
 
 
-def _check_arguments(tasks: Any, limit: Any, alpha: float, include_path: Any, in_process: bool,
-                     model_args: Mapping[str, Any] | None) -> list[str]:  # fmt: skip
-    """The task names; every other argument refused by name before anything runs."""
-    names = [tasks] if isinstance(tasks, str) else list(tasks)
+def _check_arguments(
+    tasks: Any,
+    limit: Any,
+    alpha: Any,
+    include_path: Any,
+    num_fewshot: Any,
+    in_process: bool,
+    model_args: Mapping[str, Any] | None,
+) -> tuple[list[str], int | float | None, float, int | None]:
+    """``(task names, limit, alpha, num_fewshot)`` as plain values (numpy's numbers
+    included); every argument refused by name before anything runs."""
+    if isinstance(tasks, str):
+        names = [tasks]
+    elif isinstance(tasks, Sequence) and not isinstance(tasks, bytes):
+        names = list(tasks)
+    else:
+        names = []
     if not names or not all(isinstance(t, str) and t for t in names):
-        raise ValueError(f"tasks must be a task name or a list of them; got {tasks!r}.")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
-                              or limit <= 0 or (isinstance(limit, float) and limit > 1)):  # fmt: skip
-        raise ValueError(f"limit must be an int >= 1 or a share in (0, 1]; got {limit!r}.")
-    if not math.isfinite(alpha):
-        raise ValueError(f"alpha must be finite; got {alpha!r}.")
+        raise SteerError(f"tasks must be a task name or a list of them; got {tasks!r:.80}.",
+                         "tasks")  # fmt: skip
+    whole, share = as_int(limit), as_real(limit)
+    if limit is not None and not (whole is not None and whole >= 1 or whole is None and share
+                                  is not None and 0 < share <= 1):  # fmt: skip
+        raise SteerError("limit must be an int >= 1 or a share in (0, 1]; got "
+                         f"{limit!r:.60}.", "limit")  # fmt: skip
+    number = as_real(alpha)
+    if number is None:
+        raise SteerError(f"alpha must be a finite number; got {alpha!r:.60}.", "alpha")
+    shots = as_int(num_fewshot)
+    if num_fewshot is not None and (shots is None or shots < 0):
+        raise SteerError("num_fewshot must be None (the task's default) or an int >= 0; got "
+                         f"{num_fewshot!r:.60}.", "num_fewshot")  # fmt: skip
     if include_path is not None and not Path(include_path).is_dir():
-        raise ValueError(f"include_path {str(include_path)!r} is not a folder of task files.")
+        raise SteerError(f"include_path {str(include_path)!r} is not a folder of task files.",
+                         "include_path")  # fmt: skip
     if in_process and model_args:
-        raise ValueError(
+        raise SteerError(
             "model_args are local-completions' settings, for a server's URL; an in-process "
-            f"model is scored by its engine directly and takes none (got {dict(model_args)})."
+            f"model is scored by its engine directly and takes none (got {dict(model_args)}).",
+            "model_args",
         )
-    return names
+    return names, (whole if whole is not None else share), number, shots
 
 
 def _client_args(url: str, card: Mapping[str, Any], key: str | None,
@@ -265,19 +297,32 @@ def _batched_rolling() -> Any:
     return BatchedRollingCompletions
 
 
-def _check_task_names(manager: Any, names: Sequence[str]) -> None:
+def _check_task_names(manager: Any, names: Sequence[str], include_path: Any = None) -> None:
     """Refuse a task lm-eval's ``TaskManager`` does not know (not a name, a pattern of names,
-    or a task file), naming it and its closest names, before any server starts."""
+    or a task file), naming it and its closest names, before any server starts; one of the
+    toy's tasks is answered with where they are written (``steerlab.toy.tasks.lm_eval_tasks()``)."""
+    from steerlab.toy.tasks import TASKS
+
     known = manager.all_tasks
     for name in names:
         if name in known or manager.match_tasks([name]) or Path(name).is_file():
             continue
+        if name in TASKS:
+            where = (
+                ""
+                if include_path is None
+                else f" (include_path {str(include_path)!r} does not hold it)"
+            )
+            raise SteerError(
+                f"{name!r} is one of steerlab's toy tasks, which lm-eval knows only from their "
+                f"folder{where}: write them with steerlab.toy.tasks.lm_eval_tasks() and pass "
+                "include_path=steerlab.toy.tasks.lm_eval_tasks().", "tasks")  # fmt: skip
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(
+        raise SteerError(
             f"lm-eval has no task {name!r} (in its registry or include_path).{hint} "
-            "List them with: lm-eval ls tasks."
-        )
+            "List them with: lm-eval ls tasks.", "tasks"
+        )  # fmt: skip
 
 
 @contextmanager

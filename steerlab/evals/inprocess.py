@@ -12,7 +12,9 @@ straight to ``lm.engine``:
   document's windows together, 16 a forward (they share no start, so no KV cache is kept);
   a document's loglikelihood is the sum of its windows';
 - ``generate_until``: greedy (or the task's temperature) decoding to the task's stop
-  strings, the context cut from the left to leave room for the new tokens, as ``hf`` does.
+  strings, the context cut from the left to leave room for the new tokens, as ``hf`` does;
+  requests of the same settings decode together, ``ROWS`` a call, each row stopping at its
+  own ``until`` strings.
 
 Every request is steered by the same steers (a vector's scale and the call's alpha
 included), as a served preset is. ``max_length`` is the model's window (``n_ctx``), as
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from steerlab.core.request import Request, Sampling
@@ -35,6 +38,9 @@ if TYPE_CHECKING:
     from steerlab.model import SteerableModel
 
 MAX_GEN_TOKS = 256  # lm-eval's hf model's default for generate_until
+ROWS = 64  # generate_until rows a call at most (the server scheduler's max_rows too)
+# lm-eval's generation settings that steerlab's sampling honours (the rest are refused)
+_GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 
 
 def lm_eval_model(lm: SteerableModel, steers: Sequence[Steer] = (), *, name: str = "") -> Any:
@@ -144,18 +150,58 @@ def rolling_loglikelihoods(model: Any, requests: list[Any], max_seq_len: int,
 
 
 def generate_until(model: Any, requests: list[Any]) -> list[str]:
-    """lm-eval's ``generate_until`` requests, one engine call each, with the model's steers:
-    greedy unless a request samples, stopped at its ``until`` strings."""
-    out = []
-    for request in requests:
-        context, kwargs = request.args
-        until = kwargs.get("until") or [model.tok_decode([model.eot_token_id])]
-        until = [until] if isinstance(until, str) else list(until)
-        new = int(kwargs.get("max_gen_toks", MAX_GEN_TOKS))
-        temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
-        prompt = model.tok_encode(context)[-max(model.max_length - new, 1) :]
-        sampling = Sampling(max_new_tokens=new, temperature=temperature, stop=tuple(until))
-        [done] = model.lm.engine.run([Request(tuple(prompt), model.row_steers, sampling)])
-        out.append(done.text)
-        model.cache_hook.add_partial("generate_until", (context, kwargs), done.text)
+    """lm-eval's ``generate_until`` requests with the model's steers, batched: the requests
+    that share their settings (everything but the stop strings) run together, longest
+    prompt first (as ``hf`` sorts them), ``ROWS`` a call; each row stops at its own
+    ``until`` strings (``Sampling.stop``), at EOS or after ``max_gen_toks`` tokens.
+
+    The text is ``hf``'s: the continuation decoded without special tokens, cut at the
+    first ``until`` string. A row stops once its text holds one (``hf`` goes on to the
+    batch's end, then cuts), so the two agree except where two ``until`` strings overlap in
+    the text (``hf`` cuts at each string in turn, ours at the earliest start)."""
+    rows = [generation(model, request.args) for request in requests]
+    groups: dict[Sampling, list[int]] = {}
+    for i, (_, sampling) in enumerate(rows):
+        groups.setdefault(replace(sampling, stop=()), []).append(i)
+    texts: dict[int, str] = {}
+    for members in groups.values():
+        members.sort(key=lambda i: -len(rows[i][0]))  # hf's order: the least padding
+        for start in range(0, len(members), ROWS):
+            part = members[start : start + ROWS]
+            calls = [Request(rows[i][0], model.row_steers, rows[i][1], stream=str(i))
+                     for i in part]  # fmt: skip
+            for i, done in zip(part, model.lm.engine.run(calls)):
+                texts[i] = done.text
+    out = [texts[i] for i in range(len(requests))]
+    for request, text in zip(requests, out):
+        model.cache_hook.add_partial("generate_until", request.args, text)
     return out
+
+
+def generation(model: Any, args: tuple[str, dict[str, Any]]) -> tuple[tuple[int, ...], Sampling]:
+    """One ``generate_until`` request's prompt and sampling, read as ``hf`` reads it: lm-eval's
+    ``normalize_gen_kwargs`` (``max_gen_toks`` and its aliases, ``do_sample`` against
+    ``temperature``), the prompt's last ``max_length - max_gen_toks`` tokens. A setting
+    steerlab's sampling has no equal for is refused by name, not ignored."""
+    from lm_eval.models.utils import normalize_gen_kwargs
+
+    context, given = args
+    kwargs = dict(normalize_gen_kwargs(dict(given), MAX_GEN_TOKS))
+    unknown = sorted(set(kwargs) - _GEN_KWARGS)
+    if unknown:
+        raise ValueError(f"generate_until's {unknown[0]}={kwargs[unknown[0]]!r} (task setting) "
+                         f"has no equal in steerlab's sampling; it takes {sorted(_GEN_KWARGS)}.")  # fmt: skip
+    until = kwargs["until"]
+    stops = tuple(s for s in ([until] if isinstance(until, str) else until) if s)
+    new = int(kwargs["max_gen_toks"])
+    sampled = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature") or 0.0) > 0
+    # one seed for the call, so requests of the same settings share it (a row's own random
+    # stream is its ``Request.stream``)
+    options: dict[str, Any] = {"max_new_tokens": new, "stop": stops, "seed": 0}
+    if sampled:
+        options["temperature"] = float(kwargs["temperature"])
+        for name in ("top_p", "top_k"):
+            if kwargs.get(name) is not None:
+                options[name] = kwargs[name]
+    prompt = tuple(model.tok_encode(context)[-max(model.max_length - new, 1) :])
+    return prompt, Sampling.of(options, where="generate_until")

@@ -141,7 +141,7 @@ class _Decoding:
         sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
         for i, request in enumerate(requests, start):
             row = f"steerlab-{self.call}-{i}"
-            vr = to_vllm(request, row, revision=engine.revision, eos_ids=eos,
+            vr = to_vllm(request, row, revision=engine.cache_namespace, eos_ids=eos,
                          vocab=engine.n_vocab)  # fmt: skip
             params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
             sent.append((row, vr.prompt, params))
@@ -228,7 +228,7 @@ class _Decoding:
         for score in prompt_scores(request.prompt, len(scores), chunk,
                                    request.sampling.prompt_logprobs or 0):  # fmt: skip
             if score is not None and not math.isfinite(score.logprob):
-                raise non_finite(0, i, request)  # the prefill's logits: the local engine's step 0
+                raise self.engine.overflowed(non_finite(0, i, request))  # the local engine's step 0
             scores.append(score)
 
     def _add_tokens(self, i: int, completion: Any, eos: set[int]) -> None:
@@ -243,7 +243,8 @@ class _Decoding:
             entry = logprobs.get(token)
             if entry is not None and not math.isfinite(entry.logprob):
                 # A raw logprob is finite wherever the logits are: a steer overflowed.
-                raise non_finite(len(self.states.tokens[i]), i, self.requests[i])
+                raise self.engine.overflowed(non_finite(len(self.states.tokens[i]), i,
+                                                        self.requests[i]))  # fmt: skip
             if not keep:
                 break
             score = None if top is None or entry is None else token_score(token, logprobs, top)

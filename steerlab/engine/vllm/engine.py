@@ -62,6 +62,7 @@ class VLLMEngine:
         # How many alternatives a score may list (vLLM's -1: all of them).
         self.max_logprobs: int = self.n_vocab if config.max_logprobs < 0 else config.max_logprobs
         self.revision = revision or ""
+        self.overflows = 0  # steered rows that overflowed (their KV blocks were scrubbed)
         self.graph = False  # steering built into a compiled model (load_vllm sets it)
         self.why_eager = ""  # why it runs eagerly, when it does (load_vllm sets it)
         self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
@@ -85,6 +86,20 @@ class VLLMEngine:
 
     def sites(self) -> list[str]:
         return all_sites(self.n_layers)
+
+    @property
+    def cache_namespace(self) -> str:
+        """What steered rows' prefix-cache salts are namespaced by: the revision, and a new
+        namespace after each overflow. The workers zero an overflowing row's NaN in its KV
+        blocks (``SteerWorker._steerlab_scrub``), but vLLM may still list those blocks in
+        its prefix cache under that steer's salt: a later request with the same steer must
+        compute its own, never read zeros (it overflows again, as on a fresh engine)."""
+        return self.revision + (f"#overflow{self.overflows}" if self.overflows else "")
+
+    def overflowed(self, error: Exception) -> Exception:
+        """Count a steered row's overflow (see ``cache_namespace``); returns ``error``."""
+        self.overflows += 1
+        return error
 
     def eos_ids(self) -> set[int]:
         return set(self._eos)

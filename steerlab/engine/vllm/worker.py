@@ -52,6 +52,15 @@ class _State:
     sites: frozenset[str] = frozenset()  # the sites this call steers or reads
 
 
+def _finite(output: Any) -> bool:
+    """Whether a forward's output (hidden states; a pipeline stage's intermediate tensors)
+    is finite everywhere: one reduction and one sync per steered forward."""
+    tensors = getattr(output, "tensors", None)  # vLLM's IntermediateTensors
+    parts = list(tensors.values()) if isinstance(tensors, dict) else [output]
+    parts = [p for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point()]
+    return all(bool(torch.isfinite(p).all()) for p in parts)
+
+
 def _full_cudagraphs(config: Any) -> bool:
     """Whether vLLM captures the whole model in CUDA graphs: full graphs, or (its GPU model
     runner's opt-in) breakable graphs of the eager model."""
@@ -134,7 +143,7 @@ class SteerWorker:
         if self._steerlab_graph() is None:
             layout = layout_for(self.model_runner.model_config.hf_config.model_type)
             at_sites = hooks.install(model, layout, sites, self._steerlab_apply)
-        last = model.register_forward_hook(tag(lambda _m, _a, _o: self._steerlab_done()))
+        last = model.register_forward_hook(tag(lambda _m, _a, out: self._steerlab_done(out)))
         state.handles = [first, *at_sites, last]
         return len(state.handles)
 
@@ -307,8 +316,10 @@ class SteerWorker:
                 if plan is not None:
                     state.errors.setdefault(plan.names[0], f"laying out the batch: {err!r}")
 
-    def _steerlab_done(self) -> None:
+    def _steerlab_done(self, output: Any = None) -> None:
         state, buffers = self._steerlab(), self._steerlab_graph()
+        if state.batch is not None and not _finite(output):
+            self._steerlab_scrub()
         if buffers is not None and buffers.eager is not None:  # ran uncompiled: counted there
             buffers.eager = None
         elif buffers is not None and state.batch is not None:
@@ -323,6 +334,23 @@ class SteerWorker:
                     else:
                         state.fired[row] = state.fired.get(row, 0) + n
         state.batch = None
+
+    def _steerlab_scrub(self) -> None:
+        """Zero every NaN and inf in this worker's KV cache, after a steered forward whose
+        output held one (a steer overflowed; the engine fails that row).
+
+        The overflowing row wrote them into its KV blocks, and vLLM frees and hands those
+        blocks to later requests without clearing them. An attention kernel reads a block's
+        unused slots too and masks them with weight 0, and 0 * NaN is NaN: every later
+        request given such a block, unsteered ones included, would get NaN logits. Finite
+        values are untouched, so the rows decoding beside it go on exactly; only forwards
+        that carry a steer are checked, so an unsteered engine pays nothing.
+        """
+        seen: set[int] = set()
+        for kv in self.model_runner.kv_caches:  # layers may share one tensor
+            if id(kv) not in seen and kv.is_floating_point():
+                seen.add(id(kv))
+                torch.nan_to_num_(kv, nan=0.0, posinf=0.0, neginf=0.0)
 
     def _steerlab_apply(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
         """Conditions read ``site`` first, then its steers act, then monitors read."""
