@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 
 import steerlab as sl
 from steerlab.evals import Judge, JudgeError
-from steerlab.evals.benchmark import PROBE
+from steerlab.evals.checks import PROBE
 from steerlab.evals.detection import max_latents, token_activations
 from steerlab.evals.judge import parse_rating
 from steerlab.evals.methods import BUILT_IN
