@@ -131,6 +131,12 @@ def benchmark_section() -> list[str]:
     return bench_benchmark.main()
 
 
+def research_run_section() -> list[str]:
+    import bench_research_run
+
+    return bench_research_run.main()
+
+
 def sweep_section() -> list[str]:
     import bench_sweep
 
@@ -149,6 +155,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str]], bool]] = [
     ("server: stalled uploads", stalled_uploads_section, True),
     ("evaluation: steerability", bench_evals.main, False),
     ("evaluation: the benchmark protocol", benchmark_section, True),
+    ("evaluation: a research run", research_run_section, False),
     ("chat sessions", bench_chat.main, False),
     ("conditions and monitors", reads_section, True),
     ("learned steering", train_section, True),

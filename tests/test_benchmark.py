@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 
 import steerlab as sl
 from steerlab.evals import Judge, JudgeError
+from steerlab.evals.checks import PROBE
 from steerlab.evals.detection import max_latents, token_activations
 from steerlab.evals.judge import parse_rating
 from steerlab.evals.methods import BUILT_IN
@@ -194,9 +195,12 @@ def test_every_sample_is_rated_by_the_protocols_rule(stubbed):
     assert failures > 0 and result.parse_failures == failures  # counted, not a crash
     assert any(s["parse_failed"] for s in samples if s["instruction"] == UNREAD)
     # the judge saw each sample's own text, three questions each
-    rated = Counter(t for kind, _, t in seen if kind == "concept")
+    # and one fixed text before any generation: the judge's model really rates (PROBE)
+    probe = [(kind, t) for kind, _, t in seen if t == PROBE[2]]
+    assert probe == [("concept", PROBE[2]), ("instruction", PROBE[2]), ("fluency", PROBE[2])]
+    rated = Counter(t for kind, _, t in seen if kind == "concept" and t != PROBE[2])
     assert rated == Counter(s["text"] for s in samples)
-    assert Counter(kind for kind, _, _ in seen)["instruction"] == len(samples)
+    assert Counter(kind for kind, _, t in seen if t != PROBE[2])["instruction"] == len(samples)
 
 
 def test_the_factor_is_chosen_on_the_selection_split_and_scored_on_the_test_split(stubbed):
@@ -532,9 +536,9 @@ def test_an_unreachable_judge_is_refused_before_any_compute(toy_lm, monkeypatch)
     NoGeneration.install(monkeypatch, toy_lm)
     judge = Judge(f"http://127.0.0.1:{_closed_port()}/v1", "gone", max_retries=0)
     data = _data(positives=HAPPY, negatives=SAD)
-    with pytest.raises(JudgeError, match="unreachable"):
+    with pytest.raises(JudgeError, match="unreachable"):  # after the window check: 8 fit
         sl.evals.benchmark(toy_lm, [data], ["mean_diff"], site=SITE, judge=judge,
-                           progress=False)  # fmt: skip
+                           max_new_tokens=8, progress=False)  # fmt: skip
     assert toy_lm.hook_count() == 0
 
 

@@ -92,7 +92,7 @@ def test_the_benchmark_takes_chat_true_false_or_none_only(toy_lm, monkeypatch):
 
     monkeypatch.setattr(type(toy_lm), "generate", never)
     data = sl.evals.ConceptData("happiness", positives=["Mia smiled."], negatives=["Mia cried."],
-                                instructions=["Tell me a story."] * 4)  # fmt: skip
+                                instructions=[f"Tell me story {k}." for k in range(4)])  # fmt: skip
     with pytest.raises(sl.SteerError, match="chat must be True or False; got the str 'no'"):
         sl.evals.benchmark(toy_lm, [data], ["random"], site=SITE, judge=ToyJudge(),
                            chat="no", progress=False)  # fmt: skip

@@ -23,7 +23,9 @@ import steerlab.evals.judge as judge_module
 from steerlab.evals.detection import roc_auc
 from steerlab.evals.judge import MAX_WAIT, Judge, JudgeError, retry_wait
 from steerlab.evals.methods import Prompting
-from steerlab.evals.protocol import rate_samples
+from steerlab.evals.pipeline import _Rater
+from steerlab.evals.protocol import score_sample
+from steerlab.evals.runstore import RunStore
 
 SITE = "blocks.2.hook_resid_pre"
 ASKS = ["Tell me a story about the sea.", "Tell me a story about the beach."]
@@ -96,8 +98,8 @@ def test_a_judge_written_prompt_in_no_usable_form_is_refused_before_any_compute(
         toy_lm, monkeypatch, written, match):  # fmt: skip
     _never_compute(monkeypatch, toy_lm)
     data = sl.evals.ConceptData("the sea", instructions=ASKS)
-    with pytest.raises(sl.SteerError, match=match):
-        sl.evals.benchmark(toy_lm, [data], [Prompting()], site=SITE,
+    with pytest.raises(sl.SteerError, match=match):  # after the cheap checks: 8 tokens fit
+        sl.evals.benchmark(toy_lm, [data], [Prompting()], site=SITE, max_new_tokens=8,
                            judge=Rater(written=written), progress=False)  # fmt: skip
 
 
@@ -112,6 +114,21 @@ def test_a_judge_written_prompt_naming_the_concept_is_used(toy_lm):
 
 
 # --- ratings of any real type, and the judge's max_workers ------------------------------
+
+
+def rate_samples(judge, samples: list[dict], done=None) -> int:
+    """The benchmark's own path: its judge workers rate each sample into an in-memory run
+    store, then AxBench's reading of the stored ratings; returns the unreadable count."""
+    store = RunStore(None)
+    rater = _Rater(judge, store, None)
+    data = sl.evals.ConceptData("c", instructions=[s["instruction"] for s in samples])
+    texts = [(r, 1.0, r, s["instruction"], s["text"]) for r, s in enumerate(samples)]
+    try:
+        rater.wait(rater.submit(("m", "c"), data, texts))
+    finally:
+        rater.pool.shutdown()
+    rated = store.ratings(("m", "c"))
+    return sum(score_sample(s, rated[r][0]) for r, s in enumerate(samples))
 
 
 def _samples(n: int = 3) -> list[dict]:

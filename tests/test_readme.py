@@ -14,7 +14,7 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     # tests/test_concept_data.py
     runnable = [b for b in blocks if "meta-llama" not in b and "sl.train." not in b
                 and "inspect_ai" not in b and "write_concept_data" not in b]  # fmt: skip
-    assert len(runnable) == 7
+    assert len(runnable) == 8
     monkeypatch.chdir(tmp_path)  # the quickstart writes happy.safetensors and norms.pdf
     namespace: dict = {}
     for block in runnable:
@@ -29,3 +29,5 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     assert [r["alpha"] for r in namespace["res"].summary] == [-8, -4, 0, 4, 8]  # evaluations
     board = {r["method"]: r["score"] for r in namespace["result"].leaderboard}  # the benchmark
     assert set(board) == {"mean_diff", "prompt", "random"}
+    kept, merged = namespace["kept"], namespace["merged"]  # a run folder, and two shards'
+    assert repr(list(merged.table)) == repr(list(kept.table)) and len(kept.table) == 4

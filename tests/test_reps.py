@@ -236,18 +236,19 @@ def test_the_trained_reps_vector_makes_held_out_openings_happy_at_its_chosen_fac
     stories, these for a setting) score ≥ 0.85 on the toy's own lexicon
     (``mean_concept_score``, the happy share of sentiment words, texts with none skipped).
 
-    The toy's ten instructions are asked twice: with five selection samples a factor, the
-    0-2 ratings tie across factors and a tie goes to the lowest, a choice made by noise.
+    The toy's ten places are asked two ways ("the sea", "a sea"; a benchmark refuses a
+    repeated instruction): with five selection samples a factor, the 0-2 ratings tie across
+    factors and a tie goes to the lowest, a choice made by noise.
     Each test instruction is then asked six times at the chosen factor (60 stories)."""
     from steerlab.evals.methods import VECTOR_FACTORS
     from steerlab.toy import ToyJudge, mean_concept_score
 
     assert TRAINED.exists(), f"{TRAINED} is missing: run scripts/train_tutorial12.py reps"
     vec = sl.SteeringVector.load(TRAINED)
-    asks = [f"Tell me a story about the {p}." for p in
-            ("sea", "forest", "beach", "woods", "shore", "grove", "ocean", "glade", "harbor",
-             "trail")]  # fmt: skip
-    data = sl.evals.ConceptData("happiness", instructions=asks * 2)
+    places = ("sea", "forest", "beach", "woods", "shore", "grove", "ocean", "glade", "harbor",
+              "trail")  # fmt: skip
+    asks = [f"Tell me a story about {a} {p}." for a in ("the", "a") for p in places]
+    data = sl.evals.ConceptData("happiness", instructions=asks)
     method = sl.evals.Method("reps", make=lambda lm, d, site: vec, factors=VECTOR_FACTORS)
     res = sl.evals.benchmark(toy_lm, [data], [method], site=SITE, judge=ToyJudge(toy_lm),
                              max_new_tokens=20, seed=0, n_boot=50, progress=False)  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any
 
 from steerlab.core.concepts import ConceptData, Preference
 from steerlab.core.table import Table
-from steerlab.evals.benchmark import BenchmarkResult, benchmark
+from steerlab.evals.benchmark import BenchmarkResult, benchmark, load_run, merge_runs
 from steerlab.evals.detection import roc_auc
 from steerlab.evals.harness import HarnessResult, lm_eval
 from steerlab.evals.intervals import Estimate, mean_interval, perplexity_interval
@@ -43,7 +43,9 @@ __all__ = [
     "Table",
     "benchmark",
     "lm_eval",
+    "load_run",
     "mean_interval",
+    "merge_runs",
     "perplexity_interval",
     "roc_auc",
     "steerability",

@@ -13,28 +13,26 @@ over its tokens of ``h·v̂`` at the site).
 
 from __future__ import annotations
 
+import json
 import math
-import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from steerlab.core.bars import counter
 from steerlab.core.concepts import ConceptData
 from steerlab.core.errors import SteerError
-from steerlab.core.prompts import encode, has_chat_template
-from steerlab.core.request import Sampling
-from steerlab.core.rows import as_steers
-from steerlab.core.scalars import as_int, flag
-from steerlab.core.sites import resolve
-from steerlab.core.steer import at_alphas
+from steerlab.core.identity import model_id
+from steerlab.core.prompts import encode
 from steerlab.core.table import Table
 from steerlab.core.window import check_window
-from steerlab.evals.detection import detection_table
-from steerlab.evals.intervals import check_bootstrap
-from steerlab.evals.make_on import check_make_on
-from steerlab.evals.methods import Method, Prompting, resolve_methods
-from steerlab.evals.protocol import factor_table, judge_workers, leaderboard_table, rate_samples
+from steerlab.evals.checks import check_run, check_shard
+from steerlab.evals.detection import detection_rows, detection_table
+from steerlab.evals.methods import Method, Prompting
+from steerlab.evals.pipeline import run_cells
+from steerlab.evals.protocol import factor_table, leaderboard_table, score_sample
+from steerlab.evals.runstore import DATABASE, RunStore, exists
 
 
 @dataclass(frozen=True)
@@ -113,6 +111,8 @@ def benchmark(
     level: float = 0.95,
     n_boot: int = 1000,
     progress: bool = True,
+    run: str | Path | None = None,
+    shard: tuple[int, int] = (0, 1),
     make_on: Any = None,
 ) -> BenchmarkResult:
     """Rank steering methods on concepts by AxBench's protocol.
@@ -136,10 +136,19 @@ def benchmark(
         selection: the share of each concept's instructions that chooses the factor.
         max_new_tokens: tokens each generation writes (AxBench: 128).
         temperature: sampling temperature (AxBench: 1.0); seeded, so a run repeats.
-        seed: the sampling seed; every method samples with the same one.
+        seed: the sampling seed; every method and concept samples with the same one, so a
+            cell's texts do not depend on which cells ran before it.
         chat: apply the chat template; None: when the model has one.
         level, n_boot: the leaderboard's bootstrap interval.
         progress: one progress bar over the whole run.
+        run: a folder that keeps the run (``runstore``): settings, steers, generations,
+            ratings with the judge's replies, written prompts, each stored as it exists.
+            The same call again resumes it, doing only what is not stored; new concepts or
+            methods add their cells; other settings are refused by name.
+            ``sl.evals.load_run(run)`` reads what it holds. None: kept in memory.
+        shard: ``(i, n)``: run every n-th concept from the i-th (0-based), each shard in
+            its own ``run`` folder, on its own GPU or machine; ``sl.evals.merge_runs``
+            joins the folders into the result one unsharded run gives.
         make_on: an in-process model with ``lm``'s weights on which every method makes its
             steer and detection is measured; ``lm`` then only generates (a vLLM engine,
             say). Checked first: the same config, tokenizer, sites, and a probe text's
@@ -149,166 +158,209 @@ def benchmark(
         SteerError: bad input, before any compute: a concept without the data its method
             needs, fewer than 2 instructions, bad factors, an unknown method, a method
             that needs an in-process model on vLLM without ``make_on``, a ``make_on`` with
-            other weights.
+            other weights, a run folder holding another run.
         JudgeError: an unreachable judge, before any compute.
         SamplingError, SiteError, ContextError (ValueErrors): a bad temperature or seed,
             an unknown site, generations that would not fit the model's window; also
             before any compute.
+
+    Any failure once the run has begun (the judge failing for good, a method's ``make``
+    raising, Ctrl-C) keeps everything finished in ``run``; the error's note says so.
     """
+    i, n = check_shard(shard, run)
     maker = lm if make_on is None else make_on
-    plan = _check(lm, concepts, methods, site, judge, selection, max_new_tokens, temperature,
+    plan = check_run(lm, concepts, methods, site, judge, selection, max_new_tokens, temperature,
                   seed, chat, level, n_boot, maker)  # fmt: skip
     data_list: list[ConceptData] = plan["concepts"]
     methods, chat = plan["methods"], plan["chat"]
-    seconds = dict.fromkeys(("make", "generate", "judge", "detect"), 0.0)
-    steers: dict[tuple[str, str], Any] = {}
-    prompts: dict[tuple[str, str], str] = plan["prompts"]
-    samples: list[dict[str, Any]] = []
-    rows = sum(len(d.instructions) * len(m.factors) for d in data_list for m in methods)
-    with counter(
-        rows * 2, "benchmark", disable=not progress
-    ) as bar:  # each sample made, then rated
-        for data in data_list:
-            n_select = math.floor(len(data.instructions) * selection)
-            for method in methods:
-                bar.set_postfix_str(f"{method.name} / {data.name}")
-                started = time.perf_counter()
-                steer, inputs = _make(maker, method, data, site, prompts)
-                steers[(method.name, data.name)] = steer
-                seconds["make"] += time.perf_counter() - started
-                started = time.perf_counter()
-                factors = list(method.factors)
-                steering = at_alphas(as_steers(steer), factors) if steer is not None else None
-                out = lm.generate(inputs, steering, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, seed=seed, chat=chat)  # fmt: skip
-                seconds["generate"] += time.perf_counter() - started
-                k = len(factors) if steer is not None else 1
-                for r, text in enumerate(out.text):  # prompt-major: row = instruction * k + factor
-                    i = r // k
-                    samples.append({"method": method.name, "concept": data.name,
-                                    "factor": factors[r % k], "instruction_index": i,
-                                    "split": "selection" if i < n_select else "test",
-                                    "instruction": data.instructions[i],
-                                    "model_input": inputs[i], "text": text})  # fmt: skip
-                bar.update(len(out.text))
-        bar.set_postfix_str("judge")
-        started = time.perf_counter()
-        parse_failures = rate_samples(judge, samples, bar.update)
-        seconds["judge"] = time.perf_counter() - started
-    started = time.perf_counter()
-    detection = detection_table(maker, data_list, methods, steers, site)
-    seconds["detect"] = time.perf_counter() - started
-    table = factor_table(samples, data_list, methods)
-    board = leaderboard_table(samples, table, methods, level, n_boot, seed)
-    return BenchmarkResult(table, board, samples, steers, detection, parse_failures, prompts,
-                           seconds)  # fmt: skip
+    store = RunStore(run)
+    try:
+        store.check_settings(_settings(lm, judge, site, chat, selection, max_new_tokens,
+                                       temperature, seed, level, n_boot))  # fmt: skip
+        store.check_parts("concepts", [(d.name, k, _data_fingerprint(d))
+                                       for k, d in enumerate(data_list) if k % n == i],
+                          "concept")  # fmt: skip
+        store.check_parts("methods", [(m.name, k, _method_fingerprint(m))
+                                      for k, m in enumerate(methods)], "method")  # fmt: skip
+        data_list = data_list[i::n]
+        try:
+            _prompts(lm, data_list, methods, judge, store, chat, max_new_tokens)
+            seconds = run_cells(lm, maker, data_list, methods, site, judge, store, progress,
+                           {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                            "seed": seed, "chat": chat})  # fmt: skip
+        except BaseException as error:  # Ctrl-C too: say where the finished work is
+            if run is not None:
+                error.add_note(f"Everything finished is kept in run={str(run)!r}: call "
+                               "sl.evals.benchmark again with the same arguments to resume, "
+                               f"or read what it holds with sl.evals.load_run({str(run)!r}).")  # fmt: skip
+            raise
+        names = [(d.name, list(d.instructions)) for d in data_list]
+        result = _result(dict.fromkeys([d.name for d in data_list], store), names,
+                         [m.name for m in methods], selection, level, n_boot, seed, maker, site,
+                         seconds)  # fmt: skip
+    finally:
+        store.close()
+    empty = [f"{r['method']} / {r['concept']}: {r['empty']}" for r in result.table if r["empty"]]
+    if empty:
+        warnings.warn(f"Empty or blank generations (method / concept: count): "
+                      f"{'; '.join(empty)}. They are rated as the judge sees them; a cell "
+                      "marked degenerate in result.table says little about steering.",
+                      EmptyGenerationWarning, stacklevel=2)  # fmt: skip
+    return result
 
 
-def _check(lm: Any, concepts: Any, methods: Any, site: Any, judge: Any, selection: Any,
-           max_new_tokens: Any, temperature: Any, seed: Any, chat: Any, level: float,
-           n_boot: int, maker: Any) -> dict[str, Any]:  # fmt: skip
-    """Every refusal, before any compute; the run's concepts, methods, chat and prompts."""
-    check_make_on(lm, maker)
-    concepts = _check_concepts(concepts)
-    methods = resolve_methods(methods)
-    _check_splits(concepts, methods, selection)
-    if not isinstance(site, str):
-        raise SteerError(f"site must be a site name such as 'blocks.2.hook_resid_pre'; got "
-                         f"{site!r:.60}.")  # fmt: skip
-    resolve(site, lm.sites())
-    if as_int(max_new_tokens) is None or max_new_tokens < 1:
-        raise SteerError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}.")
-    check_bootstrap(level, n_boot)
-    Sampling(temperature=temperature, seed=seed)  # refuses a bad temperature or seed by name
-    cannot = [m.name for m in methods if getattr(m, "in_process", False)]
-    if cannot and not maker.engine.capabilities.capture:
-        raise SteerError(f"Methods {cannot} read activations or train, which the "
-                         f"{lm.engine.kind} engine cannot do: give make_on= an in-process "
-                         "model with the same weights (sl.load(..., backend='hf')), pass "
-                         "steers made elsewhere as sl.evals.Method(name, make=lambda lm, data, "
-                         "site: steer), or leave them out.")  # fmt: skip
-    _check_judge(judge, methods)
-    chat = has_chat_template(lm.tokenizer) if chat is None else flag(chat, "chat")
-    # the prompting arms' prompts, written now (by the judge where none is given), so that
-    # every input the run will feed is checked against the window before any compute
-    prompts: dict[tuple[str, str], str] = {}
-    inputs = [i for d in concepts for i in d.instructions]
+class EmptyGenerationWarning(UserWarning):
+    """A benchmark run made empty or blank generations (``result.table``'s ``empty``)."""
+
+
+def load_run(run: str | Path) -> BenchmarkResult:
+    """What a finished or interrupted run folder holds, as a ``BenchmarkResult``: every
+    stored concept and method, with the samples rated so far (an unfinished cell is scored
+    on its rated samples; a cell with none has no row). Needs no model.
+
+    >>> result = sl.evals.load_run("runs/ocean")  # doctest: +SKIP
+    """
+    return merge_runs([run])
+
+
+def merge_runs(runs: Sequence[str | Path]) -> BenchmarkResult:
+    """One result from the run folders of shards (``benchmark(..., shard=(i, n))``) of one
+    run: the same settings, methods and concept data in each. Concepts keep the order of
+    the unsharded list, so the tables equal one unsharded run's.
+
+    >>> result = sl.evals.merge_runs(["runs/part0", "runs/part1"])  # doctest: +SKIP
+    """
+    if isinstance(runs, (str, Path)) or not isinstance(runs, Sequence) or not runs:
+        raise SteerError(f"runs must be a non-empty list of run folders; got {runs!r:.80}.")
+    for run in runs:
+        if not isinstance(run, (str, Path)) or not exists(run):
+            raise SteerError(f"run={run!r:.80} holds no benchmark run (no {DATABASE} in it).")
+    stores = [RunStore(run) for run in runs]
+    try:
+        settings = stores[0].settings()
+        where: dict[str, RunStore] = {}
+        order: dict[str, tuple[int, str]] = {}
+        methods = stores[0].fingerprints("methods")
+        for run, store in zip(runs, stores):
+            _same_run(settings, store.settings(), runs[0], run)
+            for name, (position, mark) in store.fingerprints("methods").items():
+                if methods.setdefault(name, (position, mark))[1] != mark:
+                    raise SteerError(f"Method {name!r} has other settings in {str(run)!r} than "
+                                     f"in {str(runs[0])!r}; these are not shards of one run.")  # fmt: skip
+            for name, instructions in store.concepts():
+                if name in where:
+                    raise SteerError(f"Concept {name!r} is in {str(run)!r} and in another of "
+                                     "these runs; give each shard's folder once.")  # fmt: skip
+                where[name] = store
+                order[name] = (store.fingerprints("concepts")[name][0], json.dumps(instructions))
+        concepts = [(name, json.loads(order[name][1]))
+                    for name in sorted(order, key=lambda c: order[c][0])]  # fmt: skip
+        names = sorted(methods, key=lambda m: methods[m][0])
+        return _result(where, concepts, names, settings["selection"], settings["level"],
+                       settings["n_boot"], settings["seed"], None, settings["site"], {})  # fmt: skip
+    finally:
+        for store in stores:
+            store.close()
+
+
+def _same_run(first: dict[str, Any], other: dict[str, Any], a: Any, b: Any) -> None:
+    for key in first.keys() | other.keys():
+        if first.get(key) != other.get(key):
+            raise SteerError(f"{str(b)!r} holds a run with {key}={other.get(key)!r}, and "
+                             f"{str(a)!r} one with {key}={first.get(key)!r}; only shards of "
+                             "one run merge.")  # fmt: skip
+
+
+def _settings(lm: Any, judge: Any, site: str, chat: bool, selection: float,
+              max_new_tokens: int, temperature: float, seed: int, level: float,
+              n_boot: int) -> dict[str, Any]:  # fmt: skip
+    """What decides a run's results, stored with it (``progress`` does not)."""
+    identity = model_id(lm)
+    model = getattr(judge, "model", None)  # the judge's model; where it is served may move
+    if isinstance(model, str):
+        judge_name = model
+    else:
+        judge_name = repr(judge) if " at 0x" not in repr(judge) else type(judge).__qualname__
+    return {"model": {"name": identity.name, "config_sha256": identity.config_sha256},
+            "site": site, "chat": chat, "selection": float(selection),
+            "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
+            "seed": int(seed), "judge": judge_name, "level": float(level),
+            "n_boot": int(n_boot)}  # fmt: skip
+
+
+def _data_fingerprint(data: ConceptData) -> dict[str, Any]:
+    return {"positives": list(data.positives), "negatives": list(data.negatives),
+            "pairs": [[p.prompt, p.chosen, p.rejected] for p in data.pairs],
+            "instructions": list(data.instructions)}  # fmt: skip
+
+
+def _method_fingerprint(method: Method | Prompting) -> dict[str, Any]:
+    if isinstance(method, Prompting):
+        return {"kind": "prompting", "prompt": method.prompt, "template": method.template,
+                "factors": list(method.factors)}  # fmt: skip
+    return {"kind": "method", "factors": list(method.factors), "needs": list(method.needs),
+            "site": method.site}  # fmt: skip
+
+
+def _prompts(lm: Any, concepts: list[ConceptData], methods: list[Method | Prompting],
+             judge: Any, store: RunStore, chat: bool, max_new_tokens: int) -> None:  # fmt: skip
+    """The prompting arms' prompts, stored: given, already stored, or written by the judge
+    now (a paid call, so after every cheap check), then the inputs checked against the
+    window."""
+    inputs = []
     for method in (m for m in methods if isinstance(m, Prompting)):
         for data in concepts:
-            prompt = method.prompt_for(judge, data.name)
-            prompts[(method.name, data.name)] = prompt
+            cell = (method.name, data.name)
+            prompt = method.prompt or store.prompt(cell)
+            if prompt is None:
+                prompt = method.prompt_for(judge, data.name)  # checked: usable, on concept
+                store.put_prompt(cell, prompt)
+            elif method.prompt is not None and store.prompt(cell) is None:
+                store.put_prompt(cell, prompt)
             inputs += method.inputs(prompt, data.instructions)
-    longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
-    check_window(lm.n_ctx, longest, int(max_new_tokens))
-    return {"concepts": concepts, "methods": methods, "chat": chat, "prompts": prompts}
+    if inputs:
+        longest = max(len(encode(lm.tokenizer, i, chat=chat)) for i in inputs)
+        check_window(lm.n_ctx, longest, int(max_new_tokens))
 
 
-def _check_concepts(concepts: Any) -> list[ConceptData]:
-    if isinstance(concepts, ConceptData):
-        concepts = [concepts]
-    if isinstance(concepts, (str, bytes)) or not isinstance(concepts, Sequence) or not concepts:
-        raise SteerError("concepts must be a non-empty list of sl.evals.ConceptData; got "
-                         f"{concepts!r:.80}.")  # fmt: skip
-    for i, data in enumerate(concepts):
-        if not isinstance(data, ConceptData):
-            raise SteerError(f"concepts[{i}] is {type(data).__name__}, not "
-                             "sl.evals.ConceptData.")  # fmt: skip
-    names = [d.name for d in concepts]
-    if len(set(names)) != len(names):
-        raise SteerError(f"Concept names repeat: {names}; each concept needs its own name.")
-    return list(concepts)
-
-
-def _check_splits(concepts: list[ConceptData], methods: list[Method | Prompting],
-                  selection: Any) -> None:  # fmt: skip
-    """Each concept has both splits and the data each method reads."""
-    if isinstance(selection, bool) or not isinstance(selection, (int, float)) \
-            or not 0 < selection < 1:  # fmt: skip
-        raise SteerError(f"selection must be a share in (0, 1); got {selection!r}.")
-    for data in concepts:
-        n = len(data.instructions)
-        if n < 2:
-            raise SteerError(f"Concept {data.name!r} has {n} instruction(s); the protocol needs "
-                             "at least 2: some to choose the factor, the rest to test it.")  # fmt: skip
-        n_select = math.floor(n * selection)
-        if not 1 <= n_select < n:
-            raise SteerError(f"selection={selection} leaves concept {data.name!r} "
-                             f"{n_select} of {n} instructions to choose the factor and "
-                             f"{n - n_select} to test it; each split needs at least one.")  # fmt: skip
+def _result(where: dict[str, RunStore], concepts: list[tuple[str, list[str]]],
+            methods: list[str], selection: float, level: float, n_boot: int, seed: int,
+            lm: Any, site: str, seconds: dict[str, float]) -> BenchmarkResult:  # fmt: skip
+    """The run's result, built from the stores alone (``where``: each concept's), so a
+    resumed or merged run gives the same."""
+    samples, failures = [], 0
+    for name, instructions in concepts:
+        n_select = math.floor(len(instructions) * selection)
+        store = where[name]
         for method in methods:
-            empty = [f for f in method.needs if not getattr(data, f)]
-            if empty:
-                raise SteerError(f"Method {method.name!r} needs ConceptData.{empty[0]}, and "
-                                 f"concept {data.name!r} has none.")  # fmt: skip
-
-
-def _check_judge(judge: Any, methods: list[Method | Prompting]) -> None:
-    """The judge rates, writes prompts where a prompting arm asks it to, and answers."""
-    if not callable(getattr(judge, "rate", None)):
-        raise SteerError(f"judge must have rate(concept, instruction, text); got "
-                         f"{type(judge).__name__}.")  # fmt: skip
-    judge_workers(judge)
-    if any(isinstance(m, Prompting) and m.prompt is None for m in methods) \
-            and not callable(getattr(judge, "write_prompt", None)):  # fmt: skip
-        raise SteerError("Prompting(prompt=None) has the judge write each concept's prompt, and "
-                         f"this judge ({type(judge).__name__}) has no write_prompt(concept); "
-                         "give sl.evals.Prompting(prompt='...').")  # fmt: skip
-    ping = getattr(judge, "ping", None)
-    if callable(ping):
-        ping()  # an unreachable judge is refused now, not after the generations
-
-
-def _make(lm: Any, method: Method | Prompting, data: ConceptData, site: str,
-          prompts: dict[tuple[str, str], str]) -> tuple[Any, list[str]]:  # fmt: skip
-    """The method's steer (None for prompting) and the model inputs it generates from."""
-    if isinstance(method, Prompting):
-        return None, method.inputs(prompts[(method.name, data.name)], data.instructions)
-    steer = method.make(lm, data, site)
-    try:
-        steers = as_steers(steer)
-    except SteerError as error:
-        raise SteerError(f"Method {method.name!r} made {type(steer).__name__}, not a steer: "
-                         f"{error}") from None  # fmt: skip
-    if not steers:
-        raise SteerError(f"Method {method.name!r} made no steer for concept {data.name!r}.")
-    return steer, list(data.instructions)
+            cell = (method, name)
+            rated = store.ratings(cell)
+            for row, factor, i, model_input, text in store.generations(cell):
+                if row not in rated:
+                    continue
+                raw, replies = rated[row]
+                sample = {"method": method, "concept": name, "factor": factor,
+                          "instruction_index": i,
+                          "split": "selection" if i < n_select else "test",
+                          "instruction": instructions[i], "model_input": model_input,
+                          "text": text}  # fmt: skip
+                failures += score_sample(sample, raw)
+                sample["judge_replies"] = replies
+                samples.append(sample)
+    names = [n for n, _ in concepts]
+    steers = {(m, c): where[c].steer((m, c), lm) for c in names for m in methods
+              if where[c].has_steer((m, c))}  # fmt: skip
+    found, prompts = {}, {}
+    for store in {id(s): s for s in where.values()}.values():
+        found.update({(m, c): (a, n) for m, c, a, n in store.detection()})
+        prompts.update(store.prompts())
+    if lm is not None and not lm.engine.capabilities.capture:  # lm: the maker here
+        detection = detection_table(lm, [], [], {}, site)  # says why it was not measured
+    else:
+        detection = detection_rows([{"method": m, "concept": c, "auroc": found[(m, c)][0],
+                                     "n": found[(m, c)][1]}
+                                    for c in names for m in methods if (m, c) in found])  # fmt: skip
+    table = factor_table(samples, names, methods)
+    board = leaderboard_table(samples, table, methods, level, n_boot, seed)
+    prompts = {cell: p for cell, p in prompts.items() if cell[0] in methods and cell[1] in names}
+    return BenchmarkResult(table, board, samples, steers, detection, failures, prompts, seconds)

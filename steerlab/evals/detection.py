@@ -132,5 +132,10 @@ def detection_table(lm: Any, concepts: list[ConceptData], methods: Sequence[Any]
             pos, neg = max_latents(read[0], direction), max_latents(read[1], direction)
             records.append({"method": method.name, "concept": data.name,
                             "auroc": roc_auc(pos, neg), "n": len(pos) + len(neg)})  # fmt: skip
+    return detection_rows(records)
+
+
+def detection_rows(records: list[dict[str, Any]]) -> Table:
+    """The detection table of measured rows (method, concept, auroc, n)."""
     return Table("concept detection: ROC AUC of positives against negatives (max over tokens "
-                 "of h·v̂)", columns, records, {"auroc": ".3f"})  # fmt: skip
+                 "of h·v̂)", ["method", "concept", "auroc", "n"], records, {"auroc": ".3f"})  # fmt: skip

@@ -228,12 +228,16 @@ class Judge:
             JudgeError: the judge did not answer (after ``max_retries``), or its answer is
                 not a chat completion.
         """
+        return self.rate_with_replies(concept, instruction, text)[0]
+
+    def rate_with_replies(self, concept: str, instruction: str, text: str
+                          ) -> tuple[tuple[float, float, float], tuple[str, str, str]]:  # fmt: skip
+        """``rate``'s three ratings and the judge's three replies they were read from."""
         fields = {"concept": concept, "instruction": instruction, "text": text}
-        values = []
-        for name in CRITERIA:
-            rating = parse_rating(self.ask(_ASK[name].format(**fields) + _FORMAT))
-            values.append(math.nan if rating is None else rating)
-        return values[0], values[1], values[2]
+        replies = [self.ask(_ASK[name].format(**fields) + _FORMAT) for name in CRITERIA]
+        values = [parse_rating(reply) for reply in replies]
+        c, i, f = (math.nan if v is None else v for v in values)
+        return (c, i, f), (replies[0], replies[1], replies[2])
 
     def write_prompt(self, concept: str) -> str:
         """A prompt that asks a model to bring ``concept`` into its replies, written by the

@@ -51,6 +51,8 @@ class Method:
         needs: the ``ConceptData`` fields ``make`` reads (refused up front when empty).
         in_process: ``make`` reads activations or trains, which needs an in-process model
             (refused up front on vLLM).
+        site: where this method's steer acts, when not at the benchmark's ``site=`` (its
+            ``make`` is given this site); a steer made elsewhere is refused.
 
     >>> Method("twice-mean", make=lambda lm, data, site: None, factors=[1, 2]).factors
     (1.0, 2.0)
@@ -61,9 +63,13 @@ class Method:
     factors: Sequence[float] = FACTORS
     needs: tuple[str, ...] = ()
     in_process: bool = False
+    site: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "Method")
+        if self.site is not None and not isinstance(self.site, str):
+            raise SteerError(f"Method {self.name!r}: site must be a site name or None; got "
+                             f"{self.site!r:.60}.")  # fmt: skip
         if not callable(self.make):
             raise SteerError(f"Method {self.name!r}: make must be a function "
                              "(lm, data, site) -> steer.")  # fmt: skip

@@ -10,11 +10,15 @@ import plotly.graph_objects as go
 
 from steerlab.plots.theme import PALETTE, apply
 
+_DEGENERATE = "x"  # a concept's marker where most of the cell's texts are one text or empty
+
 
 def leaderboard(result: Any, *, title: str | None = None) -> go.Figure:
     """Horizontal bars, best method on top: the mean test score over concepts (0-2) with
     its bootstrap interval, and a marker per concept at that concept's test score, each
     concept a little above or below the bar's middle so equal scores never hide each other.
+    A cell marked degenerate (most texts empty or one and the same) is drawn as a cross, and
+    its method's bar says how many.
 
     Args:
         result: a ``BenchmarkResult`` (its ``leaderboard`` and ``table``).
@@ -50,12 +54,19 @@ def leaderboard(result: Any, *, title: str | None = None) -> go.Figure:
             y=[row[m] + dodge for m in shown], x=[rows[m]["score"] for m in shown],
             mode="markers", name=concept, cliponaxis=False,
             marker={"color": PALETTE[(i + 1) % len(PALETTE)], "size": 10,
-                    "symbol": ["circle", "diamond", "square", "triangle-up"][i % 4],
+                    "symbol": [_DEGENERATE if rows[m].get("degenerate") else
+                               ["circle", "diamond", "square", "triangle-up"][i % 4]
+                               for m in shown],
                     "line": {"width": 1, "color": "white"}},
             customdata=[[m, rows[m]["factor"]] for m in shown],
             hovertemplate=f"{concept}<br>%{{customdata[0]}}: %{{x:.3f}} at factor "
                           "%{customdata[1]:g}<extra></extra>",
         ))  # fmt: skip
+    for record in board:  # cells whose texts are mostly one text (or empty): say so on the bar
+        if record.get("degenerate"):
+            fig.add_annotation(x=record["score"], y=row[record["method"]], xanchor="left",
+                               showarrow=False, font={"size": 11},
+                               text=f" ✕ {record['degenerate']} degenerate")  # fmt: skip
     fig.update_layout(
         title=title or "Which steer works: judged score on held-out instructions",
         xaxis={"title": "score (harmonic mean of concept, instruction, fluency; 0-2)",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from steerlab.core.errors import SteerError
 from steerlab.toy.corpus import CONCEPTS
 from steerlab.toy.metrics import concept_score
 from steerlab.vectors.scoring import completion_nll
@@ -71,6 +72,20 @@ class ToyJudge:
             follows = 2.0 * (1.0 - abs(kept - wanted))
         return (0.0 if math.isnan(shown) else 2.0 * shown, follows, self.fluency(text))
 
+    def rate_with_replies(self, concept: str, instruction: str, text: str
+                          ) -> tuple[tuple[float, float, float], tuple[str, str, str]]:  # fmt: skip
+        """``rate``'s ratings and a reply per criterion saying which rule gave it."""
+        ratings = self.rate(concept, instruction, text)
+        why = ("the share of the concept's pole words among its lexicon words, times 2",
+               "the instruction's other attribute kept in the text",
+               "the unsteered toy's perplexity of the text")  # fmt: skip
+        c, i, f = (f"By {rule}.\nRating: {value:g}" for rule, value in zip(why, ratings))
+        return ratings, (c, i, f)
+
+    def check_concept(self, concept: str) -> None:
+        """Refuse a concept this judge has no rule for (before a benchmark generates)."""
+        _concept(concept)
+
     def fluency(self, text: str) -> float:
         """2 at perplexity ``good`` or below, 0 at ``bad`` or above, log-linear between."""
         if not text.strip():
@@ -96,5 +111,5 @@ class ToyJudge:
 
 def _concept(name: str) -> str:
     if name not in NAMES:
-        raise ValueError(f"ToyJudge knows the toy's concepts {sorted(NAMES)}; got {name!r}.")
+        raise SteerError(f"ToyJudge knows the toy's concepts {sorted(NAMES)}; got {name!r}.")
     return NAMES[name]
