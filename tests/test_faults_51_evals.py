@@ -554,3 +554,20 @@ def test_a_socks_proxy_in_the_environment_is_refused_by_name(monkeypatch):
     with pytest.raises(sl.SteerError, match="only http:// and https:// proxies") as info:
         Judge("http://judge.invalid/v1", "m")
     assert info.value.field == "base_url"
+
+
+def test_a_template_without_prompt_is_the_instruction_alone_and_asks_no_judge():
+    """``Prompting(template="{instruction}")``: the unsteered arm (tutorial 12); no prompt is
+    written, and one given would never be used, so it is refused by name."""
+    arm = sl.evals.Prompting(template="{instruction}", name="unsteered", factors=[0])
+    assert not arm.asks_judge and sl.evals.Prompting().asks_judge
+
+    class Mute:  # a judge that cannot write prompts: never asked
+        def write_prompt(self, concept):
+            raise AssertionError("asked to write a prompt")
+
+    assert arm.prompt_for(Mute(), "the sea") == ""
+    assert arm.inputs("", ["Tell me a story."]) == ["Tell me a story."]
+    with pytest.raises(sl.SteerError, match=r"no \{prompt\}.*never be used") as caught:
+        sl.evals.Prompting(prompt="Talk of the sea.", template="{instruction}")
+    assert caught.value.field == "prompt"

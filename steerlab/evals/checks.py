@@ -139,7 +139,7 @@ def _check_judge(judge: Any, methods: list[Method | Prompting], concepts: list[s
         raise SteerError(f"judge must have rate(concept, instruction, text); got "
                          f"{type(judge).__name__}.")  # fmt: skip
     judge_workers(judge)
-    if any(isinstance(m, Prompting) and m.prompt is None for m in methods) \
+    if any(isinstance(m, Prompting) and m.asks_judge for m in methods) \
             and not callable(getattr(judge, "write_prompt", None)):  # fmt: skip
         raise SteerError("Prompting(prompt=None) has the judge write each concept's prompt, and "
                          f"this judge ({type(judge).__name__}) has no write_prompt(concept); "

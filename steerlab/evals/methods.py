@@ -87,7 +87,9 @@ class Prompting:
             does (the judge needs ``write_prompt(concept)``).
         template: how the prompt and an instruction become the model's input: ``{prompt}``
             and ``{instruction}`` are filled in by name, every other brace is text (JSON
-            included).
+            included). A template without ``{prompt}`` is the unsteered model on the
+            instruction alone (``Prompting(template="{instruction}", name="unsteered")``):
+            no prompt is written or given.
         name: the arm's row in the leaderboard.
         factors: the arm's factor (prompting has no strength; kept for the tables).
     """
@@ -104,6 +106,11 @@ class Prompting:
             raise SteerError(f"Prompting prompt must be a non-empty string or None; got "
                              f"{self.prompt!r:.60}.")  # fmt: skip
         _check_template(self.template)
+        if self.prompt is not None and "{prompt}" not in self.template:
+            raise SteerError(f"Prompting template {self.template!r:.60} has no {{prompt}}, so the "
+                             f"prompt {self.prompt!r:.40} would never be used: leave prompt=None "
+                             "for the instruction alone, or put {prompt} in the template.",
+                             "prompt")  # fmt: skip
         object.__setattr__(self, "factors", tuple(real_list(self.factors, "Prompting factors")))
         object.__setattr__(self, "needs", tuple(list_of(self.needs, "Prompting needs")))
 
@@ -112,11 +119,18 @@ class Prompting:
         return [_fill(self.template, {"prompt": prompt, "instruction": i})
                 for i in list_of(instructions, "instructions")]  # fmt: skip
 
+    @property
+    def asks_judge(self) -> bool:
+        """Whether the judge writes this arm's prompt (none given, and the template uses one)."""
+        return self.prompt is None and "{prompt}" in self.template
+
     def prompt_for(self, judge: Any, concept: str) -> str:
         """This arm's prompt for ``concept``: its own, or the one the judge writes (checked:
         a prompt the judge wrote in no usable form is refused, naming the concept)."""
         if self.prompt is not None:
             return self.prompt
+        if not self.asks_judge:
+            return ""  # the template uses no prompt
         return check_written_prompt(judge.write_prompt(concept), concept)
 
 
