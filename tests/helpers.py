@@ -18,3 +18,15 @@ def load_tiny(tiny_dirs: dict[str, str], family: str, backend: str) -> sl.Steera
     if key not in _loaded:
         _loaded[key] = sl.load(tiny_dirs[family], backend=backend)
     return _loaded[key]
+
+
+class NoGeneration:
+    """Patches the model so any forward pass or generation fails the test."""
+
+    @staticmethod
+    def install(monkeypatch, lm) -> None:
+        def never(*args, **kwargs):
+            raise AssertionError("computed before refusing")
+
+        monkeypatch.setattr(type(lm), "generate", never)
+        monkeypatch.setattr(type(lm.model), "forward", never)

@@ -22,6 +22,7 @@ from collections import Counter
 import pytest
 import torch
 from fastapi import FastAPI, Request
+from helpers import NoGeneration
 
 import steerlab as sl
 from steerlab.evals import Judge, JudgeError
@@ -51,18 +52,6 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class NoGeneration:
-    """Patches the model so any forward pass or generation fails the test."""
-
-    @staticmethod
-    def install(monkeypatch, lm) -> None:
-        def never(*args, **kwargs):
-            raise AssertionError("computed before refusing")
-
-        monkeypatch.setattr(type(lm), "generate", never)
-        monkeypatch.setattr(type(lm.model), "forward", never)
 
 
 class StubRater:

@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import NoGeneration
 
 import steerlab as sl
 from steerlab.evals.benchmark import EmptyGenerationWarning
@@ -362,18 +363,6 @@ def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_tabl
 
 
 # --- checked before the first generation -------------------------------------------------
-
-
-class NoGeneration:
-    """Any generation or forward pass fails the test."""
-
-    @staticmethod
-    def install(monkeypatch, lm) -> None:
-        def never(*args, **kwargs):
-            raise AssertionError("computed before refusing")
-
-        monkeypatch.setattr(type(lm), "generate", never)
-        monkeypatch.setattr(type(lm.model), "forward", never)
 
 
 def test_a_judge_model_that_does_not_rate_is_refused_before_any_generation(toy_lm, monkeypatch):
