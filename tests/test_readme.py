@@ -14,7 +14,7 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     # tests/test_concept_data.py
     runnable = [b for b in blocks if "meta-llama" not in b and "sl.train." not in b
                 and "inspect_ai" not in b and "write_concept_data" not in b]  # fmt: skip
-    assert len(runnable) == 8
+    assert len(runnable) == 9
     monkeypatch.chdir(tmp_path)  # the quickstart writes happy.safetensors and norms.pdf
     namespace: dict = {}
     for block in runnable:
@@ -30,4 +30,8 @@ def test_quickstart_blocks_run(tmp_path, monkeypatch):
     board = {r["method"]: r["score"] for r in namespace["result"].leaderboard}  # the benchmark
     assert set(board) == {"mean_diff", "prompt", "random"}
     kept, merged = namespace["kept"], namespace["merged"]  # a run folder, and two shards'
+    capability = namespace["capability"]  # the lm-eval recipe: both models on both toy tasks
+    for side in (capability.unsteered, capability.steered):
+        assert {"toy_sentiment", "toy_stories"} <= set(side["results"])
+    assert capability.unsteered["results"] != capability.steered["results"]
     assert repr(list(merged.table)) == repr(list(kept.table)) and len(kept.table) == 4

@@ -23,6 +23,7 @@ from steerlab.toy.corpus import (
 )
 from steerlab.toy.judge import ToyJudge
 from steerlab.toy.metrics import concept_score, mean_concept_score, perplexity, trigger_rate
+from steerlab.toy.tasks import lm_eval_tasks
 from steerlab.toy.writer import ToyWriter
 
 MODELS = EMBEDDED
@@ -41,6 +42,7 @@ __all__ = [
     "asset_path",
     "concept_data",
     "concept_score",
+    "lm_eval_tasks",
     "mean_concept_score",
     "perplexity",
     "trigger_rate",
