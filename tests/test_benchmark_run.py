@@ -445,6 +445,12 @@ def test_a_steer_at_another_site_is_refused_unless_the_method_says_so(toy_lm, tm
     result = sl.evals.benchmark(toy_lm, concepts()[:1], [own], judge=CountingJudge(),
                                 **OPTIONS)  # fmt: skip
     assert list(result.steers[("own", "happiness")].directions) == [other]
+    # its detection is measured where it steers: as a run whose site is the method's own
+    there = sl.evals.benchmark(toy_lm, concepts()[:1],
+                               [sl.evals.Method("own", make=_extract, factors=[1.0])],
+                               judge=CountingJudge(), **{**OPTIONS, "site": other})  # fmt: skip
+    assert len(result.detection) == 1
+    assert list(result.detection) == list(there.detection)
 
 
 # --- honest results -------------------------------------------------------------------

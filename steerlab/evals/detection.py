@@ -111,8 +111,9 @@ def _direction(steer: Any, site: str) -> Any:
 
 def detection_table(lm: Any, concepts: list[ConceptData], methods: Sequence[Any],
                     steers: dict[tuple[str, str], Any], site: str) -> Table:  # fmt: skip
-    """Method x concept ROC AUC, for the methods whose steer is one direction at ``site``;
-    each concept's texts are read once, whatever the number of methods."""
+    """Method x concept ROC AUC, for the methods whose steer is one direction at ``site``
+    (or at the method's own ``site``, where it has one); each concept's texts are read once
+    a site, whatever the number of methods."""
     columns = ["method", "concept", "auroc", "n"]
     if not lm.engine.capabilities.capture:  # vLLM: no activations to read
         return Table(f"concept detection: not measured, the {lm.engine.kind} engine does not "
@@ -121,15 +122,16 @@ def detection_table(lm: Any, concepts: list[ConceptData], methods: Sequence[Any]
     for data in concepts:
         if not data.positives or not data.negatives:
             continue
-        read: tuple[list[Any], list[Any]] | None = None
+        read: dict[str, tuple[list[Any], list[Any]]] = {}
         for method in methods:
-            direction = _direction(steers.get((method.name, data.name)), site)
+            where = getattr(method, "site", None) or site
+            direction = _direction(steers.get((method.name, data.name)), where)
             if direction is None:
                 continue
-            if read is None:  # the texts' activations, once per concept
-                read = (token_activations(lm, list(data.positives), site),
-                        token_activations(lm, list(data.negatives), site))  # fmt: skip
-            pos, neg = max_latents(read[0], direction), max_latents(read[1], direction)
+            if where not in read:  # the texts' activations, once per concept and site
+                read[where] = (token_activations(lm, list(data.positives), where),
+                               token_activations(lm, list(data.negatives), where))  # fmt: skip
+            pos, neg = (max_latents(h, direction) for h in read[where])
             records.append({"method": method.name, "concept": data.name,
                             "auroc": roc_auc(pos, neg), "n": len(pos) + len(neg)})  # fmt: skip
     return detection_rows(records)
