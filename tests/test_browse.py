@@ -2,7 +2,7 @@
 
 The widget's state (which cell, which factor, which samples in which order, which text beside
 each) is read back from its controls and the HTML it renders, and checked against the samples
-recomputed here in plain Python. ``tests/browser/test_browse.py`` drives it in JupyterLab.
+recomputed here in plain Python. ``tests/browser/test_sample_browser.py`` drives it in JupyterLab.
 """
 
 from __future__ import annotations
