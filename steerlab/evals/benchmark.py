@@ -218,7 +218,13 @@ def load_run(run: str | Path) -> BenchmarkResult:
     stored concept and method, with the samples rated so far (an unfinished cell is scored
     on its rated samples; a cell with none has no row). Needs no model.
 
-    >>> result = sl.evals.load_run("runs/ocean")  # doctest: +SKIP
+    >>> import tempfile, steerlab.toy as toy
+    >>> folder, data = tempfile.mkdtemp(), toy.concept_data("sentiment", n=4)
+    >>> done = sl.evals.benchmark(lm, data, ["mean_diff"], site="blocks.2.hook_resid_pre",
+    ...                           judge=toy.ToyJudge(), max_new_tokens=4, run=folder,
+    ...                           progress=False)
+    >>> sl.evals.load_run(folder).table[0]["score"] == done.table[0]["score"]
+    True
     """
     return merge_runs([run])
 
@@ -228,7 +234,15 @@ def merge_runs(runs: Sequence[str | Path]) -> BenchmarkResult:
     run: the same settings, methods and concept data in each. Concepts keep the order of
     the unsharded list, so the tables equal one unsharded run's.
 
-    >>> result = sl.evals.merge_runs(["runs/part0", "runs/part1"])  # doctest: +SKIP
+    >>> import tempfile, steerlab.toy as toy
+    >>> both = [toy.concept_data("sentiment", n=4), toy.concept_data("setting", n=4)]
+    >>> parts = [tempfile.mkdtemp() for _ in range(2)]
+    >>> for i, part in enumerate(parts):  # two shards, one concept each
+    ...     _ = sl.evals.benchmark(lm, both, ["mean_diff"], site="blocks.2.hook_resid_pre",
+    ...                            judge=toy.ToyJudge(), max_new_tokens=4, run=part,
+    ...                            shard=(i, 2), progress=False)
+    >>> [row["concept"] for row in sl.evals.merge_runs(parts).table]
+    ['happiness', 'the sea']
     """
     if isinstance(runs, (str, Path)) or not isinstance(runs, Sequence) or not runs:
         raise SteerError(f"runs must be a non-empty list of run folders; got {runs!r:.80}.")

@@ -98,9 +98,12 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[object]:
-    """One headless Chromium for the whole session."""
+    """One headless Chromium a module. Not one for the session: Playwright's sync API keeps
+    an asyncio loop marked running in the main thread while it is open, and every later
+    test that starts a loop of its own (Inspect's ``eval``) would fail with "cannot be
+    called from a running event loop"."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
