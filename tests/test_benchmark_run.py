@@ -537,3 +537,22 @@ def test_runs_of_other_settings_do_not_merge(reference, toy_lm, tmp_path):
         sl.evals.merge_runs([folder, other])
     with pytest.raises(sl.SteerError, match="'happiness' is in .* and in another"):
         sl.evals.merge_runs([folder, folder])
+
+
+def test_a_model_in_other_processes_is_shared_with_no_judge(toy_lm):
+    """A vLLM model keeps its weights in its workers (``lm.model`` raises): a judge with an
+    in-process model of its own does not share it, and the check does not fail on it."""
+    from steerlab.evals.pipeline import _shares_model
+    from steerlab.toy import ToyJudge
+
+    class Elsewhere:
+        backend = None
+
+        @property
+        def model(self):
+            raise AttributeError("the model is in other processes")
+
+    remote = Elsewhere()
+    assert not _shares_model(ToyJudge(toy_lm), remote)
+    assert _shares_model(type("J", (), {"lm": remote})(), remote)
+    assert _shares_model(ToyJudge(toy_lm), toy_lm)

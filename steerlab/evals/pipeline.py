@@ -142,7 +142,11 @@ class _Rater:
 def _shares_model(judge: Any, lm: Any) -> bool:
     """Whether the judge rates through the benchmark's model (``judge.lm``)."""
     other = getattr(judge, "lm", None)
-    return other is lm or (other is not None and getattr(other, "model", None) is lm.model)
+    if other is lm:
+        return True
+    if other is None or getattr(lm, "backend", None) is None:  # vLLM: its model is elsewhere
+        return False
+    return getattr(other, "model", None) is lm.model
 
 
 @contextmanager
