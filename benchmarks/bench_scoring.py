@@ -446,7 +446,9 @@ if __name__ == "__main__":
     from sections import replace_section
 
     args = _args()
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))  # as benchmarks/run.py
+    torch.set_num_threads(
+        int(os.environ.get("BENCH_THREADS", str(torch.get_num_threads())))
+    )  # as run.py
     if args.section in ("both", "in-process"):
         replace_section(main_in_process(args.quick, args.device))
     if args.section in ("both", "server"):
