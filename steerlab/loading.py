@@ -9,6 +9,7 @@ fail with a message that says why, before any weights are read.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,6 +190,7 @@ def load(
     pipeline_parallel_size: int | None = None,
     max_model_len: int | None = None,
     vllm_args: dict[str, Any] | None = None,
+    graph: str | Sequence[str] | None = None,
 ) -> SteerableModel:
     """Load a causal LM on one of four backends, with canonical hook sites.
 
@@ -213,9 +215,13 @@ def load(
         pipeline_parallel_size: vLLM only: stages the layers are split into.
         max_model_len: vLLM only: the longest prompt plus completion, in tokens.
         vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...);
-            ``{"enforce_eager": True}`` runs vLLM eagerly (compiled by default, with the
-            steering built into the graph: see ``engine/vllm/graph.py``). On a CPU eager
-            is as fast and starts in seconds, not minutes (the README's figures).
+            ``{"enforce_eager": True}`` or ``False`` chooses the mode. By default eager on
+            a CPU (as fast there, and it starts in seconds, not minutes: the README's
+            figures), compiled elsewhere.
+        graph: vLLM compiled only: the sites to build steering into the compiled graph
+            (``["blocks.6.hook_resid_pre"]``, or ``"all"``); forwards that steer or read
+            elsewhere run uncompiled, exactly. None: plain vLLM's graph, so unsteered
+            requests cost what they cost on vLLM (see ``engine/vllm/graph.py``).
 
     >>> load("steerlab-tiny", backend="hf")
     SteerableModel(steerlab-tiny, backend='hf', n_layers=4, d_model=128, hooks=0)
@@ -228,6 +234,7 @@ def load(
         "max_model_len": max_model_len,
         "pipeline_parallel_size": pipeline_parallel_size,
         "vllm_args": vllm_args,
+        "graph": graph,
     }
     if backend == "vllm":
         return _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code,
@@ -305,7 +312,7 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
         trust_remote_code=trust_remote_code, max_model_len=options["max_model_len"],
         tensor_parallel_size=options["tensor_parallel_size"] or 1,
         pipeline_parallel_size=options["pipeline_parallel_size"] or 1,
-        vllm_args=options["vllm_args"],
+        vllm_args=options["vllm_args"], graph=options["graph"],
     )  # fmt: skip
     return SteerableModel(None, engine.tokenizer, name=str(name), revision=revision, engine=engine,
                           config_sha256=engine.config_sha256)  # fmt: skip

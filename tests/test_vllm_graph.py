@@ -137,8 +137,10 @@ def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
     prefill, decode = {"a": [0, 1, 2], "b": [0, 1, 2]}, {"a": [3], "b": [3]}
     plain = {"b": (Steer(SITE, v, 1.0, "all", sl.Add()),)}
 
-    def reason(steers, at):
-        return eager_reason(_forward({"a": steers, **plain}, at))
+    every = frozenset(vllm_sites(2))
+
+    def reason(steers, at, built=every, reads=()):
+        return eager_reason(_forward({"a": steers, **plain}, at), built, reads)
 
     assert reason((Steer(SITE, v, 2.0, "all", sl.Add()),), prefill) is None
     assert reason(tuple(reft.steers()), prefill) is None
@@ -159,8 +161,9 @@ def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
     assert "rank 33" in reason(tuple(wide.steers()), decode)
 
     # what ``explain`` foresees, over a row's prompt and the tokens it may generate
-    def foreseen(*steers):
-        return uncompiled_reason([Request((5, 6, 7), steers, Sampling(max_new_tokens=4))])
+    def foreseen(*steers, built=every, monitors=()):
+        request = Request((5, 6, 7), steers, Sampling(max_new_tokens=4), monitors=monitors)
+        return uncompiled_reason([request], built)
 
     assert foreseen(*apart) is None and foreseen(*two) == TWO_STEERS
     assert "per-token" in foreseen(*per_token) and "prompt it reads" in foreseen(*on_prompt)
@@ -170,6 +173,25 @@ def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
     assert "no table form" in graph_reason(topk)
     assert "per-token" in graph_reason(sl.Add(), token)
     assert "prompt it reads" in graph_reason(sl.Add(), mean, on_prompt=True)
+
+    # a model built with steering at other sites (or none): the forwards that steer or
+    # read a site it lacks run uncompiled, and say how to build it in
+    elsewhere = every - {SITE}
+    add = (Steer(SITE, v, 2.0, "all", sl.Add()),)
+
+    def alone(steers, built, reads=()):
+        return eager_reason(_forward({"a": steers}, {"a": [3]}), built, reads)
+
+    assert f"{SITE} is not built into the compiled graph" in alone(add, elsewhere)
+    assert "graph=" in alone(add, frozenset())
+    assert alone(add, every) is None
+    assert alone((Steer(SITE, v, 0.0, "all", sl.Add()),), elsewhere) is None  # alpha 0
+    assert "not built" in alone((), elsewhere, reads={SITE})
+    assert alone((), elsewhere, reads={"hook_embed"}) is None
+    assert "not built" in foreseen(*add, built=elsewhere)
+    monitor = sl.Monitor("m", SITE, torch.ones(8))
+    assert "not built" in foreseen(monitors=(monitor,), built=elsewhere)
+    assert foreseen(monitors=(monitor,)) is None
 
 
 def test_a_table_rewrite_that_outgrows_the_columns_is_never_taken_for_the_last_table():

@@ -29,16 +29,18 @@ for name, value in {
 
 @pytest.fixture(scope="session")
 def lm():
-    """steerlab-tiny on vLLM in its default mode (compiled, steering inside the graph), one
-    engine shared by the toy, server and parity modules."""
+    """steerlab-tiny on vLLM compiled, with steering built in at every site (on a CPU the
+    default is eager, and the default graph builds in none), one engine shared by the toy,
+    server and parity modules."""
     import steerlab as sl
 
     # vLLM caches only full KV blocks, 128 tokens by default on CPU: smaller blocks let the
     # prefix-cache tests cache a prompt that fits the toy's 128-token window. Chunked
     # prefill off: every prompt in one forward, as a conditioned steer on the prompt needs
     # (tests_vllm/test_reads.py has an engine with it on).
-    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
-                    vllm_args={"block_size": 32, "enable_chunked_prefill": False})  # fmt: skip
+    model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128, graph="all",
+                    vllm_args={"block_size": 32, "enable_chunked_prefill": False,
+                               "enforce_eager": False})  # fmt: skip
     yield model
     model.engine.close()
 

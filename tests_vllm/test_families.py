@@ -1,4 +1,4 @@
-"""Qwen2 and Qwen3 on vLLM (compiled, its default): tiny random models whose vLLM classes are
+"""Qwen2 and Qwen3 on vLLM (compiled, every site in the graph): tiny random models whose vLLM classes are
 not Llama's own, steered at every kind of site in one continuous batch, row for row equal
 to plain HF with hooks.
 
@@ -33,7 +33,13 @@ ROWS = [
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
 def family(request, tmp_path_factory):
     path = peaky_folder(tmp_path_factory.mktemp(request.param), request.param, seed=5)
-    lm = sl.load(str(path), backend="vllm", max_model_len=128)
+    lm = sl.load(
+        str(path),
+        backend="vllm",
+        max_model_len=128,
+        graph="all",
+        vllm_args={"enforce_eager": False},
+    )  # compiled, every site in the graph
     yield request.param, lm, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     lm.engine.close()
 

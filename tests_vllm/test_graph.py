@@ -1,4 +1,4 @@
-"""steerlab-tiny on vLLM compiled (its default; ``enforce_eager=False``): steering built
+"""steerlab-tiny on vLLM compiled (``enforce_eager=False``, ``graph="all"``): steering built
 into the compiled graph (``engine/vllm/graph.py``), checked against plain HF with hooks
 (``tests/reference.py``), never recompiled for a new steer, kept out of the prefix cache of
 other steers, and running uncompiled the forwards it cannot hold."""
@@ -24,7 +24,7 @@ def _vec(seed: int, scale: float = 0.4) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def compiled(lm):
-    """The session's engine: vLLM's default mode, compiled, with the steering inside."""
+    """The session's engine: compiled, with the steering inside at every site."""
     return lm
 
 
@@ -196,7 +196,7 @@ def compiled_tp2():
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     model = sl.load("steerlab-tiny", backend="vllm", tensor_parallel_size=2, max_model_len=128,
-                    vllm_args={"enforce_eager": False})  # fmt: skip
+                    vllm_args={"enforce_eager": False}, graph="all")  # fmt: skip
     yield model
     model.engine.close()
     del os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"]

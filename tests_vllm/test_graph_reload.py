@@ -40,8 +40,9 @@ def _load_from_saved(monkeypatch) -> sl.SteerableModel:
     """The session's engine's settings, in processes that can load vLLM's saved model."""
     paths = [str(SHIM), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
-    return sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
-                   vllm_args={"block_size": 32, "enable_chunked_prefill": False})  # fmt: skip
+    return sl.load("steerlab-tiny", backend="vllm", max_model_len=128, graph="all",
+                   vllm_args={"block_size": 32, "enable_chunked_prefill": False,
+                              "enforce_eager": False})  # fmt: skip
 
 
 def test_a_compiled_model_loaded_from_vllms_saved_artifact_still_steers(lm, hf, monkeypatch):

@@ -24,16 +24,25 @@ def test_a_top_p_that_keeps_one_token_is_greedy(lm, top_p):
 
 @pytest.fixture(scope="module")
 def own():
-    """An engine of its own, eager (the recovery test runs on it and on the shared compiled
-    engine). Eager: a compiled start
-    costs minutes here, and the overflow is the same number either way (the graph's
-    arithmetic equals the eager ops', ``tests/test_vllm_graph.py``)."""
+    """An engine of its own in the default mode, eager on a CPU (the recovery test runs on
+    it and on the shared compiled engine; the overflow is the same number either way: the
+    graph's arithmetic equals the eager ops', ``tests/test_vllm_graph.py``)."""
     import steerlab as sl
 
     model = sl.load("steerlab-tiny", backend="vllm", max_model_len=128,
-                    vllm_args={"block_size": 32, "enforce_eager": True})  # fmt: skip
+                    vllm_args={"block_size": 32})  # fmt: skip
     yield model
     model.engine.close()
+
+
+def test_the_default_on_a_cpu_is_eager_and_says_why(own):
+    """steerlab compiled measured no faster than eager on a CPU (the README's table)."""
+    (worker,) = own.engine.rpc("steerlab_describe")
+    assert worker["enforce_eager"] and worker["compilation_mode"] == 0 and not worker["graph"]
+    said = own.explain(PROMPTS[0])
+    assert said.startswith("vllm eager (the default on a CPU: steerlab compiled measured no "
+                           "faster than eager there")  # fmt: skip
+    assert "vllm_args={'enforce_eager': False} compiles" in said
 
 
 def _overflowing():

@@ -118,13 +118,14 @@ def _uncompiled(lm) -> dict[str, int]:
 def test_explain_says_where_conditions_are_decided(lm, eager, hf):
     ref = cast(median_threshold(lm, hf))
     why = eager.explain(PROMPTS, steer_of(ref, condition(ref)))
-    assert why.startswith("vllm: the vLLM engine decodes every call, eagerly (loaded with")
+    assert why.startswith("vllm eager (loaded with vllm_args={'enforce_eager': True}): the "
+                          "vLLM engine decodes every call eagerly")  # fmt: skip
     assert "conditions are decided" in why
     why = lm.explain(PROMPTS, steer_of(ref, condition(ref)))
-    assert why.startswith("vllm compiled:") and "read inside the graph" in why
+    assert why.startswith("vllm compiled (loaded with") and "read inside the graph" in why
     on_prompt = sl.Steer("blocks.2.hook_resid_pre", ref.vector, 4.0, when=condition(ref))
     why = lm.explain(PROMPTS, on_prompt)  # compiled: its prefill runs uncompiled, with why
-    assert why.startswith("vllm compiled:") and "run uncompiled" in why
+    assert why.startswith("vllm compiled (loaded with") and "run uncompiled" in why
     assert "a whole-prompt condition gates a steer on the prompt it reads" in why
 
 

@@ -64,7 +64,8 @@ class VLLMEngine:
         self.revision = revision or ""
         self.overflows = 0  # steered rows that overflowed (their KV blocks were scrubbed)
         self.graph = False  # steering built into a compiled model (load_vllm sets it)
-        self.why_eager = ""  # why it runs eagerly, when it does (load_vllm sets it)
+        self.why_eager = ""  # why it runs eagerly, or compiled (load_vllm sets it)
+        self.graph_sites: frozenset[str] = frozenset()  # the sites built into the graph
         self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
         vllm_config = llm.llm_engine.vllm_config
         self.pipeline_stages: int = vllm_config.parallel_config.pipeline_parallel_size
@@ -225,20 +226,22 @@ class VLLMEngine:
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
         if why is not None:
             return f"refused: {why}"
+        mode = f" ({self.why_eager})" if self.why_eager else ""
         if self.graph:
-            text = ("vllm compiled: vLLM runs its compiled model, whose steers read each "
-                    "forward's rows from static buffers")  # fmt: skip
+            built = len(self.graph_sites)
+            text = (f"vllm compiled{mode}: vLLM runs its compiled model, with steering built "
+                    f"in at {built} site{'s' * (built != 1)}, whose steers read each forward's "
+                    "rows from static buffers")  # fmt: skip
             if any(r.reads for r in requests):
                 text += ("; conditions and monitors are read inside the graph and handed over "
                          "after each forward (a decision gates the tokens generated after "
                          "it), with no prefix-cache reads for these rows")  # fmt: skip
-            uncompiled = uncompiled_reason(requests)
+            uncompiled = uncompiled_reason(requests, self.graph_sites)
             if uncompiled is not None:
                 text += (f"; the forwards that need it run uncompiled (vLLM's skip_compiled, "
                          f"the eager path, slower): {uncompiled}")  # fmt: skip
             return text
-        why = f" ({self.why_eager})" if self.why_eager else ""
-        text = f"vllm: the vLLM engine decodes every call, eagerly{why}, in its workers"
+        text = f"vllm eager{mode}: the vLLM engine decodes every call eagerly in its workers"
         if any(r.reads for r in requests):
             text += ("; conditions are decided and monitors read there, at prefill and each "
                      "step, with no prefix-cache reads for these rows")  # fmt: skip
@@ -288,10 +291,12 @@ class VLLMEngine:
             self._sent.clear()
 
 
-def uncompiled_reason(requests: Sequence[Request]) -> str | None:
-    """Why some forwards of ``requests`` will run uncompiled on a compiled model, or None:
-    the worker's per-forward rule (``graph.eager_reason``) read off each row's steers over
-    its prompt and the tokens it may generate, as ``explain`` reports it. A batch that
+def uncompiled_reason(requests: Sequence[Request], built: frozenset[str]) -> str | None:
+    """Why some forwards of ``requests`` will run uncompiled on a compiled model whose
+    graph holds the sites ``built``, or None: the worker's per-forward rule
+    (``graph.eager_reason``) read off each row's steers over its prompt and the tokens it
+    may generate, and the sites its conditions and monitors read, as ``explain`` reports
+    it. A batch that
     outgrows the buffers (``graph.GraphFull``) depends on what vLLM schedules together,
     so it is not foreseen here."""
     plan = Plan.of(requests)
@@ -300,7 +305,8 @@ def uncompiled_reason(requests: Sequence[Request]) -> str | None:
         at = np.arange(n + max(requests[i].sampling.max_new_tokens, 1))
         masks = [(s, position_mask(s.positions, at, at >= n, n))
                  for s, alpha in plan.of_row(i) if alpha != 0]  # fmt: skip
-        why = touches_reason((s.site, s.op, s.gate, m, bool(m[:n].any())) for s, m in masks)
+        touches = ((s.site, s.op, s.gate, m, bool(m[:n].any())) for s, m in masks)
+        why = touches_reason(touches, built, plan.read_sites(i))
         if why is not None:
             return why
     return None

@@ -47,8 +47,9 @@ time, a tax on every forward for two rarely used kinds of gate.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ from steerlab.core.sites import Site
 from steerlab.engine.vllm import graph_reads, hooks
 from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
 from steerlab.engine.vllm.graph_reads import GraphFull, GraphReads
-from steerlab.engine.vllm.sites import layout_for, vllm_sites
+from steerlab.engine.vllm.sites import layout_for
 
 Gate = Callable[[str, SiteSteer], torch.Tensor]  # where a gated steer may act: [tokens] bool
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
@@ -73,18 +74,27 @@ LOW_RANK = 32  # the ranks of a site's LoReFTs in one forward, summed
 TWO_STEERS = "two steers act on one token at one site (the compiled table holds one)"
 
 
-def cache_root() -> str:
-    """vLLM's compile-cache root for models with graph steering: its own folder, keyed on
-    the code traced into the graph. vLLM keys a saved compiled model on the model's source,
-    not on hooks added to it, so an artifact compiled without this steering (or with an
-    older version of it) must never be found here, nor one of ours by a plain vLLM."""
+def cache_root(sites: list[str]) -> str:
+    """vLLM's compile-cache root for models with graph steering at ``sites``: its own
+    folder, keyed on the code traced into the graph and on the sites built in. vLLM keys a
+    saved compiled model on the model's source, not on hooks added to it, so an artifact
+    compiled without this steering (or with an older version of it, or at other sites)
+    must never be found here, nor one of ours by a plain vLLM."""
     base = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
         os.path.expanduser("~"), ".cache", "vllm")  # fmt: skip
     digest = hashlib.sha256()
     traced = (__file__, hooks.__file__, table.__file__, graph_reads.__file__, reft.__file__)
     for module in traced:
         digest.update(Path(module).read_bytes())
+    digest.update(json.dumps(sorted(sites)).encode())
     return os.path.join(base, f"steerlab-graph-{digest.hexdigest()[:16]}")
+
+
+def built_reason(site: str) -> str:
+    """Why a forward that steers or reads ``site`` runs uncompiled on a model built
+    without it (``load(..., graph=...)``)."""
+    return (f"{site} is not built into the compiled graph (load with graph=[{site!r}, ...] "
+            "or graph='all' to build it in)")  # fmt: skip
 
 
 def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str | None:
@@ -105,15 +115,23 @@ def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str |
 Touch = tuple[str, object, Any, np.ndarray, bool]  # site, op, gate, tokens touched, any in a prompt
 
 
-def touches_reason(touches: Iterable[Touch]) -> str | None:
-    """Why a forward whose steers touch these tokens must run uncompiled, or None: a steer
-    ``graph_reason`` names, or two steers on one token at one site (the table holds one).
-    The one rule for the worker (``eager_reason``, this forward's tokens) and ``explain``
-    (the engine's ``uncompiled_reason``, a row's prompt and every token it may generate)."""
+def touches_reason(touches: Iterable[Touch], built: Container[str],
+                   reads: Iterable[str] = ()) -> str | None:  # fmt: skip
+    """Why a forward whose steers touch these tokens, and which reads ``reads`` (the sites
+    of its conditions and monitors), must run uncompiled on a model whose graph holds the
+    sites ``built``, or None: a site not built in, a steer ``graph_reason`` names, or two
+    steers on one token at one site (the table holds one). The one rule for the worker
+    (``eager_reason``, this forward's tokens) and ``explain`` (the engine's
+    ``uncompiled_reason``, a row's prompt and every token it may generate)."""
+    for site in reads:
+        if site not in built:
+            return built_reason(site)
     count: dict[str, np.ndarray] = {}
     for site, op, gate, touched, on_prompt in touches:
         if not touched.any():
             continue
+        if site not in built:
+            return built_reason(site)
         why = graph_reason(op, gate, gate is not None and on_prompt)
         if why is not None:
             return why
@@ -123,8 +141,11 @@ def touches_reason(touches: Iterable[Touch]) -> str | None:
     return None
 
 
-def eager_reason(batch: ForwardBatch) -> str | None:
-    """Why this forward must run uncompiled, or None (``touches_reason``)."""
+def eager_reason(batch: ForwardBatch, built: Container[str],
+                 reads: Iterable[str] = ()) -> str | None:  # fmt: skip
+    """Why this forward must run uncompiled on a model whose graph holds ``built``, or
+    None (``touches_reason``; ``reads``: the sites this forward's conditions and monitors
+    read)."""
     real = len(batch.owner)
     touches: list[Touch] = []
     for site, steers in batch.by_site.items():
@@ -132,7 +153,7 @@ def eager_reason(batch: ForwardBatch) -> str | None:
             touched = s.touched.numpy()
             on_prompt = s.gate is not None and bool((touched[:real] & batch.in_prompt).any())
             touches.append((site, s.op, s.gate, touched, on_prompt))
-    return touches_reason(touches)
+    return touches_reason(touches, built, reads)
 
 
 class GraphBuffers(nn.Module):
@@ -169,8 +190,9 @@ class GraphBuffers(nn.Module):
         self.register_buffer("low_bias", torch.zeros(n, LOW_RANK, dtype=dtype, device=device))
         self.register_buffer("low_row", torch.full((n, LOW_RANK), -1, device=device))
         self.reads = GraphReads(sites, max_tokens, d_model, device)  # conditions, monitors
-        # the forward's last site: it stores the reads
-        self.last_site = max(sites, key=lambda name: Site.parse(name).forward_order)
+        # the forward's last site: it stores the reads (none: a graph with no steering)
+        order = sorted(sites, key=lambda name: Site.parse(name).forward_order)
+        self.last_site = order[-1] if order else None
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now
@@ -305,15 +327,23 @@ def _merged(site: str, steers: list[SiteSteer],
     return tuple(entries), alpha, index
 
 
-def install(model: nn.Module, model_type: str, n_layers: int, max_tokens: int,
+def install(model: nn.Module, model_type: str, sites: list[str], max_tokens: int,
             d_model: int) -> GraphBuffers:  # fmt: skip
-    """Buffers and graph hooks on ``model`` (before vLLM compiles it)."""
+    """Buffers and graph hooks at ``sites`` on ``model`` (before vLLM compiles it). With
+    no sites the buffers only mark the model as compiled: its graph is plain vLLM's, and
+    every forward that steers or reads runs uncompiled."""
     param = next(model.parameters())
-    sites = vllm_sites(n_layers)
     buffers = GraphBuffers(sites, max_tokens, d_model, param.dtype, param.device)
     model.steerlab_graph = buffers  # a submodule: its buffers are the model's
     hooks.install(model, layout_for(model_type), sites, buffers.steer, tagged=False)
     return buffers
+
+
+def built_sites() -> list[str] | None:
+    """The sites this worker's model is to be built with (``GRAPH_ENV``, a JSON list that
+    ``load_vllm`` sets while vLLM starts its workers), or None: an eager model."""
+    value = os.environ.get(GRAPH_ENV)
+    return None if value is None else list(json.loads(value))
 
 
 def wrap_loader() -> None:
@@ -326,11 +356,11 @@ def wrap_loader() -> None:
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> nn.Module:
         model = original(self, *args, **kwargs)
-        if os.environ.get(GRAPH_ENV):
+        sites = built_sites()
+        if sites is not None:
             vllm_config = kwargs.get("vllm_config") or args[0]
             text = vllm_config.model_config.hf_config.get_text_config()
-            install(model, vllm_config.model_config.hf_config.model_type,
-                    text.num_hidden_layers,
+            install(model, vllm_config.model_config.hf_config.model_type, sites,
                     vllm_config.scheduler_config.max_num_batched_tokens,
                     text.hidden_size)  # fmt: skip
         return model

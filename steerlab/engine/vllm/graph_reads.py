@@ -78,8 +78,8 @@ class GraphReads(nn.Module):
                  device: torch.device) -> None:  # fmt: skip
         super().__init__()
         self.sites = {name: k for k, name in enumerate(sites)}
-        first = min(sites, key=lambda name: Site.parse(name).forward_order)
-        self.first = self.sites[first]  # the forward's first site
+        order = sorted(sites, key=lambda name: Site.parse(name).forward_order)
+        self.first = self.sites[order[0]] if order else -1  # the forward's first site
         n = len(sites)
         self.register_buffer("weights", torch.zeros(max_tokens, 2 * QUERIES, device=device))
         self.register_buffer("select", torch.zeros(n, TAPS, dtype=torch.bool, device=device))

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from steerlab.backends.base import config_eos
 from steerlab.engine.vllm.engine import VLLMEngine
 from steerlab.engine.vllm.graph import GRAPH_ENV, cache_root
-from steerlab.engine.vllm.sites import layout_for
+from steerlab.engine.vllm.sites import layout_for, vllm_sites
 
 WORKER = "steerlab.engine.vllm.worker.SteerWorker"
 BREAKABLE = "VLLM_USE_BREAKABLE_CUDAGRAPH"
@@ -32,21 +33,26 @@ def load_vllm(
     revision: str | None = None,
     trust_remote_code: bool = False,
     vllm_args: Mapping[str, Any] | None = None,
+    graph: str | Sequence[str] | None = None,
 ) -> VLLMEngine:
     """Start a vLLM engine on ``path`` with steerlab's worker extension.
 
-    Compiled by default, as vLLM is: steerlab builds its steering into the model before
-    vLLM compiles it (``graph.py``): every operation with a table form and LoReFT, at every
-    site, one a token at a site, with conditions and monitors read inside the graph
-    (``graph_reads.py``). A forward that needs anything else (a top-k feature clamp, two
-    steers on one token at one site, a per-token condition, a condition on a steer over its
-    own prompt, more than the buffers hold) runs uncompiled through vLLM's
-    ``skip_compiled`` and steerlab's eager path: exact, slower; ``lm.explain`` says so.
-    On a GPU, CUDA graphs are captured piecewise (whole-model graphs would replay without
-    the Python that writes each forward's steers).
-    ``vllm_args={"enforce_eager": True}`` runs eagerly, with hooks on vLLM's modules:
-    every op, site, condition and monitor. Pipeline parallelism runs eagerly. A compiled
-    start compiles (see the README's figures).
+    The mode follows the measurements (the README's table): on a CPU, eager (steerlab's
+    compiled steering measured no faster than eager there, and a compiled start takes
+    minutes); elsewhere compiled, as vLLM is. ``vllm_args={"enforce_eager": True}`` or
+    ``False`` chooses. Eager runs hooks on vLLM's modules: every op, site, condition and
+    monitor. Pipeline parallelism runs eagerly.
+
+    Compiled, the graph is plain vLLM's unless ``graph`` names sites to build steering into
+    (``graph.py``): at those sites every operation with a table form and LoReFT, one a
+    token at a site, with conditions and monitors read inside the graph
+    (``graph_reads.py``). Unsteered requests then cost what they cost on plain vLLM plus
+    the built sites. A forward that needs anything else (a site not built in, a top-k
+    feature clamp, two steers on one token at one site, a per-token condition, a condition
+    on a steer over its own prompt, more than the buffers hold) runs uncompiled through
+    vLLM's ``skip_compiled`` and steerlab's eager path: exact, slower; ``lm.explain`` says
+    so. On a GPU, CUDA graphs are captured piecewise (whole-model graphs would replay
+    without the Python that writes each forward's steers).
 
     Args:
         path: a local HF-format folder or a hub id.
@@ -57,6 +63,9 @@ def load_vllm(
         revision: a hub revision; it also namespaces steered prefix-cache entries.
         trust_remote_code: allow the model's own Python code to run. Off by default.
         vllm_args: further ``vllm.LLM`` arguments (``gpu_memory_utilization``, ...).
+        graph: compiled only: the sites to build steering into, as canonical names
+            (``"blocks.6.hook_resid_pre"``), or ``"all"`` (every site: each costs a little
+            on every forward, steered or not). None or ``()``: none.
     """
     for size, what in ((tensor_parallel_size, "tensor"), (pipeline_parallel_size, "pipeline")):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -76,8 +85,12 @@ def load_vllm(
     layout_for(config.model_type)  # refuse an unknown family before starting anything
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision,
                                               trust_remote_code=trust_remote_code)  # fmt: skip
-    eager, why_eager = _mode(extra.pop("enforce_eager", None), pipeline_parallel_size)
     from vllm import LLM
+    from vllm.platforms import current_platform
+
+    eager, why_eager = _mode(extra.pop("enforce_eager", None), pipeline_parallel_size,
+                             current_platform.is_cpu())  # fmt: skip
+    built = graph_sites(graph, config.get_text_config().num_hidden_layers, eager)
 
     # vLLM's "auto" falls back to pickled .bin weights; steerlab loads safetensors unless
     # trust_remote_code is on (or vllm_args names a load_format itself).
@@ -86,7 +99,7 @@ def load_vllm(
     extra.setdefault("max_logprobs", config.get_text_config().vocab_size)
     if not eager:  # CUDA graphs only inside the compiled pieces (on a CPU: none at all)
         extra["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
-    with _graph_env(eager):
+    with _graph_env(None if eager else built):
         llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
                   tensor_parallel_size=tensor_parallel_size,
                   pipeline_parallel_size=pipeline_parallel_size, revision=revision,
@@ -104,12 +117,25 @@ def load_vllm(
     pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
     engine = VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
     engine.graph, engine.why_eager = not eager, why_eager
+    engine.graph_sites = frozenset(built)
     return engine
 
 
-def _mode(asked: object, stages: int) -> tuple[bool, str]:
-    """Whether vLLM runs eagerly, and why (``asked``: ``vllm_args["enforce_eager"]``, None
-    when not given). Compiled unless asked, or pipeline parallel (not built compiled)."""
+CPU_EAGER = ("the default on a CPU: steerlab compiled measured no faster than eager there "
+             "(0.91-0.98x on steered rows) and starts in minutes, not seconds; "
+             "vllm_args={'enforce_eager': False} compiles")  # fmt: skip
+
+
+def _mode(asked: object, stages: int, cpu: bool) -> tuple[bool, str]:
+    """Whether vLLM runs eagerly, and the reason (``asked``: ``vllm_args["enforce_eager"]``,
+    None when not given; ``cpu``: vLLM's platform is a CPU). When not asked: eager on a
+    CPU or with pipeline parallelism (not built compiled), compiled elsewhere.
+
+    >>> _mode(None, 1, cpu=False)
+    (False, 'the default on this platform')
+    >>> _mode(None, 1, cpu=True)[0], _mode(False, 1, cpu=True)
+    (True, (False, "loaded with vllm_args={'enforce_eager': False}"))
+    """
     if asked is not None and not isinstance(asked, bool):
         raise ValueError(f"vllm_args['enforce_eager'] must be True or False; got {asked!r}.")
     if stages > 1:
@@ -118,20 +144,50 @@ def _mode(asked: object, stages: int) -> tuple[bool, str]:
                              "not built for pipeline parallelism yet: load eagerly, or use "
                              "tensor parallelism.")  # fmt: skip
         return True, "pipeline parallelism runs eagerly (the compiled steering is not built for it)"
-    if asked:
-        return True, "loaded with vllm_args={'enforce_eager': True}"
-    return False, ""
+    if asked is not None:
+        return asked, f"loaded with vllm_args={{'enforce_eager': {asked}}}"
+    if cpu:
+        return True, CPU_EAGER
+    return False, "the default on this platform"
+
+
+def graph_sites(graph: object, n_layers: int, eager: bool) -> list[str]:
+    """The sites a compiled model is built with (``load_vllm``'s ``graph``), checked:
+    canonical names of this model's sites, in forward order; refused on an eager engine.
+
+    >>> graph_sites(["blocks.1.hook_resid_pre", "hook_embed"], 2, eager=False)
+    ['hook_embed', 'blocks.1.hook_resid_pre']
+    >>> len(graph_sites("all", 2, eager=False)), graph_sites(None, 2, eager=True)
+    (11, [])
+    """
+    every = vllm_sites(n_layers)
+    if graph is None or (isinstance(graph, (list, tuple)) and not graph):
+        return []
+    if eager:
+        raise ValueError("graph= names the sites to build into a compiled model, and this "
+                         "engine runs eagerly (every site is hooked as a call needs it): "
+                         "drop graph=, or load with vllm_args={'enforce_eager': False}.")  # fmt: skip
+    if graph == "all":
+        return every
+    if isinstance(graph, str) or not isinstance(graph, (list, tuple, set, frozenset)):
+        raise ValueError(f"graph must be 'all' or a list of site names; got {graph!r}.")
+    unknown = [s for s in graph if s not in every]
+    if unknown:
+        raise ValueError(f"graph= names {unknown[0]!r}, which is not one of this model's "
+                         f"sites ({every[0]!r}, {every[1]!r} ... {every[-1]!r}).")  # fmt: skip
+    return [s for s in every if s in set(graph)]
 
 
 @contextmanager
-def _graph_env(eager: bool) -> Iterator[None]:
-    """While vLLM starts its workers: for a compiled engine, the switch that makes them
-    build the model with graph steering, and a compile cache of its own (``graph.py``)."""
+def _graph_env(sites: list[str] | None) -> Iterator[None]:
+    """While vLLM starts its workers: for a compiled engine (``sites``: those to build in;
+    None: eager), the switch that makes them build the model with graph steering at those
+    sites, and a compile cache of its own (``graph.py``)."""
     names = (GRAPH_ENV, "VLLM_CACHE_ROOT", BREAKABLE)
     before = {name: os.environ.get(name) for name in names}
-    if not eager:
-        os.environ[GRAPH_ENV] = "1"
-        os.environ["VLLM_CACHE_ROOT"] = cache_root()
+    if sites is not None:
+        os.environ[GRAPH_ENV] = json.dumps(sites)
+        os.environ["VLLM_CACHE_ROOT"] = cache_root(sites)
         # vLLM's GPU runner may capture the eager model in breakable CUDA graphs, which
         # replay without the pre-hook that writes each forward's steers: opt out
         os.environ.setdefault(BREAKABLE, "0")

@@ -12,7 +12,6 @@ them: nothing is logged and skipped.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +29,7 @@ from steerlab.engine.vllm.graph_reads import GraphFull
 from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
 
-if os.environ.get(graph.GRAPH_ENV):  # this worker's model is built with graph steering
+if graph.built_sites() is not None:  # this worker's model is built with graph steering
     graph.wrap_loader()
 
 
@@ -131,18 +130,23 @@ class SteerWorker:
 
     def steerlab_begin(self, sites: list[str]) -> int:
         """Hook ``sites`` (those this worker holds) for one call; returns the hooks added.
-        A compiled model's sites are in its graph already: only the layout goes on."""
+        A compiled model's sites built into its graph are hooked already; the others get
+        hooks that act only in forwards that run uncompiled (a compiled forward never
+        calls them, and never runs with a steer or a read there: ``graph.eager_reason``)."""
         state = self._steerlab()
         self.steerlab_end()
         model = self._steerlab_model()
         # The batch is laid out first: this pre-hook goes on before any site's hook.
         first = model.register_forward_pre_hook(
             tag(lambda _m, _a, kwargs: self._steerlab_lay_out(kwargs)), with_kwargs=True)  # fmt: skip
-        at_sites = []
         state.sites = frozenset(sites)
-        if self._steerlab_graph() is None:
-            layout = layout_for(self.model_runner.model_config.hf_config.model_type)
+        buffers = self._steerlab_graph()
+        layout = layout_for(self.model_runner.model_config.hf_config.model_type)
+        if buffers is None:
             at_sites = hooks.install(model, layout, sites, self._steerlab_apply)
+        else:
+            unbuilt = [site for site in sites if site not in buffers.sites]
+            at_sites = hooks.install(model, layout, unbuilt, self._steerlab_unbuilt)
         last = model.register_forward_hook(tag(lambda _m, _a, out: self._steerlab_done(out)))
         state.handles = [first, *at_sites, last]
         return len(state.handles)
@@ -245,7 +249,11 @@ class SteerWorker:
             return state.reads.mask(site, steer, batch, steer.alphas.shape[0], state.errors)
 
         try:
-            why = None if batch is None else graph.eager_reason(batch)
+            why = (
+                None
+                if batch is None
+                else graph.eager_reason(batch, buffers.sites, self._steerlab_read_sites(batch))
+            )
             if why is None:
                 found: dict[str, str] = {}  # kept only if the forward runs compiled
                 try:
@@ -279,6 +287,18 @@ class SteerWorker:
         get_forward_context().skip_compiled = True
         buffers.eager = self._steerlab_at_call_site
         state.uncompiled[why] = state.uncompiled.get(why, 0) + 1
+
+    def _steerlab_unbuilt(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
+        """A site a compiled model's graph does not hold, in a forward that runs
+        uncompiled: the eager path (nothing in a compiled forward, which never calls it)."""
+        buffers = self._steerlab_graph()
+        return None if buffers is None or buffers.eager is None else self._steerlab_apply(site, act)
+
+    def _steerlab_read_sites(self, batch: ForwardBatch) -> set[str]:
+        """The sites this forward's conditions and monitors read."""
+        rows = self._steerlab().reads.rows
+        return {site for rid in batch.req_ids if (reads := rows.get(rid)) is not None
+                for site in reads.plan.read_sites(0)}  # fmt: skip
 
     def _steerlab_at_call_site(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
         """An uncompiled forward's site: the eager path where the call steers or reads (the
