@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 API_KEY_ENV = "STEERLAB_API_KEY"
-_VLLM_ONLY = ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
+_VLLM_ONLY = ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "vllm_mode",
+              "graph")  # fmt: skip
 
 
 def add_serve(commands: Any) -> None:
@@ -51,6 +52,12 @@ def add_serve(commands: Any) -> None:
     vllm.add_argument("--tensor-parallel-size", type=_count, default=None, metavar="N")
     vllm.add_argument("--pipeline-parallel-size", type=_count, default=None, metavar="N")
     vllm.add_argument("--max-model-len", type=_count, default=None, metavar="TOKENS")
+    vllm.add_argument("--vllm-mode", choices=("eager", "compiled"), default=None,
+                      help="eager (the default on a CPU) or compiled (elsewhere)")  # fmt: skip
+    vllm.add_argument("--graph", default=None, metavar="SITES",
+                      help="compiled: the sites to build steering into, comma-separated, "
+                           "or 'all' (default: none; forwards that steer elsewhere run "
+                           "uncompiled)")  # fmt: skip
     serve.add_argument("--idle-timeout", type=_bounded(float, 0, above=True),
                        default=DEFAULT_IDLE_TIMEOUT,
                        metavar="SECONDS", help="close a connection that sends no request, or "
@@ -119,7 +126,11 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
                 "steerlab serve: --amplify-before needs two models in one engine, which vLLM "
                 "cannot hold; serve the amplified pair with --backend hf."
             )
-        options.update({k: getattr(args, k) for k in given})
+        options.update({k: getattr(args, k) for k in given if k not in ("vllm_mode", "graph")})
+        if args.vllm_mode is not None:
+            options["vllm_args"] = {"enforce_eager": args.vllm_mode == "eager"}
+        if args.graph is not None:
+            options["graph"] = args.graph if args.graph == "all" else args.graph.split(",")
     elif given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise SystemExit(f"steerlab serve: {flags} only apply to --backend vllm.")
