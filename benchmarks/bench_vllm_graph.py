@@ -92,6 +92,7 @@ def _requests(lm, batch: int, kind: str | None) -> list:
     import torch
 
     import steerlab as sl
+    from steerlab.core.ops import FeatureClamp
     from steerlab.engine import Request, Sampling, Steer
 
     g = torch.Generator().manual_seed(0)
@@ -100,9 +101,9 @@ def _requests(lm, batch: int, kind: str | None) -> list:
     v = torch.randn(d, generator=g) * 0.3
     ops = {"add": sl.Add(), "ablate": sl.Ablate(), "clamp": sl.Clamp(1.0),
            "cap": sl.Cap(-0.5, 0.5), "rotate": sl.Rotate(90.0, torch.randn(d, generator=g)),
-           "feature": sl.FeatureClamp(value=2.0, index=0, encoder=torch.randn(d, generator=g),
-                                      bias=torch.zeros(()), b_dec_in=torch.zeros(d),
-                                      architecture="standard")}  # fmt: skip
+           "feature": FeatureClamp(value=2.0, index=0, encoder=torch.randn(d, generator=g),
+                                   bias=torch.zeros(()), b_dec_in=torch.zeros(d),
+                                   architecture="standard")}  # fmt: skip
     mixed = [ops[k] for k in ("add", "ablate", "clamp", "cap", "rotate")]
     read = {"token": "token", "prompt": "mean"}.get(kind or "")
     when = None if read is None else sl.Condition(
