@@ -3,19 +3,21 @@ per model (``make bench-vllm``, in .venv-vllm):
 
     .venv-vllm/bin/python benchmarks/bench_vllm_graph.py [--model PATH] [--no-write]
 
-Each engine runs in a process of its own, one after the other, from fresh compile caches:
+Each engine runs in a process of its own, started from fresh compile caches; the engines
+of one mode stay alive together, and every round runs each arm of each in turn (an idle
+vLLM engine waits without spinning), so a slow spell of the machine hits them alike:
 
-- plain ``vllm.LLM`` (no steerlab), eager and compiled; compiled twice, cold then warm (the
-  second start finds what the first cached);
-- steerlab eager (the CPU's default) and steerlab compiled with the default graph (no
-  steering built in), compiled twice likewise;
-- steerlab compiled with steering built in at the middle block's ``resid_pre``
-  (``graph=[site]``), the site the steered arms use.
+- the compiled starts, cold (plain vLLM, and steerlab's default graph: no steering built
+  in), each then closed;
+- eager: plain ``vllm.LLM`` (no steerlab) beside steerlab in its default mode on a CPU;
+- compiled, warm (started again from what the cold starts cached): plain vLLM, steerlab's
+  default graph, and steerlab with steering built in at the middle block's ``resid_pre``
+  (``graph=[site]``, a cold start of its own), the site the steered arms use.
 
 Plain vLLM decodes the same rows two ways: as it does by default, and asked for what every
 steerlab completion carries (each token's log-probability, no detokenising): the second is
 the baseline for "unsteered costs nothing". Greedy, ``NEW`` tokens, batch 1 and 16; inside
-a process each arm runs in turn, ``REPEATS`` rounds, best time. Steered arms: an Add (each
+``REPEATS`` rounds after a warm-up, best time. Steered arms: an Add (each
 row its own alpha), each operation with a table form, five operations mixed in one batch, a
 LoReFT, and an Add gated by a per-token or a prompt condition (on a compiled engine their
 forwards run uncompiled where they must). The table replaces its section of RESULTS.md
@@ -46,44 +48,8 @@ LABELS = {"add": "Add", "ablate": "Ablate", "clamp": "Clamp", "cap": "Cap", "rot
           "prompt": "Add, prompt gate on the prompt"}  # fmt: skip
 
 
-def _best(runs: dict[str, Callable[[], object]]) -> dict[str, float]:
-    """Best time of each run over ``REPEATS`` rounds, each round running every one in turn
-    (after a warm-up each), so a slow spell of the machine hits them alike."""
-    for run in runs.values():
-        run()
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(REPEATS):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
-
-
 def _ids(tokenizer, batch: int) -> list[list[int]]:
     return [list(tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"]) for i in range(batch)]
-
-
-def _plain(folder: str, eager: bool) -> dict:
-    """A plain vLLM engine: start, and tok/s by arm and batch."""
-    start = time.perf_counter()
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=folder, tokenizer=folder, dtype="float32", enforce_eager=eager,
-              load_format="safetensors", **COMMON)  # fmt: skip
-    out: dict = {"start_s": time.perf_counter() - start}
-    default = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
-    same = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True, logprobs=0,
-                          detokenize=False)  # fmt: skip
-    for batch in (1, 16):
-        rows = [{"prompt_token_ids": ids} for ids in _ids(llm.get_tokenizer(), batch)]
-        best = _best({"default": partial(llm.generate, rows, default, use_tqdm=False),
-                      "same": partial(llm.generate, rows, same, use_tqdm=False)})  # fmt: skip
-        for arm, t in best.items():
-            out[f"{arm}_{batch}"] = batch * NEW / t
-        res = llm.generate(rows, same, use_tqdm=False)
-        out[f"tokens_{batch}"] = [list(r.outputs[0].token_ids) for r in res]
-    return out
 
 
 def _requests(lm, batch: int, kind: str | None) -> list:
@@ -126,45 +92,118 @@ def _requests(lm, batch: int, kind: str | None) -> list:
     return out
 
 
-def _steerlab(folder: str, eager: bool, graph: str | None) -> dict:
-    """A steerlab engine: start, tok/s unsteered and in each steered arm, the forwards
-    that ran uncompiled."""
+def _engine(spec: dict) -> tuple[dict, dict[tuple[str, int], Callable[[], object]]]:
+    """Start the engine ``spec`` names; returns its start time (and, for steerlab, what
+    ``explain`` says) and a run for each (arm, batch) it is measured on."""
     start = time.perf_counter()
+    folder, eager, graph = spec["folder"], spec["eager"], spec.get("graph")
+    if spec["kind"] == "plain":
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=folder, tokenizer=folder, dtype="float32", enforce_eager=eager,
+                  load_format="safetensors", **COMMON)  # fmt: skip
+        info: dict = {"start_s": time.perf_counter() - start}
+        default = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+        same = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True, logprobs=0,
+                              detokenize=False)  # fmt: skip
+        runs = {}
+        for batch in (1, 16):
+            rows = [{"prompt_token_ids": ids} for ids in _ids(llm.get_tokenizer(), batch)]
+            runs[("default", batch)] = partial(llm.generate, rows, default, use_tqdm=False)
+            runs[("same", batch)] = partial(llm.generate, rows, same, use_tqdm=False)
+            out = llm.generate(rows, same, use_tqdm=False)
+            info[f"tokens_{batch}"] = [list(r.outputs[0].token_ids) for r in out]
+        info["close"] = lambda: llm.llm_engine.engine_core.shutdown()
+        return info, runs
     import steerlab as sl
 
     vllm_args = {k: v for k, v in COMMON.items() if k != "max_model_len"}
     lm = sl.load(folder, backend="vllm", max_model_len=COMMON["max_model_len"],
                  graph=None if graph is None else [graph],
-                 vllm_args={**vllm_args, "enforce_eager": eager})  # fmt: skip
-    out: dict = {"start_s": time.perf_counter() - start}
-    run = lm.engine.run
+                 vllm_args={**vllm_args, **({} if eager is None else {"enforce_eager": eager})})  # fmt: skip
+    info = {"start_s": time.perf_counter() - start, "explain": lm.explain(PROMPTS[0])}
+    runs = {}
     for batch in (1, 16):
         unsteered = _requests(lm, batch, None)
-        arms = {"unsteered": partial(run, unsteered)}
-        if graph is not None or eager:  # the engines the steered arms are measured on
-            kinds = ("add",) if batch == 1 else STEERED
-            arms |= {k: partial(run, _requests(lm, batch, k)) for k in kinds}
-        for arm, t in _best(arms).items():
-            out[f"{arm}_{batch}"] = batch * NEW / t
-        out[f"tokens_{batch}"] = [c.tokens for c in run(unsteered)]
-    out["uncompiled"] = lm.engine.rpc("steerlab_uncompiled")[0] if not eager else {}
-    out["explain"] = lm.explain(PROMPTS[0])
-    lm.engine.close()
-    return out
+        runs[("unsteered", batch)] = partial(lm.engine.run, unsteered)
+        if graph is not None or eager is not False:  # the engines with steered arms
+            for kind in ("add",) if batch == 1 else STEERED:
+                runs[(kind, batch)] = partial(lm.engine.run, _requests(lm, batch, kind))
+        info[f"tokens_{batch}"] = [c.tokens for c in lm.engine.run(unsteered)]
+    info["uncompiled"] = (
+        (lambda: lm.engine.rpc("steerlab_uncompiled")[0]) if lm.engine.graph else dict
+    )
+    info["close"] = lm.engine.close
+    return info, runs
 
 
-def _child(spec: dict, caches: str) -> dict:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_CACHE_ROOT": f"{caches}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor"}  # fmt: skip
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=3600)  # fmt: skip
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT ") :])
-            print(spec, {k: v for k, v in result.items() if not k.startswith("tokens")},
-                  flush=True)  # fmt: skip
-            return result
-    raise RuntimeError(f"{spec} failed:\n{proc.stderr[-4000:]}")
+def _serve_child(spec: dict) -> None:
+    """A child process: start the engine, then run arms as the parent asks (one JSON line
+    each on stdin), printing each time taken."""
+    info, runs = _engine(spec)
+    close, uncompiled = info.pop("close"), info.pop("uncompiled", dict)
+    print("READY " + json.dumps(info), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        if ask["op"] == "quit":
+            break
+        if ask["op"] == "uncompiled":
+            print("DONE " + json.dumps(uncompiled()), flush=True)
+            continue
+        begin = time.perf_counter()
+        runs[(ask["arm"], ask["batch"])]()
+        print("DONE " + json.dumps(time.perf_counter() - begin), flush=True)
+    close()
+
+
+class _Child:
+    """An engine in a process of its own, alive while others are, so arms on different
+    engines can alternate (a slow spell of the machine then hits them alike)."""
+
+    def __init__(self, spec: dict, caches: str) -> None:
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "VLLM_CACHE_ROOT": f"{caches}/vllm",
+               "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor"}  # fmt: skip
+        self.spec = spec
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+        self.info = json.loads(self._reply("READY "))
+        print(spec, {k: v for k, v in self.info.items() if not k.startswith("tokens")},
+              flush=True)  # fmt: skip
+
+    def _reply(self, tag: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(tag):
+                return line[len(tag) :]
+        raise RuntimeError(f"{self.spec} ended: exit {self.proc.wait()}")
+
+    def ask(self, **message: object) -> object:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._reply("DONE "))
+
+    def quit(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=300)
+
+
+def _rounds(arms: list[tuple[_Child, str, int]]) -> dict[tuple[int, str, int], float]:
+    """Best time of each (engine, arm, batch) over ``REPEATS`` rounds, each round running
+    every one in turn, after a warm-up each."""
+    for child, arm, batch in arms:
+        child.ask(op="run", arm=arm, batch=batch)
+    best = {(id(c), a, b): float("inf") for c, a, b in arms}
+    for _ in range(REPEATS):
+        for child, arm, batch in arms:
+            took = float(child.ask(op="run", arm=arm, batch=batch))  # type: ignore[arg-type]
+            best[(id(child), arm, batch)] = min(best[(id(child), arm, batch)], took)
+    return best
 
 
 def _gpt2_small(folder: Path) -> None:
@@ -181,22 +220,59 @@ def _gpt2_small(folder: Path) -> None:
 
 
 def _measure(name: str, folder: str) -> list[str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        plain_caches, ours_caches, site_caches = (tempfile.mkdtemp(dir=tmp) for _ in range(3))
-        p_eager = _child({"kind": "plain", "folder": folder, "eager": True}, plain_caches)
-        p_cold = _child({"kind": "plain", "folder": folder, "eager": False}, plain_caches)
-        p_warm = _child({"kind": "plain", "folder": folder, "eager": False}, plain_caches)
-        s_eager = _child({"kind": "steerlab", "folder": folder, "eager": True}, ours_caches)
-        s_cold = _child({"kind": "steerlab", "folder": folder, "eager": False}, ours_caches)
-        s_warm = _child({"kind": "steerlab", "folder": folder, "eager": False}, ours_caches)
-        import steerlab as sl
+    config = json.loads((Path(folder) / "config.json").read_text())
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
+    site = f"blocks.{layers // 2}.hook_resid_pre"
 
-        n_layers = sl.load(folder, backend="hf").n_layers
-        site = f"blocks.{n_layers // 2}.hook_resid_pre"
-        s_site = _child({"kind": "steerlab", "folder": folder, "eager": False, "graph": site},
-                        site_caches)  # fmt: skip
-    same = all(s[f"tokens_{b}"] == p_eager[f"tokens_{b}"] for s in (p_cold, s_eager, s_warm,
-               s_site) for b in (1, 16))  # fmt: skip
+    def spec(kind: str, eager: bool | None, graph: str | None = None) -> dict:
+        """An engine; ``eager`` None: steerlab's default mode (eager on a CPU)."""
+        return {"kind": kind, "folder": folder, "eager": eager, "graph": graph}
+
+    tput: dict[tuple[str, str, int], float] = {}  # (engine, arm, batch) -> tok/s
+
+    def measure(children: dict[str, _Child], arms: dict[str, list[tuple[str, int]]]) -> None:
+        best = _rounds([(children[e], a, b) for e, pairs in arms.items() for a, b in pairs])
+        for e, pairs in arms.items():
+            for a, b in pairs:
+                tput[(e, a, b)] = b * NEW / best[(id(children[e]), a, b)]
+
+    plain_arms = [(a, b) for b in (1, 16) for a in ("default", "same")]
+    steered_arms = [("unsteered", 1), ("add", 1), ("unsteered", 16)] + [(k, 16) for k in STEERED]
+    with tempfile.TemporaryDirectory() as tmp:
+        caches = {k: tempfile.mkdtemp(dir=tmp) for k in ("plain", "ours", "site", "eager")}
+        starts = {}
+        for key, kind in (("plain", "plain"), ("ours", "steerlab")):  # cold: start only
+            child = _Child(spec(kind, False), caches[key])
+            starts[f"{key} cold"] = child.info["start_s"]
+            child.quit()
+        eager = {"plain": _Child(spec("plain", True), caches["eager"]),
+                 "ours": _Child(spec("steerlab", None), caches["eager"])}  # fmt: skip
+        starts |= {f"{k} eager": c.info["start_s"] for k, c in eager.items()}
+        measure(eager, {"plain": plain_arms, "ours": steered_arms})
+        tput = {(f"{e} eager", a, b): v for (e, a, b), v in tput.items()}
+        tokens = [eager["plain"].info, eager["ours"].info]
+        explain_eager = eager["ours"].info["explain"]
+        for child in eager.values():
+            child.quit()
+        compiled = {"plain": _Child(spec("plain", False), caches["plain"]),
+                    "ours": _Child(spec("steerlab", False), caches["ours"]),
+                    "site": _Child(spec("steerlab", False, site), caches["site"])}  # fmt: skip
+        starts |= {"plain warm": compiled["plain"].info["start_s"],
+                   "ours warm": compiled["ours"].info["start_s"],
+                   "site cold": compiled["site"].info["start_s"]}  # fmt: skip
+        before = dict(tput)
+        tput.clear()
+        measure(compiled, {"plain": plain_arms, "ours": [("unsteered", 1), ("unsteered", 16)],
+                           "site": steered_arms})  # fmt: skip
+        tput = before | {(f"{e} compiled", a, b): v for (e, a, b), v in tput.items()}
+        tokens += [c.info for c in compiled.values()]
+        uncompiled = compiled["site"].ask(op="uncompiled")
+        for child in compiled.values():
+            child.quit()
+    same = all(t[f"tokens_{b}"] == tokens[0][f"tokens_{b}"] for t in tokens for b in (1, 16))
+
+    def t(engine: str, arm: str, b: int) -> float:
+        return tput[(engine, arm, b)]
 
     def x(a: float, b: float) -> str:
         return f"{a / b:.2f}x"
@@ -205,34 +281,37 @@ def _measure(name: str, folder: str) -> list[str]:
         f"### {name}",
         "",
         "Unsteered, steerlab against plain vLLM in the same mode (tok/s; target >= 0.95x "
-        "against plain asked for the same outputs):",
+        "against plain vLLM asked for the same outputs):",
         "",
         "| mode | batch | plain, default | plain, same outputs | steerlab | steerlab / same | "
         "steerlab / default |",
         "|---|---|---|---|---|---|---|",
     ]
-    for mode, plain, ours in (("eager (CPU default)", p_eager, s_eager),
-                              ("compiled, default graph", p_warm, s_warm),
-                              (f"compiled, graph=[{site!r}]", p_warm, s_site)):  # fmt: skip
+    for mode, plain, ours in (("eager (the CPU's default)", "plain eager", "ours eager"),
+                              ("compiled, default graph", "plain compiled", "ours compiled"),
+                              (f"compiled, graph=[{site!r}]", "plain compiled",
+                               "site compiled")):  # fmt: skip
         for b in (1, 16):
-            lines.append(f"| {mode} | {b} | {plain[f'default_{b}']:.0f} | "
-                         f"{plain[f'same_{b}']:.0f} | {ours[f'unsteered_{b}']:.0f} | "
-                         f"{x(ours[f'unsteered_{b}'], plain[f'same_{b}'])} | "
-                         f"{x(ours[f'unsteered_{b}'], plain[f'default_{b}'])} |")  # fmt: skip
+            lines.append(f"| {mode} | {b} | {t(plain, 'default', b):.0f} | "
+                         f"{t(plain, 'same', b):.0f} | {t(ours, 'unsteered', b):.0f} | "
+                         f"{x(t(ours, 'unsteered', b), t(plain, 'same', b))} | "
+                         f"{x(t(ours, 'unsteered', b), t(plain, 'default', b))} |")  # fmt: skip
     lines += [
         "",
-        "Start, seconds (`import` + load; compiled from empty caches, then warm):",
+        "Start, seconds (`import` + load; compiled: from empty caches, then warm; each "
+        "compiled engine has a cache folder of its own):",
         "",
         "| | plain vLLM | steerlab | ratio (target <= 1.5x compiled) |",
         "|---|---|---|---|",
-        f"| eager | {p_eager['start_s']:.0f} | {s_eager['start_s']:.0f} | "
-        f"{s_eager['start_s'] / p_eager['start_s']:.2f}x |",
-        f"| compiled, cold | {p_cold['start_s']:.0f} | {s_cold['start_s']:.0f} | "
-        f"{s_cold['start_s'] / p_cold['start_s']:.2f}x |",
-        f"| compiled, warm | {p_warm['start_s']:.0f} | {s_warm['start_s']:.0f} | "
-        f"{s_warm['start_s'] / p_warm['start_s']:.2f}x |",
-        f"| compiled, graph=[{site!r}], cold | {p_cold['start_s']:.0f} | "
-        f"{s_site['start_s']:.0f} | {s_site['start_s'] / p_cold['start_s']:.2f}x |",
+    ]
+    for label, plain, ours in (("eager", "plain eager", "ours eager"),
+                               ("compiled, cold", "plain cold", "ours cold"),
+                               ("compiled, warm", "plain warm", "ours warm"),
+                               (f"compiled, graph=[{site!r}], cold", "plain cold",
+                                "site cold")):  # fmt: skip
+        lines.append(f"| {label} | {starts[plain]:.0f} | {starts[ours]:.0f} | "
+                     f"{x(starts[ours], starts[plain])} |")  # fmt: skip
+    lines += [
         "",
         "Steered against unsteered on the same engine (tok/s; target >= 0.95x, gated rows "
         ">= 0.90x):",
@@ -241,15 +320,17 @@ def _measure(name: str, folder: str) -> list[str]:
         "unsteered | steered | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for b, kinds in ((1, ("add",)), (16, STEERED)):
-        for k in kinds:
-            e, c = s_eager, s_site
-            lines.append(f"| {LABELS[k]} | {b} | {e[f'unsteered_{b}']:.0f} | {e[f'{k}_{b}']:.0f} | "
-                         f"{x(e[f'{k}_{b}'], e[f'unsteered_{b}'])} | {c[f'unsteered_{b}']:.0f} | "
-                         f"{c[f'{k}_{b}']:.0f} | {x(c[f'{k}_{b}'], c[f'unsteered_{b}'])} |")  # fmt: skip
-    uncompiled = ", ".join(f"{why}: {n}" for why, n in s_site["uncompiled"].items()) or "none"
-    lines += ["", f"Unsteered tokens equal plain vLLM's in every mode: {'yes' if same else 'NO'}. "
-              f"Forwards the graph=[site] engine ran uncompiled, by reason: {uncompiled}.", ""]  # fmt: skip
+    for kind, b in steered_arms:
+        if kind == "unsteered":
+            continue
+        e, c = ("ours eager", "site compiled")
+        lines.append(f"| {LABELS[kind]} | {b} | {t(e, 'unsteered', b):.0f} | {t(e, kind, b):.0f} | "
+                     f"{x(t(e, kind, b), t(e, 'unsteered', b))} | {t(c, 'unsteered', b):.0f} | "
+                     f"{t(c, kind, b):.0f} | {x(t(c, kind, b), t(c, 'unsteered', b))} |")  # fmt: skip
+    why = ", ".join(f"{k}: {n}" for k, n in uncompiled.items()) or "none"  # type: ignore[union-attr]
+    lines += ["", f"Unsteered tokens equal plain vLLM's in every engine: {'yes' if same else 'NO'}. "
+              f"Forwards the graph=[site] engine ran uncompiled, by reason: {why}. "
+              f"`explain` on the default engine: \"{explain_eager}\".", ""]  # fmt: skip
     return lines
 
 
@@ -261,12 +342,7 @@ def main() -> None:
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
-        spec = json.loads(args.child)
-        if spec["kind"] == "plain":
-            result = _plain(spec["folder"], spec["eager"])
-        else:
-            result = _steerlab(spec["folder"], spec["eager"], spec.get("graph"))
-        print("RESULT " + json.dumps(result), flush=True)
+        _serve_child(json.loads(args.child))
         return
     from steerlab.loading import _locate
 
