@@ -231,7 +231,9 @@ class VLLMEngine:
             built = len(self.graph_sites)
             text = (f"vllm compiled{mode}: vLLM runs its compiled model, with steering built "
                     f"in at {built} site{'s' * (built != 1)}, whose steers read each forward's "
-                    "rows from static buffers")  # fmt: skip
+                    "rows from static buffers" if built else
+                    f"vllm compiled{mode}: vLLM runs plain vLLM's compiled graph (no steering "
+                    "built in: load with graph=[sites] to build some)")  # fmt: skip
             if any(r.reads for r in requests):
                 text += ("; conditions and monitors are read inside the graph and handed over "
                          "after each forward (a decision gates the tokens generated after "
