@@ -1,0 +1,118 @@
+"""Issue 49, recovery: after any failed call (cancelled, a request refused, a worker that
+failed, a steer that overflowed), every later call equals a fresh engine's output token for
+token (plain HF, which a fresh engine equals), compiled and eager, and no hook is left.
+
+Each test checks the later calls before it fails one (an engine already poisoned fails
+there, not after), then fails a call and checks how it failed."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+from failures import LONG, NEW, PROMPTS, SITE, assert_later_calls_exact, expected, row
+
+import steerlab as sl
+from steerlab.core.errors import ContextError, NonFiniteError, SiteError, SteerError
+from steerlab.engine import Request, Sampling
+from steerlab.engine.vllm import SteerHookError
+
+
+def test_later_calls_are_exact_after_a_stream_closed_mid_call(each, hf):
+    """A call closed between steps (a caller that stops iterating, a client gone): a row
+    still decoding, a steered row held finished but not yet checked, and a steered row on
+    a long prompt, all aborted inside vLLM; the engine is free at once."""
+    lm = each
+    assert_later_calls_exact(lm, hf)
+    requests = [row(lm, LONG[1], False, 20), row(lm, PROMPTS[0], True, 2),
+                row(lm, LONG[0], True, 20)]  # fmt: skip
+    steps = lm.engine.stream(requests)
+    for _ in range(3):
+        progress = next(steps)
+    assert not all(progress.states.done)
+    steps.close()
+    with pytest.raises(StopIteration):
+        next(steps)
+    with pytest.raises(RuntimeError, match="only while it runs"):
+        steps.add([row(lm, PROMPTS[1], False)])
+    assert lm.hook_count() == 0
+    assert_later_calls_exact(lm, hf)
+
+
+def test_later_calls_are_exact_after_a_request_refused_mid_call(each, hf):
+    """Requests joined to a running steered call and refused (a site the model lacks, a
+    vector of the wrong width, a prompt past the window): each refusal raises its own
+    error before anything is sent, and the running call still finishes exactly."""
+    lm = each
+    assert_later_calls_exact(lm, hf)
+    running = [row(lm, LONG[0], True, 12), row(lm, PROMPTS[1], False, 12)]
+    steps = lm.engine.stream(running)
+    next(steps)
+    ids = running[1].prompt
+    bad = [
+        (SiteError, "blocks.9", sl.Steer("blocks.9.hook_resid_pre", torch.ones(128), 2.0)),
+        (SteerError, "size 7", sl.Steer(SITE, torch.ones(7), 2.0)),
+    ]
+    for error, match, steer in bad:
+        with pytest.raises(error, match=match):
+            steps.add([Request(ids, (steer,), Sampling(max_new_tokens=4))])
+    with pytest.raises(ContextError):
+        steps.add([Request(ids * 60, (), Sampling(max_new_tokens=4))])
+    (last,) = deque(steps, maxlen=1)
+    assert len(last.states.tokens) == 2  # nothing refused joined the call
+    assert last.states.tokens == [expected(hf, lm, r) for r in running]
+    assert lm.hook_count() == 0
+    assert_later_calls_exact(lm, hf)
+
+
+def test_later_calls_are_exact_after_a_worker_fails_mid_call(each, hf):
+    """The workers forget their vectors between two steps of a steered call (the RPC the
+    engine itself sends between calls when it holds too many).
+
+    Eager: the next forward's hook finds no vector (``KeyError`` in the worker), the
+    call fails with ``SteerHookError`` naming it. Compiled: the steer's table row was
+    written at the first forward from the vector, and a later forward with the same steers
+    keeps it (``GraphBuffers.entries``, keyed by the vector's content): the call goes on
+    exactly, as it should (the table holds the right numbers). A call that needs the
+    vector anew (here a new op on it) fails as the eager one does. Either way, the engine
+    then sends the vectors again, so later calls are exact."""
+    lm = each
+    assert_later_calls_exact(lm, hf)
+    requests = [row(lm, LONG[0], True, 12), row(lm, PROMPTS[1], False, 12)]
+    steps = lm.engine.stream(requests)
+    next(steps)
+    assert min(lm.engine.rpc("steerlab_drop_vectors")) >= 1
+    if lm.engine.graph:
+        (last,) = deque(steps, maxlen=1)
+        assert last.states.tokens == [expected(hf, lm, r) for r in requests]
+        anew = sl.Steer.of(sl.Steer(SITE, requests[0].steers[0].vector, 1.0, op=sl.Ablate()), 1.0)
+        with pytest.raises(SteerHookError, match="was never sent"):
+            lm.engine.run([Request(requests[0].prompt, (anew,), Sampling(max_new_tokens=4))])
+    else:
+        with pytest.raises(SteerHookError, match="was never sent"):
+            deque(steps, maxlen=0)
+    assert lm.hook_count() == 0
+    assert_later_calls_exact(lm, hf)
+
+
+def test_later_calls_are_exact_after_an_overflow_beside_other_rows(each, hf):
+    """A steer that overflows in a batch beside a plain row and a steered row: the engine
+    fails the whole call (``NonFiniteError`` naming the row and its steer; its other rows
+    return nothing). Then once more, the overflowing request joined to a call under way.
+    Later calls, on prompts longer than the overflowing one's blocks, are exact."""
+    lm = each
+    assert_later_calls_exact(lm, hf)
+    overflow = row(lm, PROMPTS[0] * 4, False, 5, overflow=True)
+    beside = [row(lm, LONG[1], False, NEW), row(lm, LONG[0], True, NEW)]
+    with pytest.raises(NonFiniteError, match=r"row 2 .*Add at blocks.1.hook_resid_pre with "
+                                             r"alpha=1e\+08"):  # fmt: skip
+        lm.engine.run([*beside, overflow])
+    assert_later_calls_exact(lm, hf)
+    steps = lm.engine.stream(beside)
+    next(steps)
+    assert steps.add([overflow]) == range(2, 3)
+    with pytest.raises(NonFiniteError, match="row 2"):
+        deque(steps, maxlen=0)
+    assert lm.hook_count() == 0
+    assert_later_calls_exact(lm, hf)
