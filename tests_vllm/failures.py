@@ -32,7 +32,7 @@ def overflowing() -> sl.Steer:
     return sl.Steer("blocks.1.hook_resid_pre", torch.full((128,), 1e30), alpha=1e8)
 
 
-def row(lm, text: str, steered: bool, new: int = NEW, overflow: bool = False) -> Request:
+def request_for(lm, text: str, steered: bool, new: int = NEW, overflow: bool = False) -> Request:
     """One engine request (for ``lm.engine.stream``): ``text``, steered by ``steer()``
     (or by ``overflowing()``), ``new`` greedy tokens."""
     steers = [overflowing()] if overflow else [steer()] if steered else []
@@ -42,7 +42,7 @@ def row(lm, text: str, steered: bool, new: int = NEW, overflow: bool = False) ->
 
 
 def expected(hf, lm, request: Request) -> list[int]:
-    """Plain HF's greedy tokens for ``request`` (one made by ``row``, not overflowing)."""
+    """Plain HF's greedy tokens for ``request`` (made by ``request_for``, not overflowing)."""
     ref = [RefSteer(s.site, s.vector, s.alpha[0]) for s in request.steers]
     return greedy(hf, list(request.prompt), ref, request.sampling.max_new_tokens, lm.eos_ids)
 
@@ -55,7 +55,7 @@ def assert_later_calls_exact(lm, hf) -> None:
         steered = lm.generate(prompts, steer(), max_new_tokens=NEW)
         for i, ids in enumerate(plain.prompt_tokens):
             assert plain.tokens[i] == greedy(hf, ids, [], NEW, lm.eos_ids), (prompts[i], "plain")
-            ref = [RefSteer(SITE, VECTOR, ALPHA)]
-            assert steered.tokens[i] == greedy(hf, ids, ref, NEW, lm.eos_ids), (prompts[i], "steered")
+            want = greedy(hf, ids, [RefSteer(SITE, VECTOR, ALPHA)], NEW, lm.eos_ids)
+            assert steered.tokens[i] == want, (prompts[i], "steered")
         assert steered.tokens != plain.tokens  # the steer acts
     assert lm.hook_count() == 0

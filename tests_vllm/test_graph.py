@@ -255,7 +255,7 @@ def test_tensor_parallel_2_compiled_later_calls_are_exact_after_an_overflowing_s
 ):  # fmt: skip
     """Issue 49, compiled on two ranks: an overflowing steer, alone and beside a plain and a
     steered row, fails its call; every later call is exact (each rank scrubs its shard)."""
-    from failures import LONG, assert_later_calls_exact, overflowing, row
+    from failures import LONG, assert_later_calls_exact, overflowing, request_for
 
     from steerlab.core.errors import NonFiniteError
 
@@ -263,9 +263,9 @@ def test_tensor_parallel_2_compiled_later_calls_are_exact_after_an_overflowing_s
     assert_later_calls_exact(lm, hf)
     with pytest.raises(NonFiniteError, match=r"alpha=1e\+08"):
         lm.generate(PROMPTS[0] * 8, overflowing(), max_new_tokens=5)
-    beside = [row(lm, LONG[1], False), row(lm, LONG[0], True)]
+    beside = [request_for(lm, LONG[1], False), request_for(lm, LONG[0], True)]
     with pytest.raises(NonFiniteError, match="row 2"):
-        lm.engine.run([*beside, row(lm, PROMPTS[0] * 4, False, 5, overflow=True)])
+        lm.engine.run([*beside, request_for(lm, PROMPTS[0] * 4, False, 5, overflow=True)])
     assert_later_calls_exact(lm, hf)
 
 

@@ -11,7 +11,7 @@ from collections import deque
 
 import pytest
 import torch
-from failures import LONG, NEW, PROMPTS, SITE, assert_later_calls_exact, expected, row
+from failures import LONG, NEW, PROMPTS, SITE, assert_later_calls_exact, expected, request_for
 
 import steerlab as sl
 from steerlab.core.errors import ContextError, NonFiniteError, SiteError, SteerError
@@ -25,8 +25,8 @@ def test_later_calls_are_exact_after_a_stream_closed_mid_call(each, hf):
     a long prompt, all aborted inside vLLM; the engine is free at once."""
     lm = each
     assert_later_calls_exact(lm, hf)
-    requests = [row(lm, LONG[1], False, 20), row(lm, PROMPTS[0], True, 2),
-                row(lm, LONG[0], True, 20)]  # fmt: skip
+    requests = [request_for(lm, LONG[1], False, 20), request_for(lm, PROMPTS[0], True, 2),
+                request_for(lm, LONG[0], True, 20)]  # fmt: skip
     steps = lm.engine.stream(requests)
     for _ in range(3):
         progress = next(steps)
@@ -35,7 +35,7 @@ def test_later_calls_are_exact_after_a_stream_closed_mid_call(each, hf):
     with pytest.raises(StopIteration):
         next(steps)
     with pytest.raises(RuntimeError, match="only while it runs"):
-        steps.add([row(lm, PROMPTS[1], False)])
+        steps.add([request_for(lm, PROMPTS[1], False)])
     assert lm.hook_count() == 0
     assert_later_calls_exact(lm, hf)
 
@@ -46,7 +46,7 @@ def test_later_calls_are_exact_after_a_request_refused_mid_call(each, hf):
     error before anything is sent, and the running call still finishes exactly."""
     lm = each
     assert_later_calls_exact(lm, hf)
-    running = [row(lm, LONG[0], True, 12), row(lm, PROMPTS[1], False, 12)]
+    running = [request_for(lm, LONG[0], True, 12), request_for(lm, PROMPTS[1], False, 12)]
     steps = lm.engine.stream(running)
     next(steps)
     ids = running[1].prompt
@@ -79,7 +79,7 @@ def test_later_calls_are_exact_after_a_worker_fails_mid_call(each, hf):
     then sends the vectors again, so later calls are exact."""
     lm = each
     assert_later_calls_exact(lm, hf)
-    requests = [row(lm, LONG[0], True, 12), row(lm, PROMPTS[1], False, 12)]
+    requests = [request_for(lm, LONG[0], True, 12), request_for(lm, PROMPTS[1], False, 12)]
     steps = lm.engine.stream(requests)
     next(steps)
     assert min(lm.engine.rpc("steerlab_drop_vectors")) >= 1
@@ -103,8 +103,8 @@ def test_later_calls_are_exact_after_an_overflow_beside_other_rows(each, hf):
     Later calls, on prompts longer than the overflowing one's blocks, are exact."""
     lm = each
     assert_later_calls_exact(lm, hf)
-    overflow = row(lm, PROMPTS[0] * 4, False, 5, overflow=True)
-    beside = [row(lm, LONG[1], False, NEW), row(lm, LONG[0], True, NEW)]
+    overflow = request_for(lm, PROMPTS[0] * 4, False, 5, overflow=True)
+    beside = [request_for(lm, LONG[1], False, NEW), request_for(lm, LONG[0], True, NEW)]
     with pytest.raises(NonFiniteError, match=r"row 2 .*Add at blocks.1.hook_resid_pre with "
                                              r"alpha=1e\+08"):  # fmt: skip
         lm.engine.run([*beside, overflow])

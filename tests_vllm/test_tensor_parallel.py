@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from failures import LONG, PROMPTS, assert_later_calls_exact, overflowing, row
+from failures import LONG, PROMPTS, assert_later_calls_exact, overflowing, request_for
 from reference import RefSteer, greedy
 from transformers import AutoModelForCausalLM
 
@@ -62,7 +62,7 @@ def test_later_calls_are_exact_after_an_overflowing_steer(lm, hf):
     for _ in range(2):
         with pytest.raises(NonFiniteError, match=r"alpha=1e\+08"):
             lm.generate(PROMPTS[0] * 8, overflowing(), max_new_tokens=5)
-    beside = [row(lm, LONG[1], False), row(lm, LONG[0], True)]  # a plain and a steered row
+    beside = [request_for(lm, LONG[1], False), request_for(lm, LONG[0], True)]  # plain, steered
     with pytest.raises(NonFiniteError, match="row 2"):
-        lm.engine.run([*beside, row(lm, PROMPTS[0] * 4, False, 5, overflow=True)])
+        lm.engine.run([*beside, request_for(lm, PROMPTS[0] * 4, False, 5, overflow=True)])
     assert_later_calls_exact(lm, hf)
