@@ -12,6 +12,15 @@ from collections import deque
 import pytest
 import torch
 from failures import LONG, NEW, PROMPTS, SITE, assert_later_calls_exact, expected, request_for
+from reads_parity import PROMPTS as READ_PROMPTS
+from reads_parity import (
+    cast,
+    check_cast_rows,
+    check_monitors_against_hf,
+    condition,
+    median_threshold,
+    steer_of,
+)
 
 import steerlab as sl
 from steerlab.core.errors import ContextError, NonFiniteError, SiteError, SteerError
@@ -115,4 +124,23 @@ def test_later_calls_are_exact_after_an_overflow_beside_other_rows(each, hf):
     with pytest.raises(NonFiniteError, match="row 2"):
         deque(steps, maxlen=0)
     assert lm.hook_count() == 0
+    assert_later_calls_exact(lm, hf)
+
+
+def test_later_conditions_and_monitors_are_exact_after_a_gated_call_closed_mid_call(each, hf):
+    """A call whose rows carry a CAST condition and a monitor, closed after the prefill that
+    decided the condition and a few steps: the workers' reads (compiled: the graph's read
+    buffers) hold its decisions when it goes. Later conditioned calls decide afresh and
+    equal IBM's CAST reference, and later monitors plain HF's hidden states."""
+    lm = each
+    check_cast_rows(lm, hf, "mean", "above")
+    ref = cast(median_threshold(lm, hf))
+    steps = lm.stream(READ_PROMPTS, steer=steer_of(ref, condition(ref)), max_new_tokens=16,
+                      stop_at_eos=False, monitor={"m": (SITE, torch.ones(128))})  # fmt: skip
+    for _ in range(3):
+        next(steps)
+    steps.close()
+    assert lm.hook_count() == 0
+    check_cast_rows(lm, hf, "mean", "above")
+    check_monitors_against_hf(lm, hf)
     assert_later_calls_exact(lm, hf)
