@@ -82,7 +82,7 @@ class VLLMStream(Iterator[Progress]):
         engine = self.engine
         with engine.exclusive(description, wait):
             decoding = self._decoding = _Decoding(engine, next(_CALL_IDS))
-            failed = False  # in a worker: what it still holds is unknown
+            failed = False  # a worker failed: which vectors it still holds is unknown
             try:
                 decoding.add(requests)
                 yield from decoding.run()
