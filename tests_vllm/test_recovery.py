@@ -21,6 +21,7 @@ from reads_parity import (
     median_threshold,
     steer_of,
 )
+from reference import RefSteer, greedy
 
 import steerlab as sl
 from steerlab.core.errors import ContextError, NonFiniteError, SiteError, SteerError
@@ -83,25 +84,31 @@ def test_later_calls_are_exact_after_a_worker_fails_mid_call(each, hf):
     call fails with ``SteerHookError`` naming it. Compiled: the steer's table row was
     written at the first forward from the vector, and a later forward with the same steers
     keeps it (``GraphBuffers.entries``, keyed by the vector's content): the call goes on
-    exactly, as it should (the table holds the right numbers). A call that needs the
-    vector anew (here a new op on it) fails as the eager one does. Either way, the engine
-    then sends the vectors again, so later calls are exact."""
+    exactly, as it should (the table holds the right numbers); a call that needs the vector
+    itself (an ablation along it: a new table row) fails as the eager one does. After the
+    failure the engine sends the vectors again: before it did, it took them for held, and
+    every later call that needed one failed (eager: every steered call with it)."""
     lm = each
     assert_later_calls_exact(lm, hf)
     requests = [request_for(lm, LONG[0], True, 12), request_for(lm, PROMPTS[1], False, 12)]
+    vector = requests[0].steers[0].vector
+    ablate = Request(requests[0].prompt, (sl.Steer.of(sl.Steer(SITE, vector, op=sl.Ablate()), 1.0),),
+                     Sampling(max_new_tokens=NEW))  # fmt: skip
     steps = lm.engine.stream(requests)
     next(steps)
     assert min(lm.engine.rpc("steerlab_drop_vectors")) >= 1
     if lm.engine.graph:
         (last,) = deque(steps, maxlen=1)
         assert last.states.tokens == [expected(hf, lm, r) for r in requests]
-        anew = sl.Steer.of(sl.Steer(SITE, requests[0].steers[0].vector, 1.0, op=sl.Ablate()), 1.0)
         with pytest.raises(SteerHookError, match="was never sent"):
-            lm.engine.run([Request(requests[0].prompt, (anew,), Sampling(max_new_tokens=4))])
+            lm.engine.run([ablate])
     else:
         with pytest.raises(SteerHookError, match="was never sent"):
             deque(steps, maxlen=0)
     assert lm.hook_count() == 0
+    (again,) = lm.engine.run([ablate])  # the vector itself, on the workers again
+    ref = [RefSteer(SITE, vector, 1.0, "all", "ablate")]
+    assert again.tokens == greedy(hf, list(ablate.prompt), ref, NEW, lm.eos_ids)
     assert_later_calls_exact(lm, hf)
 
 
