@@ -50,10 +50,12 @@ def test_later_calls_are_exact_after_a_stream_closed_mid_call(each, hf):
     assert_later_calls_exact(lm, hf)
 
 
-def test_later_calls_are_exact_after_a_request_refused_mid_call(each, hf):
-    """Requests joined to a running steered call and refused (a site the model lacks, a
-    vector of the wrong width, a prompt past the window): each refusal raises its own
-    error before anything is sent, and the running call still finishes exactly."""
+def test_later_calls_are_exact_after_a_request_refused_mid_call(each, hf, monkeypatch):
+    """Requests joined to a running steered call and refused: by steerlab's checks (a site
+    the model lacks, a vector of the wrong width, a prompt past the window), each with its
+    own error before anything is sent; then by vLLM itself, the second of two requests
+    (one steered at a site the call had not hooked), after the first was sent: both leave
+    the call cancelled. The running rows still finish exactly."""
     lm = each
     assert_later_calls_exact(lm, hf)
     running = [request_for(lm, LONG[0], True, 12), request_for(lm, PROMPTS[1], False, 12)]
@@ -69,9 +71,24 @@ def test_later_calls_are_exact_after_a_request_refused_mid_call(each, hf):
             steps.add([Request(ids, (steer,), Sampling(max_new_tokens=4))])
     with pytest.raises(ContextError):
         steps.add([Request(ids * 60, (), Sampling(max_new_tokens=4))])
+    real, sent = lm.engine.llm.llm_engine.add_request, []
+
+    def second_refused(*args, **kwargs):
+        sent.append(args[0])
+        if len(sent) == 2:
+            raise RuntimeError("vLLM refused the request")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm.engine.llm.llm_engine, "add_request", second_refused)
+    other = sl.Steer.of(sl.Steer("blocks.0.hook_resid_post", torch.ones(128), 2.0), 2.0)
+    joining = [Request(ids, (other,), Sampling(max_new_tokens=4)),
+               Request(ids, (), Sampling(max_new_tokens=4))]  # fmt: skip
+    with pytest.raises(RuntimeError, match="refused"):
+        steps.add(joining)
+    monkeypatch.undo()
     (last,) = deque(steps, maxlen=1)
-    assert len(last.states.tokens) == 2  # nothing refused joined the call
-    assert last.states.tokens == [expected(hf, lm, r) for r in running]
+    assert last.states.reasons[2:] == ["cancelled", "cancelled"]  # nothing else joined
+    assert last.states.tokens[:2] == [expected(hf, lm, r) for r in running]
     assert lm.hook_count() == 0
     assert_later_calls_exact(lm, hf)
 
