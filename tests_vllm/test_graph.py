@@ -250,6 +250,25 @@ def test_tensor_parallel_2_compiled_conditions_and_monitors_equal_the_local_engi
     assert ran[0] == ran[1] and sum(ran[0].values()) >= NEW - 1, ran
 
 
+def test_tensor_parallel_2_compiled_later_calls_are_exact_after_an_overflowing_steer(
+    compiled_tp2, hf
+):  # fmt: skip
+    """Issue 49, compiled on two ranks: an overflowing steer, alone and beside a plain and a
+    steered row, fails its call; every later call is exact (each rank scrubs its shard)."""
+    from failures import LONG, assert_later_calls_exact, overflowing, request_for
+
+    from steerlab.core.errors import NonFiniteError
+
+    lm = compiled_tp2
+    assert_later_calls_exact(lm, hf)
+    with pytest.raises(NonFiniteError, match=r"alpha=1e\+08"):
+        lm.generate(PROMPTS[0] * 8, overflowing(), max_new_tokens=5)
+    beside = [request_for(lm, LONG[1], False), request_for(lm, LONG[0], True)]
+    with pytest.raises(NonFiniteError, match="row 2"):
+        lm.engine.run([*beside, request_for(lm, PROMPTS[0] * 4, False, 5, overflow=True)])
+    assert_later_calls_exact(lm, hf)
+
+
 def test_pipeline_parallel_is_refused_compiled_before_vllm_starts():
     with pytest.raises(ValueError, match="pipeline"):
         sl.load("steerlab-tiny", backend="vllm", pipeline_parallel_size=2,

@@ -4,6 +4,7 @@ keeps one token decode exactly as greedy, as they do on the local engines."""
 from __future__ import annotations
 
 import pytest
+from failures import overflowing
 
 PROMPTS = ["Once upon a time", "The happy fox"]
 
@@ -45,20 +46,12 @@ def test_the_default_on_a_cpu_is_eager_and_says_why(own):
     assert "vllm_args={'enforce_eager': False} compiles" in said
 
 
-def _overflowing():
-    import torch
-
-    import steerlab as sl
-
-    return sl.Steer("blocks.1.hook_resid_pre", torch.full((128,), 1e30), alpha=1e8)
-
-
 def test_a_steer_that_overflows_names_itself_and_decodes_nothing(own):
     """Before the check, the NaN logits decoded as token 0 five times, empty text, no error."""
     from steerlab.core.errors import NonFiniteError
 
     with pytest.raises(NonFiniteError, match=r"Add at blocks.1.hook_resid_pre with alpha=1e\+08"):
-        own.generate(PROMPTS[0], _overflowing(), max_new_tokens=5)
+        own.generate(PROMPTS[0], overflowing(), max_new_tokens=5)
     assert own.hook_count() == 0
 
 
@@ -80,9 +73,9 @@ def test_later_calls_are_exact_after_an_overflowing_steer(engine, request):
     ]
     for _ in range(2):
         with pytest.raises(NonFiniteError):
-            lm.generate(PROMPTS[0] * 8, _overflowing(), max_new_tokens=5)
+            lm.generate(PROMPTS[0] * 8, overflowing(), max_new_tokens=5)
         with pytest.raises(NonFiniteError):  # the same overflowing steer: it fails again
-            lm.generate(PROMPTS[0] * 8, _overflowing(), max_new_tokens=5)
+            lm.generate(PROMPTS[0] * 8, overflowing(), max_new_tokens=5)
     after = [
         lm.generate(p, s, max_new_tokens=6).tokens for p in (PROMPTS, long) for s in (None, steer)
     ]

@@ -274,3 +274,99 @@ def _same_reads(url: str, body: dict, local) -> None:
     last = [e["choices"][0] for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
     assert sorted((c["index"], c["steerlab"]["fired"]) for c in last) == list(
         enumerate(local.fired.tolist()))  # fmt: skip
+
+
+def _exact_answers(url: str, lm, hf) -> None:
+    """Later requests, plain and steered, short and long prompts: each equal to plain HF."""
+    from failures import ALPHA, LONG, NEW, PROMPTS, SITE, VECTOR
+
+    for prompt in (PROMPTS[0], LONG[1]):
+        ids = lm.tokenizer(prompt)["input_ids"]
+        for steering, ref in (([], []), ([{"site": SITE, "vector": VECTOR.tolist(), "alpha": ALPHA}],
+                                         [RefSteer(SITE, VECTOR, ALPHA)])):  # fmt: skip
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": NEW, "temperature": 0,
+                    "steering": steering}  # fmt: skip
+            reply = _post(url, "/v1/completions", body)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["token_ids"] == greedy(hf, ids, ref, NEW,
+                                                                    lm.eos_ids), (prompt, ref)  # fmt: skip
+    assert lm.hook_count() == 0
+
+
+def _began(batcher, before: int) -> None:
+    """Wait until the engine thread has started a batch after ``before``."""
+    deadline = time.monotonic() + 60
+    while batcher.batches == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batcher.batches > before
+
+
+@pytest.mark.parametrize("which", ["server", "eager_server"])
+def test_an_overflowing_request_between_two_clients_fails_alone(which, request, hf):
+    """Issue 49: an overflowing steer sent while two other clients' requests decode (one
+    steered, one not) joins their call in vLLM and fails it; the scheduler retries the
+    others without it, so they get exact answers, it gets a 422 naming the overflow, and
+    later requests are exact. Compiled and eager."""
+    url, batcher = request.getfixturevalue(which)
+    engine = request.getfixturevalue("lm" if which == "server" else "eager")
+    v = _vec(7)
+    others = {
+        "steered": {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 40,
+                    "temperature": 0, "ignore_eos": True, "steering": _steering(v, 2.0)},
+        "plain": {"model": MODEL, "prompt": "The sea was", "max_tokens": 40, "temperature": 0,
+                  "ignore_eos": True},
+    }  # fmt: skip
+    overflow = {"model": MODEL, "prompt": "A cat " * 12, "max_tokens": 8, "temperature": 0,
+                "steering": [{"site": SITE, "vector": [1e30] * 128, "alpha": 1e8}]}  # fmt: skip
+    replies: dict[str, httpx.Response] = {}
+
+    def ask(name: str) -> None:
+        replies[name] = _post(url, "/v1/completions", others[name])
+
+    _exact_answers(url, engine, hf)
+    before = batcher.batches
+    threads = [threading.Thread(target=ask, args=(name,)) for name in others]
+    for t in threads:
+        t.start()
+    _began(batcher, before)
+    bad = _post(url, "/v1/completions", overflow)
+    for t in threads:
+        t.join()
+    # It shared a call with them: that call failed, and the halves were retried (a call of
+    # its own after theirs would make 2 batches in all).
+    assert batcher.batches - before >= 3
+    assert bad.status_code == 422, bad.text
+    assert "overflows" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["param"] == "steering"
+    for name, body in others.items():
+        assert replies[name].status_code == 200, replies[name].text
+        ids = engine.tokenizer(body["prompt"])["input_ids"]
+        ref = [RefSteer(SITE, v, 2.0)] if "steering" in body else []
+        assert replies[name].json()["choices"][0]["token_ids"] == greedy(hf, ids, ref, 40,
+                                                                         set()), name  # fmt: skip
+    _exact_answers(url, engine, hf)
+
+
+@pytest.mark.parametrize("which", ["server", "eager_server"])
+def test_a_client_that_leaves_mid_stream_leaves_later_requests_exact(which, request, hf):
+    """A client closes a streamed, steered response after its first events: its rows are
+    cancelled between steps (the scheduler counts it), and later requests are exact."""
+    url, batcher = request.getfixturevalue(which)
+    engine = request.getfixturevalue("lm" if which == "server" else "eager")
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 100, "temperature": 0,
+            "ignore_eos": True, "stream": True, "steering": _steering(_vec(8), 2.0)}  # fmt: skip
+    _exact_answers(url, engine, hf)
+    cancelled = batcher.cancelled
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=HEADERS,
+                      timeout=120) as streamed:  # fmt: skip
+        for line in streamed.iter_lines():
+            choices = json.loads(line[6:])["choices"] if line.startswith("data: {") else []
+            if choices and choices[0]["text"]:
+                break  # a token reached the client: it goes away now
+        else:
+            pytest.fail("the stream ended before the client could leave it")
+    deadline = time.monotonic() + 60
+    while batcher.cancelled == cancelled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert batcher.cancelled == cancelled + 1
+    _exact_answers(url, engine, hf)

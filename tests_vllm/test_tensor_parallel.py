@@ -8,10 +8,12 @@ import os
 
 import pytest
 import torch
+from failures import LONG, PROMPTS, assert_later_calls_exact, overflowing, request_for
 from reference import RefSteer, greedy
 from transformers import AutoModelForCausalLM
 
 import steerlab as sl
+from steerlab.core.errors import NonFiniteError
 from steerlab.toy import asset_path
 
 NEW = 12
@@ -49,3 +51,18 @@ def test_tensor_parallel_rows_equal_hf(lm):
         assert out.tokens[row] == greedy(hf.eval(), prompt, ref, NEW, lm.eos_ids), row
     assert out.tokens[1] != out.tokens[0]
     assert lm.hook_count() == 0
+
+
+def test_later_calls_are_exact_after_an_overflowing_steer(lm, hf):
+    """Issue 49 on tensor parallel 2: both ranks see the overflowing forward's output (it
+    is replicated after the last all-reduce) and each zeroes the NaN in its own KV cache
+    shard, so later calls, unsteered ones included, are exact. Alone, and beside a plain
+    and a steered row (the call fails whole)."""
+    assert_later_calls_exact(lm, hf)
+    for _ in range(2):
+        with pytest.raises(NonFiniteError, match=r"alpha=1e\+08"):
+            lm.generate(PROMPTS[0] * 8, overflowing(), max_new_tokens=5)
+    beside = [request_for(lm, LONG[1], False), request_for(lm, LONG[0], True)]  # plain, steered
+    with pytest.raises(NonFiniteError, match="row 2"):
+        lm.engine.run([*beside, request_for(lm, PROMPTS[0] * 4, False, 5, overflow=True)])
+    assert_later_calls_exact(lm, hf)

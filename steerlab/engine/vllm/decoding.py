@@ -82,15 +82,19 @@ class VLLMStream(Iterator[Progress]):
         engine = self.engine
         with engine.exclusive(description, wait):
             decoding = self._decoding = _Decoding(engine, next(_CALL_IDS))
+            failed = False  # a worker failed: which vectors it still holds is unknown
             try:
                 decoding.add(requests)
                 yield from decoding.run()
+            except SteerHookError:
+                failed = True
+                raise
             finally:
                 decoding.closed = True
                 decoding.abort_all()
                 if decoding.hooked:
                     engine.rpc("steerlab_finish")
-                engine.trim_vectors()
+                engine.trim_vectors(everything=failed)
 
 
 class _Decoding:

@@ -286,9 +286,12 @@ class VLLMEngine:
             self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)
 
-    def trim_vectors(self) -> None:
-        """Between calls: drop every vector the workers hold once there are too many."""
-        if len(self._sent) > self.max_vectors:
+    def trim_vectors(self, everything: bool = False) -> None:
+        """Between calls: drop every vector the workers hold once there are too many, or
+        (``everything``) after a worker failed a call: the engine can no longer tell which
+        vectors the workers hold (one that lost a vector would fail every later call that
+        steers with it), so the next call sends what it needs again."""
+        if everything or len(self._sent) > self.max_vectors:
             self.rpc("steerlab_drop_vectors")
             self._sent.clear()
 
