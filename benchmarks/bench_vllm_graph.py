@@ -12,7 +12,8 @@ vLLM engine waits without spinning), so a slow spell of the machine hits them al
 - eager: plain ``vllm.LLM`` (no steerlab) beside steerlab in its default mode on a CPU;
 - compiled, warm (started again from what the cold starts cached): plain vLLM, steerlab's
   default graph, and steerlab with steering built in at the middle block's ``resid_pre``
-  (``graph=[site]``, a cold start of its own), the site the steered arms use.
+  and the one before it (``graph=[...]``, a cold start of its own): the sites the steered
+  arms steer and their conditions read.
 
 Plain vLLM decodes the same rows two ways: as it does by default, and asked for what every
 steerlab completion carries (each token's log-probability, no detokenising): the second is
@@ -84,7 +85,7 @@ def _requests(lm, batch: int, kind: str | None) -> list:
         if kind is None:
             steers: tuple = ()
         elif kind == "loreft":
-            steers = tuple((reft * alpha).steers())
+            steers = (Steer(site, reft.R[0], alpha, reft.positions, reft),)  # one LoReFT
         else:
             op = mixed[i % len(mixed)] if kind == "mixed" else ops.get(kind, sl.Add())
             steers = (Steer(site, v, alpha, "all", op, when=when),)
@@ -119,7 +120,7 @@ def _engine(spec: dict) -> tuple[dict, dict[tuple[str, int], Callable[[], object
 
     vllm_args = {k: v for k, v in COMMON.items() if k != "max_model_len"}
     lm = sl.load(folder, backend="vllm", max_model_len=COMMON["max_model_len"],
-                 graph=None if graph is None else [graph],
+                 graph=graph,
                  vllm_args={**vllm_args, **({} if eager is None else {"enforce_eager": eager})})  # fmt: skip
     info = {"start_s": time.perf_counter() - start, "explain": lm.explain(PROMPTS[0])}
     runs = {}
@@ -223,8 +224,9 @@ def _measure(name: str, folder: str) -> list[str]:
     config = json.loads((Path(folder) / "config.json").read_text())
     layers = config.get("num_hidden_layers", config.get("n_layer"))
     site = f"blocks.{layers // 2}.hook_resid_pre"
+    built = [f"blocks.{layers // 2 - 1}.hook_resid_pre", site]  # the gates' site, the steers'
 
-    def spec(kind: str, eager: bool | None, graph: str | None = None) -> dict:
+    def spec(kind: str, eager: bool | None, graph: list[str] | None = None) -> dict:
         """An engine; ``eager`` None: steerlab's default mode (eager on a CPU)."""
         return {"kind": kind, "folder": folder, "eager": eager, "graph": graph}
 
@@ -256,7 +258,7 @@ def _measure(name: str, folder: str) -> list[str]:
             child.quit()
         compiled = {"plain": _Child(spec("plain", False), caches["plain"]),
                     "ours": _Child(spec("steerlab", False), caches["ours"]),
-                    "site": _Child(spec("steerlab", False, site), caches["site"])}  # fmt: skip
+                    "site": _Child(spec("steerlab", False, built), caches["site"])}  # fmt: skip
         starts |= {"plain warm": compiled["plain"].info["start_s"],
                    "ours warm": compiled["ours"].info["start_s"],
                    "site cold": compiled["site"].info["start_s"]}  # fmt: skip
@@ -289,7 +291,7 @@ def _measure(name: str, folder: str) -> list[str]:
     ]
     for mode, plain, ours in (("eager (the CPU's default)", "plain eager", "ours eager"),
                               ("compiled, default graph", "plain compiled", "ours compiled"),
-                              (f"compiled, graph=[{site!r}]", "plain compiled",
+                              (f"compiled, graph={built}", "plain compiled",
                                "site compiled")):  # fmt: skip
         for b in (1, 16):
             lines.append(f"| {mode} | {b} | {t(plain, 'default', b):.0f} | "
@@ -307,7 +309,7 @@ def _measure(name: str, folder: str) -> list[str]:
     for label, plain, ours in (("eager", "plain eager", "ours eager"),
                                ("compiled, cold", "plain cold", "ours cold"),
                                ("compiled, warm", "plain warm", "ours warm"),
-                               (f"compiled, graph=[{site!r}], cold", "plain cold",
+                               (f"compiled, graph={built}, cold", "plain cold",
                                 "site cold")):  # fmt: skip
         lines.append(f"| {label} | {starts[plain]:.0f} | {starts[ours]:.0f} | "
                      f"{x(starts[ours], starts[plain])} |")  # fmt: skip
@@ -316,7 +318,7 @@ def _measure(name: str, folder: str) -> list[str]:
         "Steered against unsteered on the same engine (tok/s; target >= 0.95x, gated rows "
         ">= 0.90x):",
         "",
-        "| steers | batch | eager unsteered | eager steered | ratio | compiled graph=[site] "
+        "| steers | batch | eager unsteered | eager steered | ratio | compiled graph=[2 sites] "
         "unsteered | steered | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -329,7 +331,7 @@ def _measure(name: str, folder: str) -> list[str]:
                      f"{t(c, kind, b):.0f} | {x(t(c, kind, b), t(c, 'unsteered', b))} |")  # fmt: skip
     why = ", ".join(f"{k}: {n}" for k, n in uncompiled.items()) or "none"  # type: ignore[union-attr]
     lines += ["", f"Unsteered tokens equal plain vLLM's in every engine: {'yes' if same else 'NO'}. "
-              f"Forwards the graph=[site] engine ran uncompiled, by reason: {why}. "
+              f"Forwards the graph=[2 sites] engine ran uncompiled, by reason: {why}. "
               f"`explain` on the default engine: \"{explain_eager}\".", ""]  # fmt: skip
     return lines
 
