@@ -301,9 +301,8 @@ def uncompiled_reason(requests: Sequence[Request], built: frozenset[str]) -> str
     graph holds the sites ``built``, or None: the worker's per-forward rule
     (``graph.eager_reason``) read off each row's steers over its prompt and the tokens it
     may generate, and the sites its conditions and monitors read, as ``explain`` reports
-    it. A batch that
-    outgrows the buffers (``graph.GraphFull``) depends on what vLLM schedules together,
-    so it is not foreseen here."""
+    it. A batch that outgrows the buffers (``graph.GraphFull``) depends on what vLLM
+    schedules together, so it is not foreseen here."""
     plan = Plan.of(requests)
     for i in range(plan.rows):
         n = len(requests[i].prompt)

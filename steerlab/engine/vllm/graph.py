@@ -4,16 +4,16 @@ vLLM compiles the model (torch.compile; on a GPU, CUDA graphs too) unless loaded
 ``vllm_args={"enforce_eager": True}``. A hook added after that never runs, so steerlab
 builds its steering into the model before vLLM compiles it: importing ``worker.py`` in a
 worker process (vLLM does, for ``worker_extension_cls``) wraps
-``BaseModelLoader.load_model`` (no fork of vLLM), and, when ``STEERLAB_VLLM_GRAPH`` is set,
+``BaseModelLoader.load_model`` (no fork of vLLM), and, when ``STEERLAB_VLLM_GRAPH`` is set
+(a JSON list of the sites ``load(..., graph=...)`` names to build in; none by default),
 every model it builds gets:
 
-- buffers at fixed addresses (``GraphBuffers``): per site, a table of ``ROWS`` steers in
+- buffers at fixed addresses (``GraphBuffers``): per built site, a table of ``ROWS`` steers in
   ``core.ops.table``'s columns (the vector, its unit direction, each ``Form`` field), and
   per token of a forward its alpha and table row; a site's LoReFTs stacked in
   ``LOW_RANK`` columns, each owned by a table row; a count of the tokens each site steered
   (``applied``);
-- a hook at every site the vLLM engine steers (the embedding, and each block's five) that
-  applies its row's ``Form`` terms where the token's alpha is not 0
+- a hook at each built site (any of the embedding and each block's five) that applies its row's ``Form`` terms where the token's alpha is not 0
   (``core.ops.table.apply_terms``, the local compiled step's arithmetic) and its own
   LoReFT columns (``core.reft.low_rank_edit``): tensors only,
   traced into the compiled graph, holding no value of any request.
@@ -33,8 +33,8 @@ tokens generated after it.
 A forward the graph cannot hold runs uncompiled, through vLLM's own switch for that
 (``ForwardContext.skip_compiled``): the model's plain forward, whose graph hooks then hand
 each site to the worker's eager path (``GraphBuffers.eager``), the same code an
-``enforce_eager`` engine runs. ``eager_reason`` says when: an operation without a table
-form (a top-k feature clamp), two steers on one token at one site, a gate the forward that
+``enforce_eager`` engine runs. ``eager_reason`` says when: a steer or a read at a site
+not built in, an operation without a table form (a top-k feature clamp), two steers on one token at one site, a gate the forward that
 reads it must decide (a per-token condition; a prompt condition on a steer over that
 prompt), or more than the buffers hold (``GraphFull``). Only those forwards: a prompt gate
 on its prompt runs its prefill uncompiled and its decode compiled. The worker counts them
