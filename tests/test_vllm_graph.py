@@ -123,6 +123,27 @@ def _forward(rows, positions, prompt_len=3):
     return lay_out_forward(ids, starts, flat, plans, dict.fromkeys(ids, prompt_len))
 
 
+def test_the_worker_scrubs_after_any_non_finite_output_and_only_then():
+    """``_finite`` decides whether the worker zeroes NaN and inf in the KV cache after a
+    steered forward: any NaN or inf anywhere, in a tensor or in a pipeline stage's
+    intermediate tensors, reads as not finite; ordinary values read as finite."""
+    from types import SimpleNamespace
+
+    from steerlab.engine.vllm.worker import _finite
+
+    x = torch.randn(16, 128)
+    assert _finite(x) and _finite(x.to(torch.bfloat16))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y[7, 100] = bad
+        assert not _finite(y) and not _finite(y.to(torch.bfloat16))
+        stage = SimpleNamespace(tensors={"hidden_states": x, "residual": y})
+        assert not _finite(stage)
+    assert _finite(SimpleNamespace(tensors={"hidden_states": x, "residual": x}))
+    big = torch.full((4, 4), 3e38)  # finite, but a sum past float32's range: one extra scrub
+    assert not _finite(big)
+
+
 def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
     """``eager_reason`` per forward: a top-k clamp, a per-token gate, a prompt gate on
     its own prompt (its prefill only: the decode after it is compiled, the decision
