@@ -53,7 +53,9 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def _gpt2_small(folder: Path) -> None:
+def gpt2_small_shape(folder: Path) -> None:
+    """A random GPT-2-small shape with steerlab's character tokenizer, saved in ``folder``
+    (``bench_vllm_graph.py`` uses it too)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -91,7 +93,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         small = Path(tmp) / "gpt2-small-shape"
-        _gpt2_small(small)
+        gpt2_small_shape(small)
         for name, folder in (("steerlab-tiny", _locate("steerlab-tiny")),
                              ("GPT-2-small shape", str(small))):  # fmt: skip
             caches = tempfile.mkdtemp(dir=tmp)

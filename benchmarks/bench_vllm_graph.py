@@ -207,19 +207,6 @@ def _rounds(arms: list[tuple[_Child, str, int]]) -> dict[tuple[int, str, int], f
     return best
 
 
-def _gpt2_small(folder: Path) -> None:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from steerlab.testing import char_tokenizer
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
-                        bos_token_id=0, eos_token_id=1)  # fmt: skip
-    GPT2LMHeadModel(config).eval().save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-
-
 def _measure(name: str, folder: str) -> list[str]:
     config = json.loads((Path(folder) / "config.json").read_text())
     layers = config.get("num_hidden_layers", config.get("n_layer"))
@@ -346,6 +333,8 @@ def main() -> None:
     if args.child:
         _serve_child(json.loads(args.child))
         return
+    from bench_vllm_compile import gpt2_small_shape
+
     from steerlab.loading import _locate
 
     lines = [
@@ -360,7 +349,7 @@ def main() -> None:
         models = [(m, _locate(m)) for m in args.model or []]
         if not models:
             small = Path(tmp) / "gpt2-small-shape"
-            _gpt2_small(small)
+            gpt2_small_shape(small)
             models = [("steerlab-tiny", _locate("steerlab-tiny")),
                       ("GPT-2-small shape", str(small))]  # fmt: skip
         for name, folder in models:
