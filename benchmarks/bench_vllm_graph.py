@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 NEW, REPEATS = 32, 5
 PROMPTS = ["Once upon a time", "The sea was calm and", "In the forest there was", "A cat"]
@@ -93,6 +94,15 @@ def _requests(lm, batch: int, kind: str | None) -> list:
     return out
 
 
+def _same() -> Any:
+    """vLLM's sampling for what every steerlab completion carries: greedy, each token's
+    log-probability, no detokenising."""
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True, logprobs=0,
+                          detokenize=False)  # fmt: skip
+
+
 def _engine(spec: dict) -> tuple[dict, dict[tuple[str, int], Callable[[], object]]]:
     """Start the engine ``spec`` names; returns its start time (and, for steerlab, what
     ``explain`` says) and a run for each (arm, batch) it is measured on."""
@@ -105,8 +115,7 @@ def _engine(spec: dict) -> tuple[dict, dict[tuple[str, int], Callable[[], object
                   load_format="safetensors", **COMMON)  # fmt: skip
         info: dict = {"start_s": time.perf_counter() - start}
         default = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
-        same = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True, logprobs=0,
-                              detokenize=False)  # fmt: skip
+        same = _same()
         runs = {}
         for batch in (1, 16):
             rows = [{"prompt_token_ids": ids} for ids in _ids(llm.get_tokenizer(), batch)]
@@ -127,6 +136,10 @@ def _engine(spec: dict) -> tuple[dict, dict[tuple[str, int], Callable[[], object
     for batch in (1, 16):
         unsteered = _requests(lm, batch, None)
         runs[("unsteered", batch)] = partial(lm.engine.run, unsteered)
+        # vLLM's own generate on the same engine and rows (same outputs): steerlab's layer
+        # alone, apart from what differs between two processes
+        own = [{"prompt_token_ids": list(r.prompt)} for r in unsteered]
+        runs[("vllm", batch)] = partial(lm.engine.llm.generate, own, _same(), use_tqdm=False)
         if graph is not None or eager is not False:  # the engines with steered arms
             for kind in ("add",) if batch == 1 else STEERED:
                 runs[(kind, batch)] = partial(lm.engine.run, _requests(lm, batch, kind))
@@ -226,7 +239,8 @@ def _measure(name: str, folder: str) -> list[str]:
                 tput[(e, a, b)] = b * NEW / best[(id(children[e]), a, b)]
 
     plain_arms = [(a, b) for b in (1, 16) for a in ("default", "same")]
-    steered_arms = [("unsteered", 1), ("add", 1), ("unsteered", 16)] + [(k, 16) for k in STEERED]
+    steered_arms = [("unsteered", 1), ("vllm", 1), ("add", 1), ("unsteered", 16), ("vllm", 16)]
+    steered_arms += [(k, 16) for k in STEERED]
     with tempfile.TemporaryDirectory() as tmp:
         caches = {k: tempfile.mkdtemp(dir=tmp) for k in ("plain", "ours", "site", "eager")}
         starts = {}
@@ -251,8 +265,8 @@ def _measure(name: str, folder: str) -> list[str]:
                    "site cold": compiled["site"].info["start_s"]}  # fmt: skip
         before = dict(tput)
         tput.clear()
-        measure(compiled, {"plain": plain_arms, "ours": [("unsteered", 1), ("unsteered", 16)],
-                           "site": steered_arms})  # fmt: skip
+        ours = [(a, b) for b in (1, 16) for a in ("unsteered", "vllm")]
+        measure(compiled, {"plain": plain_arms, "ours": ours, "site": steered_arms})
         tput = before | {(f"{e} compiled", a, b): v for (e, a, b), v in tput.items()}
         tokens += [c.info for c in compiled.values()]
         uncompiled = compiled["site"].ask(op="uncompiled")
@@ -270,11 +284,14 @@ def _measure(name: str, folder: str) -> list[str]:
         f"### {name}",
         "",
         "Unsteered, steerlab against plain vLLM in the same mode (tok/s; target >= 0.95x "
-        "against plain vLLM asked for the same outputs):",
+        "against plain vLLM asked for the same outputs). Plain vLLM runs in a process of its "
+        "own; the last two columns compare steerlab with vLLM's own `generate` on steerlab's "
+        "engine, in one process (its built sites included): steerlab's layer alone, apart "
+        "from what differs between two processes:",
         "",
         "| mode | batch | plain, default | plain, same outputs | steerlab | steerlab / same | "
-        "steerlab / default |",
-        "|---|---|---|---|---|---|---|",
+        "steerlab / default | vLLM's generate, steerlab's engine | steerlab / that |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, plain, ours in (("eager (the CPU's default)", "plain eager", "ours eager"),
                               ("compiled, default graph", "plain compiled", "ours compiled"),
@@ -284,7 +301,9 @@ def _measure(name: str, folder: str) -> list[str]:
             lines.append(f"| {mode} | {b} | {t(plain, 'default', b):.0f} | "
                          f"{t(plain, 'same', b):.0f} | {t(ours, 'unsteered', b):.0f} | "
                          f"{x(t(ours, 'unsteered', b), t(plain, 'same', b))} | "
-                         f"{x(t(ours, 'unsteered', b), t(plain, 'default', b))} |")  # fmt: skip
+                         f"{x(t(ours, 'unsteered', b), t(plain, 'default', b))} | "
+                         f"{t(ours, 'vllm', b):.0f} | "
+                         f"{x(t(ours, 'unsteered', b), t(ours, 'vllm', b))} |")  # fmt: skip
     lines += [
         "",
         "Start, seconds (`import` + load; compiled: from empty caches, then warm; each "
@@ -310,7 +329,7 @@ def _measure(name: str, folder: str) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind, b in steered_arms:
-        if kind == "unsteered":
+        if kind in ("unsteered", "vllm"):
             continue
         e, c = ("ours eager", "site compiled")
         lines.append(f"| {LABELS[kind]} | {b} | {t(e, 'unsteered', b):.0f} | {t(e, kind, b):.0f} | "
