@@ -289,7 +289,7 @@ def test_the_command_line_refuses_flags_that_do_not_fit_the_backend():
     with pytest.raises(SystemExit, match="cannot hold"):
         options("--backend", "vllm", "--amplify-before", "steerlab-tiny")
     site = "blocks.1.hook_resid_pre"
-    got = options("--backend", "vllm", "--vllm-mode", "compiled", "--graph", f"{site},hook_embed")
+    got = options("--backend", "vllm", "--vllm-mode", "compiled", "--graph", f"{site}, hook_embed")
     assert got["vllm_args"] == {"enforce_eager": False} and got["graph"] == [site, "hook_embed"]
     assert options("--backend", "vllm", "--graph", "all")["graph"] == "all"
     assert options("--backend", "vllm", "--vllm-mode", "eager")["vllm_args"] == {

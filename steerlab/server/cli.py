@@ -130,7 +130,8 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.vllm_mode is not None:
             options["vllm_args"] = {"enforce_eager": args.vllm_mode == "eager"}
         if args.graph is not None:
-            options["graph"] = args.graph if args.graph == "all" else args.graph.split(",")
+            sites = [site.strip() for site in args.graph.split(",") if site.strip()]
+            options["graph"] = args.graph if args.graph == "all" else sites
     elif given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise SystemExit(f"steerlab serve: {flags} only apply to --backend vllm.")
