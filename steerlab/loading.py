@@ -216,8 +216,8 @@ def load(
         max_model_len: vLLM only: the longest prompt plus completion, in tokens.
         vllm_args: vLLM only: further ``vllm.LLM`` arguments (``gpu_memory_utilization``...);
             ``{"enforce_eager": True}`` or ``False`` chooses the mode. By default eager on
-            a CPU (compiled is at most 1.1x faster there and starts 2x slower: the
-            README's figures), compiled elsewhere.
+            a CPU (compiled starts 2-3x slower there and gains 1.1-1.25x: the README's
+            figures), compiled elsewhere.
         graph: vLLM compiled only: the sites to build steering into the compiled graph
             (``["blocks.6.hook_resid_pre"]``, or ``"all"``); forwards that steer or read
             elsewhere run uncompiled, exactly. None: plain vLLM's graph, so unsteered

@@ -38,8 +38,8 @@ def load_vllm(
     """Start a vLLM engine on ``path`` with steerlab's worker extension.
 
     The mode follows the measurements (the README's table): on a CPU, eager (compiled
-    measured at most 1.1x eager's speed there, and starts about 2x slower); elsewhere
-    compiled, as vLLM is. ``vllm_args={"enforce_eager": True}`` or
+    starts 2-3x slower there and gains 1.1-1.25x only where its graph holds the steers);
+    elsewhere compiled, as vLLM is. ``vllm_args={"enforce_eager": True}`` or
     ``False`` chooses. Eager runs hooks on vLLM's modules: every op, site, condition and
     monitor. Pipeline parallelism runs eagerly.
 
@@ -121,8 +121,8 @@ def load_vllm(
     return engine
 
 
-CPU_EAGER = ("the default on a CPU: compiled measured at most 1.1x eager's speed there "
-             "and starts about 2x slower (the README's table); "
+CPU_EAGER = ("the default on a CPU: compiled starts 2-3x slower there and gains 1.1-1.25x "
+             "only where its graph holds the steers, none by default (the README's table); "
              "vllm_args={'enforce_eager': False} compiles")  # fmt: skip
 
 
