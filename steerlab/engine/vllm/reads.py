@@ -44,6 +44,7 @@ class RowReads:
     def __post_init__(self) -> None:
         self.state = GateState(self.plan.gates, self.plan.leaves, self.plan.reads_from,
                                [self.prompt_len])  # fmt: skip
+        self.sites = self.plan.read_sites(0)  # its conditions' and monitors' sites
 
     @property
     def name(self) -> str:

@@ -299,10 +299,11 @@ class SteerWorker:
         return None if buffers is None or buffers.eager is None else self._steerlab_apply(site, act)
 
     def _steerlab_read_sites(self, batch: ForwardBatch) -> set[str]:
-        """The sites this forward's conditions and monitors read."""
+        """The sites this forward's conditions and monitors read (each row's, worked out
+        once when its reads start)."""
         rows = self._steerlab().reads.rows
         return {site for rid in batch.req_ids if (reads := rows.get(rid)) is not None
-                for site in reads.plan.read_sites(0)}  # fmt: skip
+                for site in reads.sites}  # fmt: skip
 
     def _steerlab_at_call_site(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
         """An uncompiled forward's site: the eager path where the call steers or reads (the
