@@ -226,7 +226,7 @@ def _reports(lm, monkeypatch, fail_at_finish: bool = False) -> list[tuple[list, 
     def recorded(method, *args, **kwargs):
         out = rpc(method, *args, **kwargs)
         if method == "steerlab_report":
-            rows, forget = kwargs["args"]
+            rows, forget, _ = kwargs["args"]
             calls.append((list(rows), list(forget)))
             if fail_at_finish and forget:
                 out[0]["rows"][forget[0]][1] = "injected: a hook failed after the first token"

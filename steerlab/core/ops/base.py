@@ -235,9 +235,13 @@ class Op(TensorValue):
         eagerly, as a custom callable does)."""
         raise NotImplementedError
 
+    @cached_property
+    def _form(self) -> Form | None:  # an op's fields never change (it is frozen)
+        return self.form()
+
     def __call__(self, act: torch.Tensor, direction: torch.Tensor,
                  alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        form = self.form()
+        form = self._form
         assert form is not None, f"{type(self).__name__} without a form defines __call__"
         if form.add:
             return act + alpha * direction

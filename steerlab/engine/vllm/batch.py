@@ -50,6 +50,9 @@ class SiteSteer:
     rows: list[tuple[str, int]]  # (row id, tokens it steers in this forward)
     index: torch.Tensor | None = None  # [tokens] into vector_keys, for a fused Add
     gate: Gate | None = None  # steers only where this gate fires (never fused)
+    # the worker's operands for this layout, made at its first forward and reused while
+    # the layout holds (a steady decode): (tokens, device, dtype) -> what it made
+    ready: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass

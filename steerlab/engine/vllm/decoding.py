@@ -88,6 +88,7 @@ class VLLMStream(Iterator[Progress]):
                 yield from decoding.run()
             except SteerHookError:
                 failed = True
+                engine.proven.clear()  # what failed may be a hook: prove every site again
                 raise
             finally:
                 decoding.closed = True
@@ -105,7 +106,15 @@ class _Decoding:
     steering in this call (so a compiled model or a missing hook fails at the first token);
     every steered row is checked in full before it is reported finished. Finished rows wait
     for a check together: until no row is left decoding, another check is made, or
-    ``HOLD_STEPS`` steps have passed. A row that fails its check fails the call.
+    ``HOLD_STEPS`` steps have passed. A row that fails its check fails the call. The check
+    that finds no row left decoding also takes the call's hooks off (one RPC, not two); a
+    row joined after it hooks its sites again.
+
+    A site counts as proven once a hook there has steered on this engine, until a call fails
+    with ``SteerHookError``: later rows steering only proven sites skip the check at their
+    first token (each RPC waits for a step in flight; on the toy model that was 2-5 ms a
+    call). Their check when they finish is never skipped, so hooks that stopped running
+    still fail the call, only later.
     """
 
     HOLD_STEPS = 8
@@ -123,7 +132,7 @@ class _Decoding:
         self.sites: list[frozenset[str]] = []  # the sites each row steers
         self.reading: list[bool] = []  # rows with a condition or a monitor
         self.hooked: set[str] = set()  # sites hooked on the workers for this call
-        self.proven: set[str] = set()  # sites seen steering in this call
+        self.proven = engine.proven  # sites seen steering (on this engine, since a failure)
         self.held: dict[int, _Held] = {}  # rows that finished, not yet checked
         self.dropped: list[str] = []  # rows aborted unfinished, for the workers to forget
         self.closed = False
@@ -278,7 +287,7 @@ class _Decoding:
         if not first and not due:
             return []
         finished = sorted(self.held) if due else []
-        self._verify(first, finished)
+        self._verify(first, finished, finish=due and not self.live)
         states = self.states
         for i in finished:
             held = self.held.pop(i)
@@ -289,14 +298,17 @@ class _Decoding:
                 states.done[i], states.reasons[i] = True, held.reason
         return finished
 
-    def _verify(self, started: list[int], finished: list[int]) -> None:
-        """Ask the workers what the hooks did for steered rows that started or finished."""
+    def _verify(self, started: list[int], finished: list[int], finish: bool = False) -> None:
+        """Ask the workers what the hooks did for steered rows that started or finished;
+        ``finish``: no row is left decoding, so the workers end the call's hooks too."""
         ask = sorted({*started, *finished})
         rows = [self.rows[i] for i in ask]
         forget = [self.rows[i] for i in finished]
         forget += self.dropped  # rows aborted before they finished: the workers forget them
         self.dropped = []
-        reports = self.engine.rpc("steerlab_report", rows, forget)
+        reports = self.engine.rpc("steerlab_report", rows, forget, finish)
+        if finish:
+            self.hooked = set()
         read = merge_reports({row: [r["reads"][row] for r in reports if row in r["reads"]]
                               for row in forget})  # fmt: skip
         for i, row in zip(ask, rows):

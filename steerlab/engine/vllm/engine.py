@@ -76,6 +76,7 @@ class VLLMEngine:
                                          or scheduler.long_prefill_token_threshold > 0)  # fmt: skip
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
+        self.proven: set[str] = set()  # sites seen steering, since the last failed call
         # Past this many, the workers drop their vectors at the end of a call (a server sent
         # many distinct inline vectors, say); the next call sends again what it needs.
         self.max_vectors = 4096

@@ -59,9 +59,22 @@ def _finite(output: Any) -> bool:
     overflows (beyond 3e38) read as not finite too, which costs one needless scrub."""
     tensors = getattr(output, "tensors", None)  # vLLM's IntermediateTensors
     parts = list(tensors.values()) if isinstance(tensors, dict) else [output]
-    sums = [p.sum(dtype=torch.float32) for p in parts
-            if isinstance(p, torch.Tensor) and p.is_floating_point()]  # fmt: skip
-    return not sums or math.isfinite(float(torch.stack(sums).sum()))
+    floats = [p for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point()]
+    if not floats:
+        return True
+    sums = [p.sum(dtype=torch.float32) for p in floats]
+    return math.isfinite((sums[0] if len(sums) == 1 else torch.stack(sums).sum()).item())
+
+
+@dataclass(frozen=True)
+class _Operands:
+    """One ``SiteSteer``'s tensors as its op takes them, for a forward of ``tokens`` on
+    one device in one dtype; made once per layout (``SiteSteer.ready``)."""
+
+    direction: torch.Tensor  # [d_model], or [tokens, d_model] for a fused Add
+    alpha: torch.Tensor  # [tokens, 1]
+    touched: torch.Tensor  # [tokens, 1] bool
+    everywhere: bool  # every token is touched: the op's output is the answer as it is
 
 
 def _full_cudagraphs(config: Any) -> bool:
@@ -115,6 +128,7 @@ class SteerWorker:
         count = len(state.vectors)
         state.vectors.clear()
         state.moved.clear()
+        state.layouts.clear()  # and the operands made from them (``SiteSteer.ready``)
         return count
 
     def _steerlab_graph(self) -> graph.GraphBuffers | None:
@@ -180,11 +194,13 @@ class SteerWorker:
         state.reads.clear()
         return self.steerlab_end()
 
-    def steerlab_report(self, rows: list[str], forget: list[str]) -> dict[str, Any]:
+    def steerlab_report(self, rows: list[str], forget: list[str],
+                        finish: bool = False) -> dict[str, Any]:  # fmt: skip
         """What the hooks did for ``rows`` on this worker: ``{"rank": [pipeline stage,
         tensor-parallel rank], "rows": {row: [tokens steered, error or None]}, "reads":
         {row: RowReads.report()}}``, the reads for the ``forget`` rows (those that
-        finished), which are dropped afterwards."""
+        finished), which are dropped afterwards. ``finish``: then end the call
+        (``steerlab_finish``), its hooks off."""
         from vllm.distributed import get_pp_group, get_tp_group
 
         state = self._steerlab()
@@ -201,6 +217,8 @@ class SteerWorker:
                 if plan is not None and plan.names[0] in done:
                     del state.plans[rid]
         rank = [get_pp_group().rank_in_group, get_tp_group().rank_in_group]
+        if finish:
+            self.steerlab_finish()
         return {"rank": rank, "rows": out, "reads": reads}
 
     def steerlab_pp_buffers(self) -> bool:
@@ -408,6 +426,25 @@ class SteerWorker:
 
     def _steerlab_one(self, steer: SiteSteer, act: torch.Tensor, site: str) -> torch.Tensor:
         state = self._steerlab()
+        tokens = act.shape[0]
+        ready = steer.ready.get((tokens, act.device, act.dtype))
+        if ready is None:
+            ready = steer.ready[(tokens, act.device, act.dtype)] = self._steerlab_operands(
+                steer, act)  # fmt: skip
+        touched = ready.touched
+        if steer.gate is not None:  # counted below as visited: the hook ran either way
+            assert state.batch is not None
+            gate = state.reads.mask(site, steer, state.batch, tokens, state.errors)
+            touched = touched & gate.to(act.device)[:, None]
+        new = steer.op(act, ready.direction, ready.alpha)
+        for row, n in steer.rows:
+            state.fired[row] = state.fired.get(row, 0) + n
+        if ready.everywhere and steer.gate is None:
+            return new
+        return torch.where(touched, new, act)
+
+    def _steerlab_operands(self, steer: SiteSteer, act: torch.Tensor) -> _Operands:
+        state = self._steerlab()
         key = (steer.vector_keys, act.device, act.dtype, steer.op)
         if key not in state.moved:
             missing = [k for k in steer.vector_keys if k not in state.vectors]
@@ -417,17 +454,9 @@ class SteerWorker:
             stacked = vectors[0] if steer.index is None else torch.stack(vectors)
             state.moved[key] = operand(steer.op, stacked, act.dtype, act.device)
         tokens = act.shape[0]
-        alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]  # [tokens, 1]
-        touched = steer.touched[:tokens].to(act.device)
-        if steer.gate is not None:  # counted below as visited: the hook ran either way
-            assert state.batch is not None
-            gate = state.reads.mask(site, steer, state.batch, tokens, state.errors)
-            touched = touched & gate.to(act.device)
-        touched = touched[:, None]
         direction = state.moved[key]
         if steer.index is not None:  # a fused Add: each token's own vector
             direction = direction[steer.index[:tokens].to(act.device)]
-        new = steer.op(act, direction, alpha)
-        for row, n in steer.rows:
-            state.fired[row] = state.fired.get(row, 0) + n
-        return torch.where(touched, new, act)
+        touched = steer.touched[:tokens].to(act.device)
+        alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]
+        return _Operands(direction, alpha, touched[:, None], bool(touched.all()))
