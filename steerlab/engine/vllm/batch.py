@@ -104,6 +104,12 @@ class Composition:
     every_position: bool  # every steer touches all positions: no per-step rule to apply
     reads: bool = False  # some request has a condition or a monitor
 
+    @property
+    def fixed(self) -> bool:
+        """Whether the steers' layout holds while no token count changes (every steer
+        touches all positions); where nothing reads, the whole layout holds."""
+        return all(a.where == "all" for a in self.appliers)
+
     @classmethod
     def of(cls, req_ids: list[str], plans: dict[str, Plan | None]) -> Composition:
         n = len(req_ids)
@@ -176,15 +182,9 @@ def lay_out_forward(
     batch = ForwardBatch(rows=[r for r in comp.row_ids if r is not None])
     if not comp.appliers and not comp.reads:
         return batch
-    owner = np.repeat(np.arange(len(req_ids)), np.diff(np.asarray(starts)))  # [real tokens]
-    if comp.every_position:
-        pos = prompt_len = np.zeros(0)
-    else:
-        pos = positions[: len(owner)].to("cpu", torch.long).numpy()
-        prompt_len = np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
-    if comp.reads:  # pos may view vLLM's positions buffer, which its next step rewrites
-        batch.req_ids, batch.owner, batch.pos = list(req_ids), owner, pos.copy()
-        batch.in_prompt = pos < prompt_len
+    owner, pos, prompt_len = _tokens(req_ids, starts, positions, prompt_lens, comp)
+    if comp.reads:
+        _read_by(batch, req_ids, owner, pos, prompt_len)
     for a in comp.appliers:
         token_alpha = a.alpha[owner]
         if a.where != "all":
@@ -205,10 +205,31 @@ def lay_out_forward(
     return batch
 
 
+def _tokens(req_ids: list[str], starts: list[int], positions: torch.Tensor,
+            prompt_lens: dict[str, int],
+            comp: Composition) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Each real token's request (an index into ``req_ids``), absolute position and its
+    request's prompt length (none of the last two where no rule or read needs them)."""
+    owner = np.repeat(np.arange(len(req_ids)), np.diff(np.asarray(starts)))  # [real tokens]
+    if comp.every_position:
+        return owner, np.zeros(0), np.zeros(0)
+    pos = positions[: len(owner)].to("cpu", torch.long).numpy()
+    return owner, pos, np.array([prompt_lens.get(rid, 0) for rid in req_ids])[owner]
+
+
+def _read_by(batch: ForwardBatch, req_ids: list[str], owner: np.ndarray, pos: np.ndarray,
+             prompt_len: np.ndarray) -> None:  # fmt: skip
+    """Where each token comes from, for the forward's conditions and monitors."""
+    # pos may view vLLM's positions buffer, which its next step rewrites
+    batch.req_ids, batch.owner, batch.pos = list(req_ids), owner, pos.copy()
+    batch.in_prompt = pos < prompt_len
+
+
 class Layouts:
     """``lay_out_forward`` with the composition kept while a batch's membership holds, and
-    the whole layout kept while neither it nor any token count changes and no steer has a
-    per-position rule (a steady decode)."""
+    the steers' layout kept while neither it nor any token count changes and no steer has
+    a per-position rule (a steady decode): a forward that reads gets only its tokens'
+    positions afresh."""
 
     def __init__(self) -> None:
         self._composition: Composition | None = None
@@ -223,11 +244,16 @@ class Layouts:
             comp = self._composition = Composition.of(req_ids, plans)
             self._last = None
         key = (tuple(starts), positions.shape[0])
-        if comp.every_position and self._last is not None and self._last[0] == key:
-            return self._last[1]
         lens = {} if comp.every_position else prompt_lens()
+        if comp.fixed and self._last is not None and self._last[0] == key:
+            last = self._last[1]
+            if not comp.reads:
+                return last
+            batch = ForwardBatch(last.by_site, last.rows)
+            _read_by(batch, req_ids, *_tokens(req_ids, starts, positions, lens, comp))
+            return batch
         batch = lay_out_forward(req_ids, starts, positions, plans, lens, comp)
-        self._last = (key, batch) if comp.every_position else None
+        self._last = (key, batch) if comp.fixed else None
         return batch
 
     def clear(self) -> None:

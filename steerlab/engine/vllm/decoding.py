@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from steerlab.core.request import Readout, Request, TokenScore
 from steerlab.core.sampling import non_finite
+from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress
 from steerlab.engine.state import RowStates
 from steerlab.engine.vllm.params import (
@@ -143,19 +144,20 @@ class _Decoding:
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.engine
-        engine.send_vectors(requests)
+        plans = [Plan.of([r]) for r in requests]  # each request's own, made once here
+        engine.send_vectors(requests, plans)
         sites = {s.site for r in requests for s in live_steers(r)}
-        sites |= {site for r in requests for site in read_sites(r)}
+        sites |= {site for r, plan in zip(requests, plans) for site in read_sites(r, plan)}
         if sites - self.hooked:  # between steps: the workers re-hook the union
             self.hooked |= sites
             engine.rpc("steerlab_begin", sorted(self.hooked))
         eos = engine.eos_ids()
         start = len(self.rows)
         sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
-        for i, request in enumerate(requests, start):
+        for i, (request, plan) in enumerate(zip(requests, plans), start):
             row = f"steerlab-{self.call}-{i}"
             vr = to_vllm(request, row, revision=engine.cache_namespace, eos_ids=eos,
-                         vocab=engine.n_vocab)  # fmt: skip
+                         vocab=engine.n_vocab, plan=plan)  # fmt: skip
             params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
             sent.append((row, vr.prompt, params))
         new = self.states.extend(requests)

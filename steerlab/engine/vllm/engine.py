@@ -272,15 +272,16 @@ class VLLMEngine:
             self._in_flight = None
             self._lock.release()
 
-    def send_vectors(self, requests: Sequence[Request]) -> None:
+    def send_vectors(self, requests: Sequence[Request],
+                     plans: Sequence[Plan] | None = None) -> None:  # fmt: skip
         """Every worker gets each new vector (and operation tensor, such as a feature clamp's
         encoder, and each condition's and monitor's direction) once, as safetensors bytes
-        keyed by its content hash."""
+        keyed by its content hash. ``plans``: each request's own, where made already."""
         from safetensors.torch import save
 
         new: dict[str, torch.Tensor] = {}
-        for r in requests:
-            for key, tensor in row_tensors(r).items():
+        for r, plan in zip(requests, plans or [None] * len(requests)):
+            for key, tensor in row_tensors(r, plan).items():
                 if key not in self._sent:
                     new[key] = own_copy(tensor)  # a LoReFT's vector is a view of its R
         if new:

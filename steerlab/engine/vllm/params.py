@@ -31,21 +31,22 @@ def sent_steers(request: Request) -> tuple[Steer, ...]:
     return tuple(request.steers[j] for j in Plan.of([request]).told(0))
 
 
-def read_sites(request: Request) -> set[str]:
-    """The sites a row's conditions and monitors read (``Plan.read_sites``)."""
-    return Plan.of([request]).read_sites(0)
+def read_sites(request: Request, plan: Plan | None = None) -> set[str]:
+    """The sites a row's conditions and monitors read (``Plan.read_sites``). ``plan``:
+    the request's own (``Plan.of([request])``), where the caller has made it already."""
+    return (plan or Plan.of([request])).read_sites(0)
 
 
-def row_plan(request: Request, row: str) -> Plan:
+def row_plan(request: Request, row: str, plan: Plan | None = None) -> Plan:
     """The plan a worker is told of for one row (``Plan.only``, named ``row``): its sent
     steers, its monitors and where its conditions read from."""
-    return Plan.of([request]).only(0, row)
+    return (plan or Plan.of([request])).only(0, row)
 
 
-def row_tensors(request: Request) -> dict[str, torch.Tensor]:
+def row_tensors(request: Request, plan: Plan | None = None) -> dict[str, torch.Tensor]:
     """Every tensor a row's plan names by key (``Plan.tensors``): its steers' vectors,
     their ops' tensors, their conditions' directions, and its monitors' directions."""
-    return row_plan(request, "").tensors()
+    return row_plan(request, "", plan).tensors()
 
 
 def cache_salt(request: Request, revision: str) -> str | None:
@@ -89,18 +90,18 @@ class VLLMRequest:
 
 
 def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
-            vocab: int | None = None) -> VLLMRequest:  # fmt: skip
+            vocab: int | None = None, plan: Plan | None = None) -> VLLMRequest:  # fmt: skip
     """The vLLM form of one row: its steers travel by vector key, as ``extra_args``.
 
     Scores are vLLM's raw logprobs (the engine starts vLLM with ``logprobs_mode=
     "raw_logprobs"``: before temperature, top-k or top-p), N alternatives capped at the
     ``vocab`` size. vLLM samples at least one token, so a row that only scores its prompt
     (``max_new_tokens=0``) samples one that the engine drops: the prompt's scores come from
-    the same prefill either way.
+    the same prefill either way. ``plan``: ``Plan.of([request])``, where made already.
     """
     s = request.sampling
     prompt_top = None if s.prompt_logprobs is None else _capped(s.prompt_logprobs, vocab)
-    plan = row_plan(request, row)
+    plan = row_plan(request, row, plan)
     prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt)}
     salt = cache_salt(request, revision)
     if salt is not None:

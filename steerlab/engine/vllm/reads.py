@@ -17,7 +17,7 @@ prompt vLLM split into chunks) is an error for its row, never a silent unsteered
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ class RowReads:
         self.state = GateState(self.plan.gates, self.plan.leaves, self.plan.reads_from,
                                [self.prompt_len])  # fmt: skip
         self.sites = self.plan.read_sites(0)  # its conditions' and monitors' sites
+        self.decisions: dict[Gate, tuple[bool, float]] = {}  # its prompt gates', once made
 
     @property
     def name(self) -> str:
@@ -93,9 +94,15 @@ class RowReads:
 
     def decision(self, gate: Gate) -> tuple[bool, float] | None:
         """``(fired, score)`` of a prompt gate once every part has read the whole prompt
-        (``GateState.decided``, as the local engines decide); None before."""
+        (``GateState.decided``, as the local engines decide); None before. Once made it
+        holds for the request's life (a prompt position is read once), so it is kept."""
+        if gate in self.decisions:
+            return self.decisions[gate]
         fired, score, done = self.state.decided(gate)
-        return (bool(fired[0]), float(score[0])) if bool(done[0]) else None
+        if not bool(done[0]):
+            return None
+        made = self.decisions[gate] = (bool(fired[0]), float(score[0]))
+        return made
 
     def report(self) -> dict:
         """Plain data for the engine: the decision the row reports (``reported_gate``),
@@ -124,32 +131,41 @@ class WorkerReads:
     def __init__(self) -> None:
         self.rows: dict[str, RowReads] = {}  # by vLLM request id
         self.token: dict[Condition, torch.Tensor] = {}  # [real tokens] this forward's scores
+        self.spans: tuple[ForwardBatch, list] | None = None  # ``reading``'s, this forward
 
     def track(self, rid: str, plan: Plan | None, request: Any) -> None:
         """Start reading for a request vLLM just scheduled (``request``: vLLM's own, with
         its ``num_prompt_tokens``)."""
         if plan is not None and plan.reads and rid not in self.rows:
             self.rows[rid] = RowReads(plan, int(request.num_prompt_tokens))
+            self.spans = None
 
     def forget(self, rows: set[str]) -> None:
         for rid in [r for r, reads in self.rows.items() if reads.name in rows]:
             del self.rows[rid]
+        self.spans = None
 
     def clear(self) -> None:
         self.rows.clear()
         self.token.clear()
+        self.spans = None
 
     def new_forward(self) -> None:
         self.token.clear()
+        self.spans = None
 
-    def reading(self, batch: ForwardBatch) -> Iterator[tuple[int, RowReads, tuple[int, int]]]:
-        """``(index, reads, (first token, end))`` of every request in the forward that reads."""
+    def reading(self, batch: ForwardBatch) -> list[tuple[int, RowReads, tuple[int, int]]]:
+        """``(index, reads, (first token, end))`` of every request in the forward that
+        reads (worked out once a forward: every site asks)."""
+        if self.spans is not None and self.spans[0] is batch:
+            return self.spans[1]
         counts = np.bincount(batch.owner, minlength=len(batch.req_ids))
         ends = np.cumsum(counts)
-        for i, rid in enumerate(batch.req_ids):
-            reads = self.rows.get(rid)
-            if reads is not None:
-                yield i, reads, (int(ends[i] - counts[i]), int(ends[i]))
+        spans = [(i, reads, (int(ends[i] - counts[i]), int(ends[i])))
+                 for i, rid in enumerate(batch.req_ids)
+                 if (reads := self.rows.get(rid)) is not None]  # fmt: skip
+        self.spans = (batch, spans)
+        return spans
 
     def before(self, site: str, act: torch.Tensor, batch: ForwardBatch,
                errors: dict[str, str]) -> None:  # fmt: skip
