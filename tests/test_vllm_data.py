@@ -215,6 +215,28 @@ def test_layouts_are_reused_while_a_steady_decode_holds():
     assert b.by_site[site][0].alphas.tolist() == [1.0]
 
 
+def test_a_forward_that_reads_keeps_the_steers_layout_and_gets_its_own_positions():
+    """A condition reads every step: the steers' layout (and the operands a worker made
+    for it) is kept through a steady decode, but where each token sits is this forward's."""
+    site = "blocks.1.hook_resid_pre"
+    from steerlab.engine.vllm.params import row_tensors
+
+    when = sl.Condition("blocks.0.hook_resid_pre", V, 0.0, read="token")
+    gated = _req(Steer(site, V, 1.0, "all", sl.Add(), when=when))
+    extra = to_vllm(gated, "R0", revision="", eos_ids=set()).sampling["extra_args"]
+    plans = {"r0": parse_plan(extra, row_tensors(gated)), "r1": None}
+    layouts, lens = Layouts(), lambda: dict.fromkeys(plans, 3)
+    prefill = layouts.forward(["r0", "r1"], [0, 3, 6], torch.arange(6) % 3, plans, lens)
+    first = layouts.forward(["r0", "r1"], [0, 1, 2], torch.tensor([3, 3]), plans, lens)
+    second = layouts.forward(["r0", "r1"], [0, 1, 2], torch.tensor([4, 4]), plans, lens)
+    assert prefill.by_site is not first.by_site and second.by_site is first.by_site
+    assert second is not first and first.pos.tolist() == [3, 3] and second.pos.tolist() == [4, 4]
+    assert prefill.in_prompt.tolist() == [True] * 6 and not second.in_prompt.any()
+    assert second.owner.tolist() == [0, 1] and second.req_ids == ["r0", "r1"]
+    (steer,) = second.by_site[site]
+    assert steer.gate is not None and steer.rows == [("R0", 1)]
+
+
 def test_expected_tokens_count_only_what_was_fed():
     # Prompt of 3, 4 generated: positions 0..5 were fed (the last sampled token never is).
     assert expected_tokens(_req(_steer()), cached=0, generated=4) == 6

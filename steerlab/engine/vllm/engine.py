@@ -280,7 +280,8 @@ class VLLMEngine:
         from safetensors.torch import save
 
         new: dict[str, torch.Tensor] = {}
-        for r, plan in zip(requests, plans or [None] * len(requests)):
+        mine: Sequence[Plan | None] = plans or [None] * len(requests)
+        for r, plan in zip(requests, mine):
             for key, tensor in row_tensors(r, plan).items():
                 if key not in self._sent:
                     new[key] = own_copy(tensor)  # a LoReFT's vector is a view of its R
