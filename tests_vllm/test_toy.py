@@ -202,6 +202,7 @@ def test_hooks_that_never_ran_fail_the_call(lm, monkeypatch):
     with pytest.raises(SteerHookError, match="did not run"):
         lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", _vec(14), alpha=2.0),
                     max_new_tokens=4)  # fmt: skip
+    assert not lm.engine.proven  # every site is checked at its first token again
     monkeypatch.undo()
     assert lm.generate(PROMPTS[0], max_new_tokens=4).tokens  # the engine still works
 
@@ -256,12 +257,26 @@ def test_finished_steered_rows_are_checked_together_before_they_show_as_done(lm,
         assert shown_done & set(range(8)) <= checked  # no steered row ends unchecked
     assert progress.states.done == [True] * 10
     assert [len(t) for t in progress.states.tokens[:8]] == [2 + k for k in range(8)]
-    # One check when the site first steers, then the finished rows in one or two checks
-    # (each check waits for a step in flight); one check per finishing step would be 8.
+    # At most one check when the site first steers (none once the engine has proven it),
+    # then the finished rows in one or two checks (each check waits for a step in flight);
+    # one check per finishing step would be 8.
     assert len(calls) <= 3, calls
     assert sorted(r for _, f in calls for r in f) == sorted(
         r for r in {r for rows, _ in calls for r in rows}
     )
+
+
+def test_a_site_proven_on_the_engine_is_checked_once_a_row(lm, monkeypatch):
+    """Once a hook at a site has steered on the engine, a later row there skips the check
+    at its first token: one check a call, when the row ends, which also ends the hooks."""
+    site = "blocks.1.hook_resid_pre"
+    steer = sl.Steer(site, _vec(17, 0.4), alpha=2.0)
+    first = lm.generate(PROMPTS[0], steer, max_new_tokens=4)
+    assert site in lm.engine.proven
+    calls = _reports(lm, monkeypatch)
+    again = lm.generate(PROMPTS[0], steer, max_new_tokens=4)
+    assert len(calls) == 1 and len(calls[0][1]) == 1, calls  # the row, as it ends
+    assert again.tokens == first.tokens and lm.hook_count() == 0
 
 
 def test_a_hook_failure_found_at_the_finish_check_fails_the_call(lm, monkeypatch):

@@ -249,6 +249,9 @@ class Layouts:
             last = self._last[1]
             if not comp.reads:
                 return last
+            # A new batch: a compiled model rewrites its buffers for any batch but the last
+            # it wrote (``GraphBuffers.write``), and a forward that reads may hold a gated
+            # steer (every gate reads), whose alphas follow its decisions so far.
             batch = ForwardBatch(last.by_site, last.rows)
             _read_by(batch, req_ids, *_tokens(req_ids, starts, positions, lens, comp))
             return batch

@@ -103,19 +103,21 @@ class _Decoding:
     """One call's requests inside vLLM: add, step, record, verify, abort.
 
     Each check asks every worker (one RPC, which waits for the step in flight), so checks
-    are batched. A steered row is checked when it starts if it uses a site not yet seen
-    steering in this call (so a compiled model or a missing hook fails at the first token);
-    every steered row is checked in full before it is reported finished. Finished rows wait
-    for a check together: until no row is left decoding, another check is made, or
-    ``HOLD_STEPS`` steps have passed. A row that fails its check fails the call. The check
-    that finds no row left decoding also takes the call's hooks off (one RPC, not two); a
-    row joined after it hooks its sites again.
+    are batched. A steered row is checked when it starts if it uses a site not yet proven
+    (so a compiled model or a missing hook fails at the first token); every steered row is
+    checked in full before it is reported finished. Finished rows wait for a check
+    together: until no row is left decoding, another check is made, or ``HOLD_STEPS`` steps
+    have passed. A row that fails its check fails the call. The check that finds no row
+    left decoding also takes the call's hooks off (one RPC, not two); a row joined after it
+    hooks its sites again.
 
-    A site counts as proven once a hook there has steered on this engine, until a call fails
-    with ``SteerHookError``: later rows steering only proven sites skip the check at their
-    first token (each RPC waits for a step in flight; on the toy model that was 2-5 ms a
-    call). Their check when they finish is never skipped, so hooks that stopped running
-    still fail the call, only later.
+    A site is proven for this call once a row steering it has steered tokens, and for the
+    engine once a row steering it alone has (so a hook at that very site ran), until a
+    call fails a check (``SteerHookError``). Rows steering only proven sites skip the check
+    at their first token (each RPC waits for a step in flight; on the toy model that was
+    2-5 ms a call). Their check when they finish is never skipped: a hook that stopped
+    running still fails the call, but a stream may have shown some of that row's tokens
+    first, as it does for a row joined to a running call.
     """
 
     HOLD_STEPS = 8
@@ -133,7 +135,7 @@ class _Decoding:
         self.sites: list[frozenset[str]] = []  # the sites each row steers
         self.reading: list[bool] = []  # rows with a condition or a monitor
         self.hooked: set[str] = set()  # sites hooked on the workers for this call
-        self.proven = engine.proven  # sites seen steering (on this engine, since a failure)
+        self.proven = set(engine.proven)  # sites seen steering (the engine's, then this call's)
         self.held: dict[int, _Held] = {}  # rows that finished, not yet checked
         self.dropped: list[str] = []  # rows aborted unfinished, for the workers to forget
         self.closed = False
@@ -338,6 +340,8 @@ class _Decoding:
                 )
             if fired > 0:
                 self.proven |= self.sites[i]
+                if len(self.sites[i]) == 1:  # this very site's hook steered
+                    self.engine.proven |= self.sites[i]
             if i in finished and self.reading[i]:
                 self.read[i] = self._checked_reads(i, read.get(row), generated)
 

@@ -76,7 +76,8 @@ class VLLMEngine:
                                          or scheduler.long_prefill_token_threshold > 0)  # fmt: skip
         self._eos = set(eos_ids)
         self._sent: set[str] = set()  # vector keys every worker holds
-        self.proven: set[str] = set()  # sites seen steering, since the last failed call
+        # sites whose hooks have steered on this engine, since a call last failed a check
+        self.proven: set[str] = set()
         # Past this many, the workers drop their vectors at the end of a call (a server sent
         # many distinct inline vectors, say); the next call sends again what it needs.
         self.max_vectors = 4096
@@ -281,7 +282,7 @@ class VLLMEngine:
 
         new: dict[str, torch.Tensor] = {}
         mine: Sequence[Plan | None] = plans or [None] * len(requests)
-        for r, plan in zip(requests, mine):
+        for r, plan in zip(requests, mine, strict=True):
             for key, tensor in row_tensors(r, plan).items():
                 if key not in self._sent:
                     new[key] = own_copy(tensor)  # a LoReFT's vector is a view of its R

@@ -232,7 +232,9 @@ class GraphBuffers(nn.Module):
               gate: Gate | None = None) -> None:  # fmt: skip
         """This forward's steers into the buffers (``batch``: its layout; None: none), a
         gated steer's alphas where ``gate`` lets it act (its row's decision so far). A
-        steady decode keeps its layout (``batch.Layouts``): then only the count restarts."""
+        steady decode that reads nothing keeps its batch (``batch.Layouts``): then only the
+        count restarts. A forward that reads, as every gated one does, comes as a new batch,
+        so its gated alphas are written again."""
         self.applied.zero_()
         if batch is not None and batch is self.last:
             return
