@@ -101,14 +101,16 @@ class Composition:
     req_ids: tuple[str, ...]
     appliers: list[_Applier]
     row_ids: list[str | None]  # steerlab's row per request, None when unsteered
-    every_position: bool  # every steer touches all positions: no per-step rule to apply
+    # every steer touches all positions: the steers' layout holds while no token count
+    # changes (no per-step rule to apply)
+    fixed: bool
     reads: bool = False  # some request has a condition or a monitor
 
     @property
-    def fixed(self) -> bool:
-        """Whether the steers' layout holds while no token count changes (every steer
-        touches all positions); where nothing reads, the whole layout holds."""
-        return all(a.where == "all" for a in self.appliers)
+    def every_position(self) -> bool:
+        """Whether the whole layout holds while no token count changes: the steers' does,
+        and nothing reads (which needs each token's position)."""
+        return self.fixed and not self.reads
 
     @classmethod
     def of(cls, req_ids: list[str], plans: dict[str, Plan | None]) -> Composition:
@@ -129,8 +131,8 @@ class Composition:
         appliers = [a for site, by_chain in chains.items()
                      for a in _site(site, by_chain, n)]  # fmt: skip
         reads = any(p is not None and p.reads for p in (plans.get(r) for r in req_ids))
-        every = all(a.where == "all" for a in appliers) and not reads
-        return cls(tuple(req_ids), appliers, row_ids, every, reads)
+        fixed = all(a.where == "all" for a in appliers)
+        return cls(tuple(req_ids), appliers, row_ids, fixed, reads)
 
 
 def _vector_key(key: SteerKey) -> str:
