@@ -450,3 +450,19 @@ def test_scoring_a_prompt_with_a_condition_or_monitor_reads_each_whole_prompt(lm
         assert a.fired == b.fired and a.condition_score == pytest.approx(b.condition_score)
         assert [s.logprob for s in a.prompt_scores[1:]] == pytest.approx(
             [s.logprob for s in b.prompt_scores[1:]], abs=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("score", ["projection", "cosine"])
+def test_a_conditions_scores_are_the_reads_rule_in_every_dtype_it_is_read_in(score):
+    from steerlab.core.reads import score as read_score
+
+    g = torch.Generator().manual_seed(3)
+    cond = sl.Condition("blocks.1.hook_resid_pre", torch.randn(16, generator=g) * 1e3,
+                        read="token", score=score)  # fmt: skip
+    h = torch.randn(5, 16, generator=g)
+    # one condition read again and again, in one dtype after another (the unit direction
+    # it keeps is per dtype: float64 reads in float64, the rest in float32)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.float64):
+        got = cond.scores(h.to(dtype))
+        assert got.dtype == torch.promote_types(dtype, torch.float32)
+        assert torch.equal(got, read_score(h.to(dtype), cond.direction, score))

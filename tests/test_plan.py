@@ -62,6 +62,38 @@ def test_a_row_travels_as_its_plan_by_name_and_reads_back_the_same():
     assert torch.equal(one.tensors()[s.vector], steer.vector)  # type: ignore[index]
 
 
+def test_a_reader_that_keeps_its_steers_reads_a_steer_once_and_each_row_keeps_its_alpha(
+        monkeypatch):  # fmt: skip
+    cond = sl.Condition("blocks.0.hook_resid_post", torch.ones(8), threshold=0.1)
+    steer = Steer(SITE, torch.ones(8), 1.0, "generated", sl.Clamp(2.0), cond)
+    rows = [Plan.of([Request((5, 6), (Steer.of(steer, a),))]).only(0, f"r{i}")
+            for i, a in enumerate((0.5, -3.0, 0.5))]  # fmt: skip
+    tensors = rows[0].tensors()
+    datas = [json.loads(json.dumps(r.to_data())) for r in rows]
+    read: dict = {}
+    calls = []
+    real = plan_module.steer_from_data
+    monkeypatch.setattr(plan_module, "steer_from_data",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
+    kept = [plan_from_data(d, tensors, read) for d in datas]
+    monkeypatch.undo()
+    assert len(calls) == 1 and len(read) == 1  # the other rows differ by alpha alone
+    for d, back in zip(datas, kept):
+        fresh = plan_from_data(d, tensors)
+        assert back.names == fresh.names
+        assert [(s.site, s.vector, s.positions, s.op, s.gate, a) for s, a in back.of_row(0)] == [
+            (s.site, s.vector, s.positions, s.op, s.gate, a) for s, a in fresh.of_row(0)]  # fmt: skip
+    assert [a for back in kept for _, a in back.of_row(0)] == [0.5, -3.0, 0.5]
+    # an alpha read from what was kept is checked as a fresh read checks it
+    bad = json.loads(json.dumps(datas[0]))
+    bad["steers"][0]["alpha"] = float("inf")
+    with pytest.raises(sl.SteerError, match="finite") as kept_error:
+        plan_from_data(bad, tensors, read)
+    with pytest.raises(sl.SteerError, match="finite") as fresh_error:
+        plan_from_data(bad, tensors)
+    assert kept_error.value.field == fresh_error.value.field == "alpha"
+
+
 def test_a_gated_plan_zeroes_a_prompt_gate_where_it_did_not_fire_and_nowhere_else():
     cond = sl.Condition("blocks.0.hook_resid_post", torch.ones(8))
     gated, plain = Steer(SITE, torch.ones(8), when=cond), _steer(4)

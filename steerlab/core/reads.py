@@ -20,6 +20,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
@@ -51,8 +52,12 @@ def score(h: torch.Tensor, direction: torch.Tensor, kind: str) -> torch.Tensor:
     tensor([3.])
     """
     wide = torch.promote_types(h.dtype, torch.float32)
-    h = h.to(wide)
-    u = unit(direction.to(h.device), wide)
+    return score_along(h.to(wide), unit(direction.to(h.device), wide), kind)
+
+
+def score_along(h: torch.Tensor, u: torch.Tensor, kind: str) -> torch.Tensor:
+    """``score`` from the unit direction ``u [d]``, with ``h [n, d]`` already in ``u``'s
+    dtype: for a reader that keeps ``u`` (``Condition.scores``)."""
     along = h @ u  # [n]
     if kind == "projection":
         return along
@@ -154,8 +159,17 @@ class Condition(TensorValue):
         return self.read == "token"
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
-        """This condition's score of each row of ``h [n, d]``: ``[n]``."""
-        return score(h, self.on(h.device)["direction"], self.score)
+        """This condition's score of each row of ``h [n, d]``: ``[n]`` (``score``, with the
+        unit direction made once per device and dtype: a condition is read every step)."""
+        wide = torch.promote_types(h.dtype, torch.float32)
+        u = self._units.get((h.device, wide))
+        if u is None:
+            u = self._units[(h.device, wide)] = unit(self.on(h.device)["direction"], wide)
+        return score_along(h.to(wide), u, self.score)
+
+    @cached_property
+    def _units(self) -> dict[tuple[torch.device, torch.dtype], torch.Tensor]:
+        return {}
 
     def fires(self, scores: torch.Tensor) -> torch.Tensor:
         """Which scores fire: ``[n]`` bool (a NaN score never does)."""

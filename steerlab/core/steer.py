@@ -462,10 +462,7 @@ def steer_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
         raise SteerError(f"site must be a string; got {site!r:.60}.", "site")
     if not isinstance(vector, (str, list)):
         raise SteerError("vector must be a name, a key or a list of floats.", "vector")
-    try:
-        alphas = None if alpha is None else _as_alphas(alpha)
-    except SteerError as error:
-        raise SteerError(str(error), "alpha") from None
+    alphas = None if alpha is None else alpha_from_data(alpha)
     try:
         positions = _as_positions(data.get("positions", "all"))
     except SteerError as error:
@@ -480,6 +477,19 @@ def steer_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
     if alphas is not None and not isinstance(alpha, (list, tuple)):
         return SteerData(site, vector, alphas[0], positions, op, when)
     return SteerData(site, vector, None if alphas is None else list(alphas), positions, op, when)
+
+
+def alpha_from_data(alpha: Any) -> tuple[float, ...]:
+    """A wire-format alpha (a number or a list of numbers), checked by the rule ``Steer``
+    uses; ``field`` on the error is ``"alpha"``.
+
+    >>> alpha_from_data(2)
+    (2.0,)
+    """
+    try:
+        return _as_alphas(alpha)
+    except SteerError as error:
+        raise SteerError(str(error), "alpha") from None
 
 
 def _by_key(tensors: Mapping[str, torch.Tensor] | None) -> Any:

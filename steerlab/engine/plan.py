@@ -14,7 +14,8 @@ to ``core`` and here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -29,7 +30,9 @@ from steerlab.core.request import Request
 from steerlab.core.sites import Site
 from steerlab.core.steer import (
     Steer,
+    SteerData,
     SteerKey,
+    alpha_from_data,
     steer_data,
     steer_fingerprint,
     steer_from_data,
@@ -222,14 +225,16 @@ class Plan:
         return out
 
 
-def plan_from_data(data: Mapping[str, Any],
-                   tensors: Mapping[str, torch.Tensor] | None = None) -> Plan:  # fmt: skip
+def plan_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None,
+                   read: MutableMapping[str, SteerData] | None = None) -> Plan:  # fmt: skip
     """THE reader of ``Plan.to_data``: a one-row plan whose vectors are content keys (an
     op's, a condition's and a monitor's tensors looked up in ``tensors``), each steer read
-    by ``core.steer.steer_from_data``."""
+    by ``core.steer.steer_from_data``. ``read``: the steers read before, kept by the reader
+    (a vLLM worker), so that a steer differing from one of them only by its alpha (a call's
+    rows, a slider's moves) is not read again (``_steer``)."""
     steers, carried = [], []
     for k, item in enumerate(data["steers"]):
-        s = steer_from_data(item, tensors)
+        s = _steer(item, tensors, read)
         alpha = float(s.alpha)  # type: ignore[arg-type]
         steers.append(PlanSteer(s.site, s.vector, s.positions, s.op, s.when,  # type: ignore[arg-type]
                                 torch.tensor([alpha])))  # fmt: skip
@@ -237,3 +242,23 @@ def plan_from_data(data: Mapping[str, Any],
     monitors = tuple(monitor_from_data(m, tensors or {}) for m in data.get("monitors", ()))
     return Plan(tuple(steers), (tuple(carried),), (monitors,),
                 (int(data.get("reads_from", 0)),), (str(data["row"]),))  # fmt: skip
+
+
+def _steer(item: Any, tensors: Mapping[str, torch.Tensor] | None,
+           read: MutableMapping[str, SteerData] | None) -> SteerData:  # fmt: skip
+    """``steer_from_data(item, tensors)``; with ``read``, a steer whose data less its alpha
+    is one read before comes from there with ``item``'s own alpha, checked by the same rule
+    (``alpha_from_data``). Its vector and tensors are content keys, so equal data is an
+    equal steer."""
+    alpha = item.get("alpha") if isinstance(item, dict) else None
+    if read is None or isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        return steer_from_data(item, tensors)
+    try:
+        key = json.dumps({k: v for k, v in item.items() if k != "alpha"}, sort_keys=True)
+    except (TypeError, ValueError):  # not plain data: the reader says what is wrong
+        return steer_from_data(item, tensors)
+    known = read.get(key)
+    if known is None:
+        known = read[key] = steer_from_data(item, tensors)
+        return known
+    return replace(known, alpha=alpha_from_data(alpha)[0])

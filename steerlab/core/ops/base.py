@@ -207,6 +207,10 @@ class TensorValue:
         return type(self) is type(other) and self._identity == other._identity
 
     def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:  # a worker looks a condition up at every step
         return hash(self._identity)
 
 

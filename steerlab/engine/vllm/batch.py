@@ -9,7 +9,7 @@ apply each steer exactly as ``steerlab.engine.local.steering`` does in-process.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,19 +19,20 @@ import torch
 from steerlab.core.ops import Add, Operation
 from steerlab.core.positions import position_mask
 from steerlab.core.reads import Gate
-from steerlab.core.steer import SteerKey
+from steerlab.core.steer import SteerData, SteerKey
 from steerlab.engine.plan import Plan, plan_from_data
 
 DATA_KEY = "steerlab"  # the key of a request's plan in SamplingParams.extra_args
 
 
 def parse_plan(extra_args: dict[str, Any] | None,
-               tensors: Mapping[str, torch.Tensor] | None = None) -> Plan | None:  # fmt: skip
+               tensors: Mapping[str, torch.Tensor] | None = None,
+               read: MutableMapping[str, SteerData] | None = None) -> Plan | None:  # fmt: skip
     """The one-row plan a request carries in its ``extra_args`` (``Plan.to_data``, read by
-    ``engine.plan.plan_from_data``; its tensors looked up in ``tensors`` by key), or None
-    for a request with no steer and no monitor."""
+    ``engine.plan.plan_from_data``; its tensors looked up in ``tensors`` by key; ``read``:
+    the steers read before), or None for a request with no steer and no monitor."""
     data = (extra_args or {}).get(DATA_KEY)
-    return plan_from_data(data, tensors) if data else None
+    return plan_from_data(data, tensors, read) if data else None
 
 
 @dataclass

@@ -160,7 +160,10 @@ class _Decoding:
             row = f"steerlab-{self.call}-{i}"
             vr = to_vllm(request, row, revision=engine.cache_namespace, eos_ids=eos,
                          vocab=engine.n_vocab, plan=plan)  # fmt: skip
-            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA)
+            # made for this row alone and never used again: vLLM may take it without its
+            # deep copy (of every steer's data in extra_args), a third of adding a row
+            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA,
+                                    skip_clone=True)  # fmt: skip
             sent.append((row, vr.prompt, params))
         new = self.states.extend(requests)
         for i in new:  # a row that only scores its prompt ends when vLLM's row does

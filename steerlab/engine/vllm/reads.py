@@ -132,6 +132,7 @@ class WorkerReads:
         self.rows: dict[str, RowReads] = {}  # by vLLM request id
         self.token: dict[Condition, torch.Tensor] = {}  # [real tokens] this forward's scores
         self.spans: tuple[ForwardBatch, list] | None = None  # ``reading``'s, this forward
+        self.site_reads: dict[str, tuple[list, list]] = {}  # ``_at``'s, this forward
 
     def track(self, rid: str, plan: Plan | None, request: Any) -> None:
         """Start reading for a request vLLM just scheduled (``request``: vLLM's own, with
@@ -164,22 +165,41 @@ class WorkerReads:
         spans = [(i, reads, (int(ends[i] - counts[i]), int(ends[i])))
                  for i, rid in enumerate(batch.req_ids)
                  if (reads := self.rows.get(rid)) is not None]  # fmt: skip
-        self.spans = (batch, spans)
+        self.spans, self.site_reads = (batch, spans), {}
         return spans
+
+    def _at(self, site: str, batch: ForwardBatch) -> tuple[list, list]:
+        """This forward's conditions at ``site``: the distinct per-token ones, and ``(reads,
+        condition, (first token, end))`` of each prompt one on a row that feeds prompt
+        tokens in this forward (a decode step's token is past its prompt: nothing to
+        read). Worked out once a forward, with ``reading``."""
+        spans = self.reading(batch)
+        if site not in self.site_reads:
+            token: dict[Condition, None] = {}
+            prompt = []
+            feeds = _rows_with(batch, batch.in_prompt)
+            for i, reads, (a, b) in spans:
+                for c in reads.state.leaves:
+                    if c.site != site:
+                        continue
+                    if c.per_token:
+                        token[c] = None
+                    elif feeds[i]:
+                        prompt.append((reads, c, (a, b)))
+            self.site_reads[site] = (list(token), prompt)
+        return self.site_reads[site]
 
     def before(self, site: str, act: torch.Tensor, batch: ForwardBatch,
                errors: dict[str, str]) -> None:  # fmt: skip
         """Read ``site``'s activation ``act [tokens, d]`` for every condition there."""
+        token, prompt = self._at(site, batch)
         real = len(batch.owner)
-        for _, reads, (a, b) in self.reading(batch):
-            for c in reads.state.leaves:
-                if c.site != site:
-                    continue
-                if c.per_token:
-                    if c not in self.token:
-                        self.token[c] = c.scores(act[:real])
-                elif (error := reads.add(c, act[a:b], batch.pos[a:b])) is not None:
-                    errors.setdefault(reads.name, error)
+        for c in token:
+            if c not in self.token:
+                self.token[c] = c.scores(act[:real])
+        for reads, c, (a, b) in prompt:
+            if (error := reads.add(c, act[a:b], batch.pos[a:b])) is not None:
+                errors.setdefault(reads.name, error)
 
     def mask(self, site: str, steer: SiteSteer, batch: ForwardBatch, tokens: int,
              errors: dict[str, str]) -> torch.Tensor:  # fmt: skip
@@ -197,9 +217,9 @@ class WorkerReads:
         out = torch.zeros(tokens, dtype=torch.bool)
         fired = np.zeros(len(batch.req_ids), dtype=bool)
         first = np.zeros(len(batch.req_ids), dtype=np.int64)
-        touched = steer.touched[:real].numpy()
-        for i, reads, (a, b) in self.reading(batch):
-            if not touched[a:b].any():
+        touches = _rows_with(batch, steer.touched[:real].numpy())
+        for i, reads, _ in self.reading(batch):
+            if not touches[i]:
                 continue
             decided = reads.decision(gate)
             if decided is None:
@@ -226,6 +246,12 @@ class WorkerReads:
                     values[m] = m.values(act[:real])
                 trace = reads.traces.setdefault(m.name, [])
                 trace.append((batch.pos[a:b], values[m][a:b]))
+
+
+def _rows_with(batch: ForwardBatch, where: np.ndarray) -> np.ndarray:
+    """Which of the forward's requests have a token ``where [real tokens]`` holds: ``[requests]``
+    bool."""
+    return np.bincount(batch.owner[where], minlength=len(batch.req_ids)) > 0
 
 
 def merge_reports(reports: Mapping[str, list[dict]]) -> dict[str, dict]:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from steerlab.core.ops import operand
+from steerlab.core.steer import SteerData
 from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.plan import Plan
 from steerlab.engine.vllm import graph, hooks
@@ -34,6 +35,9 @@ if graph.built_sites() is not None:  # this worker's model is built with graph s
     graph.wrap_loader()
 
 
+READ_STEERS = 4096  # distinct steers a worker keeps read (``_State.read``) before it starts over
+
+
 @dataclass
 class _State:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -44,12 +48,15 @@ class _State:
     layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
     plans: dict[str, Plan | None] = field(default_factory=dict)  # by vLLM request id
+    # the steers read from requests' data, by that data less the alpha (``plan_from_data``)
+    read: dict[str, SteerData] = field(default_factory=dict)
     fired: dict[str, int] = field(default_factory=dict)  # by row: tokens steered
     errors: dict[str, str] = field(default_factory=dict)  # by row
     batch: ForwardBatch | None = None
     reads: WorkerReads = field(default_factory=WorkerReads)  # conditions and monitors
     uncompiled: dict[str, int] = field(default_factory=dict)  # a compiled model's: by reason
     sites: frozenset[str] = frozenset()  # the sites this call steers or reads
+    bare: bool = False  # the model was scanned free of steerlab hooks, none added since
 
 
 def _finite(output: Any) -> bool:
@@ -128,6 +135,7 @@ class SteerWorker:
         count = len(state.vectors)
         state.vectors.clear()
         state.moved.clear()
+        state.read.clear()  # the steers read hold their ops' tensors
         state.layouts.clear()  # and the operands made from them (``SiteSteer.ready``)
         return count
 
@@ -152,7 +160,8 @@ class SteerWorker:
         hooks that act only in forwards that run uncompiled (a compiled forward never
         calls them, and never runs with a steer or a read there: ``graph.eager_reason``)."""
         state = self._steerlab()
-        self.steerlab_end()
+        self.steerlab_end(scan=False)
+        state.bare = False  # from here on a hook may be on before it is recorded
         model = self._steerlab_model()
         # The batch is laid out first: this pre-hook goes on before any site's hook.
         first = model.register_forward_pre_hook(
@@ -169,8 +178,10 @@ class SteerWorker:
         state.handles = [first, *at_sites, last]
         return len(state.handles)
 
-    def steerlab_end(self) -> int:
-        """Remove every steerlab hook from the model; returns how many there were."""
+    def steerlab_end(self, scan: bool = True) -> int:
+        """Remove every steerlab hook from the model; returns how many there were. Not
+        ``scan``: only if some may be on, that is, if hooks were added since the model was
+        last scanned free of them (a call's begin, after the last call's end scanned)."""
         state = self._steerlab()
         state.handles, state.batch, state.sites = [], None, frozenset()
         state.layouts.clear()
@@ -178,7 +189,11 @@ class SteerWorker:
         if buffers is not None:
             buffers.eager = None
             buffers.write(None, state.vectors)  # a compiled model steers nothing between calls
-        return remove_hooks(self._steerlab_model())
+        if state.bare and not scan:
+            return 0
+        removed = remove_hooks(self._steerlab_model())
+        state.bare = True
+        return removed
 
     def steerlab_hook_count(self) -> int:
         return count_hooks(self._steerlab_model())
@@ -339,8 +354,10 @@ class SteerWorker:
             for rid in req_ids:
                 if rid not in state.plans:
                     params = runner.requests[rid].sampling_params
+                    if len(state.read) > READ_STEERS:
+                        state.read.clear()
                     state.plans[rid] = parse_plan(  # an op's tensors travel as vectors do
-                        getattr(params, "extra_args", None), state.vectors
+                        getattr(params, "extra_args", None), state.vectors, state.read
                     )
                     state.reads.track(rid, state.plans[rid], runner.requests[rid])
             if not any(state.plans[rid] for rid in req_ids):
