@@ -160,8 +160,8 @@ class _Decoding:
             row = f"steerlab-{self.call}-{i}"
             vr = to_vllm(request, row, revision=engine.cache_namespace, eos_ids=eos,
                          vocab=engine.n_vocab, plan=plan)  # fmt: skip
-            # made for this row alone and never used again: vLLM may take it without its
-            # deep copy (of every steer's data in extra_args), a third of adding a row
+            # made for this row alone and never used again: vLLM may take it as it is (its
+            # deep copy of the steers' data was a quarter of add_request for a steered row)
             params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA,
                                     skip_clone=True)  # fmt: skip
             sent.append((row, vr.prompt, params))
