@@ -66,8 +66,10 @@ def test_a_reader_that_keeps_its_steers_reads_a_steer_once_and_each_row_keeps_it
         monkeypatch):  # fmt: skip
     cond = sl.Condition("blocks.0.hook_resid_post", torch.ones(8), threshold=0.1)
     steer = Steer(SITE, torch.ones(8), 1.0, "generated", sl.Clamp(2.0), cond)
-    rows = [Plan.of([Request((5, 6), (Steer.of(steer, a),))]).only(0, f"r{i}")
-            for i, a in enumerate((0.5, -3.0, 0.5))]  # fmt: skip
+    other = Steer.of(steer, 0.5)  # the same but for where it acts: a steer of its own
+    other = Steer(other.site, other.vector, 0.5, "all", other.op, other.when)
+    steers = [Steer.of(steer, 0.5), Steer.of(steer, -3.0), other, Steer.of(steer, 0.5)]
+    rows = [Plan.of([Request((5, 6), (s,))]).only(0, f"r{i}") for i, s in enumerate(steers)]
     tensors = rows[0].tensors()
     datas = [json.loads(json.dumps(r.to_data())) for r in rows]
     read: dict = {}
@@ -77,21 +79,36 @@ def test_a_reader_that_keeps_its_steers_reads_a_steer_once_and_each_row_keeps_it
                         lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
     kept = [plan_from_data(d, tensors, read) for d in datas]
     monkeypatch.undo()
-    assert len(calls) == 1 and len(read) == 1  # the other rows differ by alpha alone
+    assert len(calls) == 2 and len(read) == 2  # rows 1 and 3 differ from row 0 by alpha alone
     for d, back in zip(datas, kept):
         fresh = plan_from_data(d, tensors)
         assert back.names == fresh.names
         assert [(s.site, s.vector, s.positions, s.op, s.gate, a) for s, a in back.of_row(0)] == [
             (s.site, s.vector, s.positions, s.op, s.gate, a) for s, a in fresh.of_row(0)]  # fmt: skip
-    assert [a for back in kept for _, a in back.of_row(0)] == [0.5, -3.0, 0.5]
+    assert [a for back in kept for _, a in back.of_row(0)] == [0.5, -3.0, 0.5, 0.5]
+    assert [s.positions for back in kept for s, _ in back.of_row(0)] == ["generated"] * 2 + [
+        "all", "generated"]  # fmt: skip
     # an alpha read from what was kept is checked as a fresh read checks it
-    bad = json.loads(json.dumps(datas[0]))
-    bad["steers"][0]["alpha"] = float("inf")
-    with pytest.raises(sl.SteerError, match="finite") as kept_error:
-        plan_from_data(bad, tensors, read)
-    with pytest.raises(sl.SteerError, match="finite") as fresh_error:
-        plan_from_data(bad, tensors)
-    assert kept_error.value.field == fresh_error.value.field == "alpha"
+    for alpha in (float("inf"), float("nan")):
+        bad = json.loads(json.dumps(datas[0]))
+        bad["steers"][0]["alpha"] = alpha
+        with pytest.raises(sl.SteerError, match="finite") as kept_error:
+            plan_from_data(bad, tensors, read)
+        with pytest.raises(sl.SteerError, match="finite") as fresh_error:
+            plan_from_data(bad, tensors)
+        assert kept_error.value.field == fresh_error.value.field == "alpha"
+    # data that writes the same JSON as a steer kept, but that the reader refuses, is refused
+    floats = json.loads(json.dumps(datas[0]))
+    floats["steers"][0]["vector"] = [1.0] * 8  # the wire form's other vector: a list of floats
+    plan_from_data(floats, tensors, read)
+    odd = json.loads(json.dumps(floats))
+    odd["steers"][0]["vector"] = (1.0,) * 8  # a tuple: JSON writes it as that list
+    odd["steers"][0]["alpha"] = 2.0
+    with pytest.raises(sl.SteerError, match="vector must be") as kept_error:
+        plan_from_data(odd, tensors, read)
+    with pytest.raises(sl.SteerError, match="vector must be") as fresh_error:
+        plan_from_data(odd, tensors)
+    assert str(kept_error.value) == str(fresh_error.value)
 
 
 def test_a_gated_plan_zeroes_a_prompt_gate_where_it_did_not_fire_and_nowhere_else():

@@ -20,7 +20,7 @@ from steerlab.core.ops import (
     TensorKey,
     TensorValue,
     is_zero,
-    unit,
+    read_dtype,
 )
 
 
@@ -55,8 +55,8 @@ class Monitor(TensorValue):
         >>> Monitor("m", "blocks.0.hook_resid_post", torch.tensor([3.0, 4.0])).values(torch.ones(2))
         tensor(1.4000)
         """
-        wide = torch.promote_types(h.dtype, torch.float32)
-        return h.to(wide) @ unit(self.on(h.device)["direction"], wide)
+        wide = read_dtype(h.dtype)
+        return h.to(wide) @ self.unit_on("direction", h.device, wide)
 
     def check(self, sites: Sequence[str], d_model: int) -> None:
         check_read_direction(self.site, self.direction, sites, d_model,

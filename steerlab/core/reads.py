@@ -20,7 +20,6 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
@@ -32,6 +31,7 @@ from steerlab.core.ops import (
     TensorValue,
     dtype_named,
     is_zero,
+    read_dtype,
     tensor_fingerprint,
     unit,
 )
@@ -51,7 +51,7 @@ def score(h: torch.Tensor, direction: torch.Tensor, kind: str) -> torch.Tensor:
     >>> score(torch.tensor([[3.0, 4.0]]), torch.tensor([2.0, 0.0]), "projection")
     tensor([3.])
     """
-    wide = torch.promote_types(h.dtype, torch.float32)
+    wide = read_dtype(h.dtype)
     return score_along(h.to(wide), unit(direction.to(h.device), wide), kind)
 
 
@@ -159,17 +159,10 @@ class Condition(TensorValue):
         return self.read == "token"
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
-        """This condition's score of each row of ``h [n, d]``: ``[n]`` (``score``, with the
-        unit direction made once per device and dtype: a condition is read every step)."""
-        wide = torch.promote_types(h.dtype, torch.float32)
-        u = self._units.get((h.device, wide))
-        if u is None:
-            u = self._units[(h.device, wide)] = unit(self.on(h.device)["direction"], wide)
-        return score_along(h.to(wide), u, self.score)
-
-    @cached_property
-    def _units(self) -> dict[tuple[torch.device, torch.dtype], torch.Tensor]:
-        return {}
+        """This condition's score of each row of ``h [n, d]``: ``[n]`` (``score``, with its
+        unit direction made once per device and dtype, ``unit_on``)."""
+        wide = read_dtype(h.dtype)
+        return score_along(h.to(wide), self.unit_on("direction", h.device, wide), self.score)
 
     def fires(self, scores: torch.Tensor) -> torch.Tensor:
         """Which scores fire: ``[n]`` bool (a NaN score never does)."""

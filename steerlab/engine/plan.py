@@ -226,12 +226,12 @@ class Plan:
 
 
 def plan_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None,
-                   read: MutableMapping[str, SteerData] | None = None) -> Plan:  # fmt: skip
+                   read: MutableMapping[str, tuple[dict, SteerData]] | None = None) -> Plan:  # fmt: skip
     """THE reader of ``Plan.to_data``: a one-row plan whose vectors are content keys (an
     op's, a condition's and a monitor's tensors looked up in ``tensors``), each steer read
     by ``core.steer.steer_from_data``. ``read``: the steers read before, kept by the reader
-    (a vLLM worker), so that a steer differing from one of them only by its alpha (a call's
-    rows, a slider's moves) is not read again (``_steer``)."""
+    (a vLLM worker, for one call), so that a steer differing from one of them only by its
+    alpha (a call's rows) is not read again (``_steer``)."""
     steers, carried = [], []
     for k, item in enumerate(data["steers"]):
         s = _steer(item, tensors, read)
@@ -245,20 +245,23 @@ def plan_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] 
 
 
 def _steer(item: Any, tensors: Mapping[str, torch.Tensor] | None,
-           read: MutableMapping[str, SteerData] | None) -> SteerData:  # fmt: skip
+           read: MutableMapping[str, tuple[dict, SteerData]] | None) -> SteerData:  # fmt: skip
     """``steer_from_data(item, tensors)``; with ``read``, a steer whose data less its alpha
-    is one read before comes from there with ``item``'s own alpha, checked by the same rule
-    (``alpha_from_data``). Its vector and tensors are content keys, so equal data is an
-    equal steer."""
+    equals one read before comes from there with ``item``'s own alpha, checked by the same
+    rule (``alpha_from_data``). Its vector and tensors are content keys, so equal data is
+    an equal steer. The data is compared, not only its JSON (which writes a tuple as a
+    list, where the reader refuses a tuple)."""
     alpha = item.get("alpha") if isinstance(item, dict) else None
     if read is None or isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         return steer_from_data(item, tensors)
+    rest = {k: v for k, v in item.items() if k != "alpha"}
     try:
-        key = json.dumps({k: v for k, v in item.items() if k != "alpha"}, sort_keys=True)
+        key = json.dumps(rest, sort_keys=True)
     except (TypeError, ValueError):  # not plain data: the reader says what is wrong
         return steer_from_data(item, tensors)
     known = read.get(key)
-    if known is None:
-        known = read[key] = steer_from_data(item, tensors)
-        return known
-    return replace(known, alpha=alpha_from_data(alpha)[0])
+    if known is None or known[0] != rest:
+        parsed = steer_from_data(item, tensors)
+        read[key] = (rest, parsed)
+        return parsed
+    return replace(known[1], alpha=alpha_from_data(alpha)[0])

@@ -118,6 +118,16 @@ def unit(direction: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     return (scaled / scaled.norm()).to(dtype or direction.dtype)
 
 
+def read_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a read (a condition's score, a monitor's value) is computed in: ``dtype``,
+    widened to float32 at least.
+
+    >>> read_dtype(torch.bfloat16), read_dtype(torch.float64)
+    (torch.float32, torch.float64)
+    """
+    return torch.promote_types(dtype, torch.float32)
+
+
 def project(act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor,
             low: float, high: float) -> torch.Tensor:  # fmt: skip
     """Move each row's projection on ``direction`` ``alpha`` of the way into ``[low, high]``."""
@@ -196,6 +206,23 @@ class TensorValue:
     def _moved(self) -> dict[torch.device, dict[str, torch.Tensor]]:
         return {}
 
+    def unit_on(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``unit`` of the tensor field ``name`` on ``device`` in ``dtype``, made once per
+        device and dtype: a read's direction, read at every step."""
+        key = (name, device, dtype)
+        if key not in self._units:
+            self._units[key] = unit(self.on(device)[name], dtype)
+        return self._units[key]
+
+    @cached_property
+    def _units(self) -> dict[tuple[str, torch.device, torch.dtype], torch.Tensor]:
+        return {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy or a pickle carries: the fields, not this process's caches (a
+        string's hash differs between processes; device copies are made again)."""
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHES}
+
     @cached_property
     def _identity(self) -> tuple[Any, ...]:
         data = self.fields_data(tensor_fingerprint if self.tensor_fields() else None)
@@ -258,6 +285,9 @@ class Op(TensorValue):
     def to_data(self, tensor_key: TensorKey | None = None) -> dict[str, Any]:
         """Parameters by name, after the op's ``name`` (``fields_data``)."""
         return {"name": self.name, **self.fields_data(tensor_key)}
+
+
+_CACHES = ("_hash", "_moved", "_units")  # a TensorValue's caches that stay in one process
 
 
 def _hashable(value: Any) -> Any:

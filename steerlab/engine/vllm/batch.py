@@ -27,7 +27,7 @@ DATA_KEY = "steerlab"  # the key of a request's plan in SamplingParams.extra_arg
 
 def parse_plan(extra_args: dict[str, Any] | None,
                tensors: Mapping[str, torch.Tensor] | None = None,
-               read: MutableMapping[str, SteerData] | None = None) -> Plan | None:  # fmt: skip
+               read: MutableMapping[str, tuple[dict, SteerData]] | None = None) -> Plan | None:  # fmt: skip
     """The one-row plan a request carries in its ``extra_args`` (``Plan.to_data``, read by
     ``engine.plan.plan_from_data``; its tensors looked up in ``tensors`` by key; ``read``:
     the steers read before), or None for a request with no steer and no monitor."""

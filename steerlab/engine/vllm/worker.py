@@ -35,7 +35,7 @@ if graph.built_sites() is not None:  # this worker's model is built with graph s
     graph.wrap_loader()
 
 
-READ_STEERS = 4096  # distinct steers a worker keeps read (``_State.read``) before it starts over
+READ_STEERS = 4096  # distinct steers a call keeps read (``_State.read``) before it starts over
 
 
 @dataclass
@@ -48,8 +48,9 @@ class _State:
     layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
     plans: dict[str, Plan | None] = field(default_factory=dict)  # by vLLM request id
-    # the steers read from requests' data, by that data less the alpha (``plan_from_data``)
-    read: dict[str, SteerData] = field(default_factory=dict)
+    # this call's steers read from requests' data, by that data less the alpha (its rows
+    # mostly differ by alpha alone; ``plan_from_data``)
+    read: dict[str, tuple[dict, SteerData]] = field(default_factory=dict)
     fired: dict[str, int] = field(default_factory=dict)  # by row: tokens steered
     errors: dict[str, str] = field(default_factory=dict)  # by row
     batch: ForwardBatch | None = None
@@ -200,9 +201,11 @@ class SteerWorker:
 
     def steerlab_finish(self) -> int:
         """The end of a call: its hooks off, and everything kept about its rows dropped
-        (plans, counts, errors, vectors moved to the device). Returns the hooks removed."""
+        (plans, steers read, counts, errors, vectors moved to the device). Returns the hooks
+        removed."""
         state = self._steerlab()
         state.plans.clear()
+        state.read.clear()  # its ops' and conditions' device copies with them
         state.fired.clear()
         state.errors.clear()
         state.moved.clear()
