@@ -480,8 +480,7 @@ def steer_from_data(data: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
 
 
 def alpha_from_data(alpha: Any) -> tuple[float, ...]:
-    """A wire-format alpha (a number or a list of numbers), checked by the rule ``Steer``
-    uses; ``field`` on the error is ``"alpha"``.
+    """A wire-format alpha (a number or numbers), checked by ``Steer``'s rule; field "alpha".
 
     >>> alpha_from_data(2)
     (2.0,)
