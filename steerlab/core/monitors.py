@@ -20,7 +20,7 @@ from steerlab.core.ops import (
     TensorKey,
     TensorValue,
     is_zero,
-    read_dtype,
+    wide_dtype,
 )
 
 
@@ -55,7 +55,7 @@ class Monitor(TensorValue):
         >>> Monitor("m", "blocks.0.hook_resid_post", torch.tensor([3.0, 4.0])).values(torch.ones(2))
         tensor(1.4000)
         """
-        wide = read_dtype(h.dtype)
+        wide = wide_dtype(h.dtype)
         return h.to(wide) @ self.unit_on("direction", h.device, wide)
 
     def check(self, sites: Sequence[str], d_model: int) -> None:

@@ -31,9 +31,9 @@ from steerlab.core.ops import (
     TensorValue,
     dtype_named,
     is_zero,
-    read_dtype,
     tensor_fingerprint,
     unit,
+    wide_dtype,
 )
 from steerlab.core.scalars import as_real
 from steerlab.core.sites import Site
@@ -51,7 +51,7 @@ def score(h: torch.Tensor, direction: torch.Tensor, kind: str) -> torch.Tensor:
     >>> score(torch.tensor([[3.0, 4.0]]), torch.tensor([2.0, 0.0]), "projection")
     tensor([3.])
     """
-    wide = read_dtype(h.dtype)
+    wide = wide_dtype(h.dtype)
     return score_along(h.to(wide), unit(direction.to(h.device), wide), kind)
 
 
@@ -161,7 +161,7 @@ class Condition(TensorValue):
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """This condition's score of each row of ``h [n, d]``: ``[n]`` (``score``, with its
         unit direction made once per device and dtype, ``unit_on``)."""
-        wide = read_dtype(h.dtype)
+        wide = wide_dtype(h.dtype)
         return score_along(h.to(wide), self.unit_on("direction", h.device, wide), self.score)
 
     def fires(self, scores: torch.Tensor) -> torch.Tensor:

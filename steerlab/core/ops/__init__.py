@@ -26,9 +26,9 @@ from steerlab.core.ops.base import (
     is_zero,
     own_copy,
     project,
-    read_dtype,
     tensor_fingerprint,
     unit,
+    wide_dtype,
 )
 from steerlab.core.ops.basic import Ablate, Add, Cap, Clamp
 from steerlab.core.ops.data import (
@@ -46,5 +46,5 @@ __all__ = [
     "OPS", "STRENGTHS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
     "Rotate", "SteerError", "TERMS", "TensorKey", "TensorValue", "_number", "dtype_named",
     "form_of", "is_zero", "op_from_data", "op_tensors", "op_to_data", "operand", "own_copy",
-    "project", "read_dtype", "tensor_fingerprint", "unit",
+    "project", "tensor_fingerprint", "unit", "wide_dtype",
 ]  # fmt: skip

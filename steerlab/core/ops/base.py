@@ -101,6 +101,16 @@ def is_zero(vector: torch.Tensor) -> bool:
     return vector.numel() == 0 or float(vector.abs().amax()) == 0.0
 
 
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``dtype`` widened to float32 at least: what directions, planes and reads (a
+    condition's score, a monitor's value) are computed in.
+
+    >>> wide_dtype(torch.bfloat16), wide_dtype(torch.float64)
+    (torch.float32, torch.float64)
+    """
+    return torch.promote_types(dtype, torch.float32)
+
+
 def unit(direction: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``direction / |direction|``, computed in float32 (at least) after scaling by the
     largest entry, so that norms near float32's limits (1e±20 and beyond) neither overflow
@@ -112,20 +122,10 @@ def unit(direction: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     >>> unit(torch.tensor([3e-20, 4e-20]), torch.float16).tolist()
     [0.60009765625, 0.7998046875]
     """
-    wide = direction.to(torch.promote_types(direction.dtype, torch.float32))
+    wide = direction.to(wide_dtype(direction.dtype))
     peak = wide.abs().amax()
     scaled = wide / peak
     return (scaled / scaled.norm()).to(dtype or direction.dtype)
-
-
-def read_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a read (a condition's score, a monitor's value) is computed in: ``dtype``,
-    widened to float32 at least.
-
-    >>> read_dtype(torch.bfloat16), read_dtype(torch.float64)
-    (torch.float32, torch.float64)
-    """
-    return torch.promote_types(dtype, torch.float32)
 
 
 def project(act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor,

@@ -11,7 +11,7 @@ from typing import ClassVar
 import torch
 
 from steerlab.core.errors import SteerError
-from steerlab.core.ops.base import Form, Op, _number
+from steerlab.core.ops.base import Form, Op, _number, wide_dtype
 from steerlab.core.sae import ARCHITECTURE_NAMES, encode
 
 
@@ -102,7 +102,7 @@ class FeatureClamp(Op):
         None for topk, whose feature depends on every other (it runs eagerly)."""
         if self.architecture == "topk":
             return None
-        wide = torch.promote_types(self.encoder.dtype, torch.float32)
+        wide = wide_dtype(self.encoder.dtype)
         bias = self.bias.to(wide) - self.b_dec_in.to(wide) @ self.encoder.to(wide)
         threshold = self.threshold if self.architecture == "jumprelu" else 0.0
         return Form(feat=1.0, low=-math.inf, high=math.inf, encoder=self.encoder,

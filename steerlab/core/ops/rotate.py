@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from steerlab.core.errors import SteerError
-from steerlab.core.ops.base import Form, Op, is_zero, unit
+from steerlab.core.ops.base import Form, Op, is_zero, unit, wide_dtype
 from steerlab.core.scalars import as_int, as_real, flag
 
 
@@ -79,7 +79,7 @@ class Rotate(Op):
 
     def _plane(self, direction: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(b1, b2)`` in float32 (at least), or None when ``toward`` lies along ``b1``."""
-        kind = torch.promote_types(direction.dtype, torch.float32)
+        kind = wide_dtype(direction.dtype)
         b1 = unit(direction.to(kind))
         toward = unit(self.on(direction.device)["toward"].to(kind))
         rest = across(toward, b1)

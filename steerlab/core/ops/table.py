@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from steerlab.core.ops.base import STRENGTHS, Form, Operation, unit
+from steerlab.core.ops.base import STRENGTHS, Form, Operation, unit, wide_dtype
 from steerlab.core.ops.data import form_of, operand
 from steerlab.core.ops.rotate import across
 
@@ -44,7 +44,7 @@ def form_columns(op: Operation, vector: torch.Tensor, dtype: torch.dtype,
     if form.proj or form.rot:
         out["unit"] = unit(operand(op, vector, dtype, device))
     if form.rot and form.toward is not None:
-        wide = torch.promote_types(vector.dtype, torch.float32)
+        wide = wide_dtype(vector.dtype)
         b1, toward = unit(vector.to(wide)), unit(form.toward.to(vector.device, wide))
         rest = across(toward, b1)
         out["plane"] = (rest / rest.norm()).to(device, dtype)
