@@ -146,3 +146,37 @@ def test_replacing_the_site_of_a_feature_clamp_steer():
 def test_every_registered_op_takes_equality_from_the_base():
     for cls in OPS.values():
         assert cls.__eq__ is Op.__eq__ and cls.__hash__ is Op.__hash__, cls
+
+
+def test_a_bound_op_is_its_arithmetic_bit_for_bit_with_its_direction_made_once(shift, monkeypatch):
+    """``bind`` (what the engines call at each forward, ``Op.bound``) gives the op's own
+    arithmetic, and a projection's unit or a rotation's plane is made when it is bound,
+    not again at each call."""
+    import steerlab.core.ops.base as base
+    import steerlab.core.ops.rotate as rotate
+    from steerlab.core.ops import bind
+
+    g = torch.Generator().manual_seed(3)
+    d = 16
+    ops = [sl.Add(), sl.Ablate(), sl.Clamp(0.5), sl.Cap(-0.2, 0.3),
+           sl.Rotate(60.0, torch.randn(d, generator=g)),
+           sl.Rotate(-30.0, torch.randn(d, generator=g), adaptive=True),
+           shift(torch.randn(d, generator=g)), lambda act, v, alpha: act * (1 + alpha) - v]  # fmt: skip
+    made = []
+    for module in (base, rotate):  # count the units made, wherever an op makes one
+        monkeypatch.setattr(module, "unit", lambda v, dtype=None, _f=base.unit: made.append(1)
+                            or _f(v, dtype))  # fmt: skip
+    for dtype in (torch.float32, torch.bfloat16):
+        act = torch.randn(5, d, generator=g).to(dtype)
+        alpha = torch.linspace(-1.5, 2.0, 5)[:, None].to(dtype)
+        for op in ops:
+            v = operand(op, torch.randn(d, generator=g), dtype)
+            made.clear()
+            bound = bind(op, v)
+            at_bind = len(made)
+            assert at_bind or not isinstance(op, sl.Ablate | sl.Rotate), op  # counted at all
+            outs = [bound(act, alpha) for _ in range(3)]
+            assert len(made) == at_bind, op  # nothing made again at a call
+            want = op(act, v, alpha)
+            assert all(torch.equal(out, want) for out in outs), (op, dtype)
+    assert sl.Ablate().bound(torch.ones(d))(torch.ones(1, d), torch.ones(1, 1)).abs().max() < 1e-6

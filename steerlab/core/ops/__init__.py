@@ -17,6 +17,7 @@ from steerlab.core.ops.base import (
     OPS,
     STRENGTHS,
     TERMS,
+    Bound,
     Form,
     Op,
     Operation,
@@ -32,6 +33,7 @@ from steerlab.core.ops.base import (
 )
 from steerlab.core.ops.basic import Ablate, Add, Cap, Clamp
 from steerlab.core.ops.data import (
+    bind,
     dtype_named,
     form_of,
     op_from_data,
@@ -43,8 +45,8 @@ from steerlab.core.ops.feature import FeatureClamp
 from steerlab.core.ops.rotate import Rotate
 
 __all__ = [
-    "OPS", "STRENGTHS", "Ablate", "Add", "Cap", "Clamp", "FeatureClamp", "Form", "Op", "Operation",
-    "Rotate", "SteerError", "TERMS", "TensorKey", "TensorValue", "_number", "dtype_named",
-    "form_of", "is_zero", "op_from_data", "op_tensors", "op_to_data", "operand", "own_copy",
-    "project", "tensor_fingerprint", "unit", "wide_dtype",
+    "OPS", "STRENGTHS", "Ablate", "Add", "Bound", "Cap", "Clamp", "FeatureClamp", "Form", "Op",
+    "Operation", "Rotate", "SteerError", "TERMS", "TensorKey", "TensorValue", "_number", "bind",
+    "dtype_named", "form_of", "is_zero", "op_from_data", "op_tensors", "op_to_data", "operand",
+    "own_copy", "project", "tensor_fingerprint", "unit", "wide_dtype",
 ]  # fmt: skip

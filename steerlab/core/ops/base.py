@@ -16,6 +16,7 @@ import torch
 from steerlab.core.errors import SteerError
 
 TensorKey = Callable[[torch.Tensor], str]
+Bound = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (act, alpha) -> act
 
 
 def tensor_fingerprint(tensor: torch.Tensor) -> str:
@@ -131,7 +132,12 @@ def unit(direction: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
 def project(act: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor,
             low: float, high: float) -> torch.Tensor:  # fmt: skip
     """Move each row's projection on ``direction`` ``alpha`` of the way into ``[low, high]``."""
-    u = unit(direction)
+    return project_unit(act, unit(direction), alpha, low, high)
+
+
+def project_unit(act: torch.Tensor, u: torch.Tensor, alpha: torch.Tensor, low: float,
+                 high: float) -> torch.Tensor:  # fmt: skip
+    """``project`` along ``u``, ``unit`` of the direction already."""
     along = act @ u  # [n]
     return act + alpha * (along.clamp(low, high) - along)[:, None] * u
 
@@ -247,7 +253,8 @@ class Op(TensorValue):
 
     Tensor fields, equality, hashing, per-device copies and the data form come from
     ``TensorValue``. A subclass gives its ``name``, its fields, a ``form()`` (or
-    ``__call__`` when it has none) and, where it needs them, ``check`` (against a steer's
+    ``__call__`` when it has none; ``bound`` when part of it depends on the direction
+    alone) and, where it needs them, ``check`` (against a steer's
     site and width) and ``__post_init__`` checks (call ``super().__post_init__()`` first).
     """
 
@@ -272,11 +279,22 @@ class Op(TensorValue):
 
     def __call__(self, act: torch.Tensor, direction: torch.Tensor,
                  alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        return self.bound(direction)(act, alpha)
+
+    def bound(self, direction: torch.Tensor) -> Bound:
+        """``(act, alpha) -> self(act, direction, alpha)``, the same arithmetic, with what
+        depends on ``direction`` alone (a projection's unit, a rotation's plane) made once
+        here: an engine that keeps a steer across forwards binds it once and calls this at
+        each. An operation with arithmetic of its own (``__call__``) binds nothing ahead
+        unless it says so (``Rotate``)."""
+        if type(self).__call__ is not Op.__call__:
+            return lambda act, alpha: self(act, direction, alpha)
         form = self._form
         assert form is not None, f"{type(self).__name__} without a form defines __call__"
         if form.add:
-            return act + alpha * direction
-        return project(act, direction, alpha, form.low, form.high)
+            return lambda act, alpha: act + alpha * direction
+        u = unit(direction)
+        return lambda act, alpha: project_unit(act, u, alpha, form.low, form.high)
 
     def check(self, site: str, vector: torch.Tensor) -> None:
         """Refuse a steer at ``site`` with ``vector`` ``[d_model]`` that this operation's own

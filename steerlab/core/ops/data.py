@@ -1,5 +1,5 @@
 """Operations as plain data: ``op_to_data`` / ``op_from_data``, their tensors, and what an
-engine multiplies (``operand``, ``form_of``).
+engine multiplies (``operand``, ``bind``, ``form_of``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from steerlab.core.errors import SteerError
 from steerlab.core.ops.base import (
     OPS,
+    Bound,
     Form,
     Op,
     Operation,
@@ -89,6 +90,15 @@ def operand(op: Operation, vector: torch.Tensor, dtype: torch.dtype,
     if isinstance(op, Op) and op.directional:
         return unit(vector, dtype).to(device)
     return vector.to(device, dtype)
+
+
+def bind(op: Operation, direction: torch.Tensor) -> Bound:
+    """``op`` with its operand fixed, as ``(act, alpha) -> act`` (``Op.bound``): what an
+    engine that keeps a steer across forwards calls at each. A custom callable binds
+    nothing ahead."""
+    if isinstance(op, Op):
+        return op.bound(direction)
+    return lambda act, alpha: op(act, direction, alpha)
 
 
 def form_of(op: Operation) -> Form | None:

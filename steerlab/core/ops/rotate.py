@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from steerlab.core.errors import SteerError
-from steerlab.core.ops.base import Form, Op, is_zero, unit, wide_dtype
+from steerlab.core.ops.base import Bound, Form, Op, is_zero, unit, wide_dtype
 from steerlab.core.scalars import as_int, as_real, flag
 
 
@@ -87,11 +87,14 @@ class Rotate(Op):
             return None
         return b1, rest / rest.norm()
 
-    def __call__(self, act: torch.Tensor, direction: torch.Tensor,
-                 alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def bound(self, direction: torch.Tensor) -> Bound:
+        """The turn in the plane of ``direction`` and ``toward``, the plane made once."""
         plane = self._plane(direction)
         assert plane is not None, "Steer checks the plane when it is made"
-        b1, b2 = plane
+        return lambda act, alpha: self._turn(act, *plane, alpha)
+
+    def _turn(self, act: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor,
+              alpha: torch.Tensor) -> torch.Tensor:  # fmt: skip
         h = act.to(b1.dtype)
         x, y = h @ b1, h @ b2  # [n]: the component in the plane
         radius, phi = torch.hypot(x, y), torch.atan2(y, x)

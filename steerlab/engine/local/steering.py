@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from steerlab.backends.base import Backend
-from steerlab.core.ops import operand
+from steerlab.core.ops import Bound, bind, operand
 from steerlab.core.positions import position_mask, prompt_span
 from steerlab.core.steer import Steer
 from steerlab.engine.context import ForwardContext
@@ -36,15 +36,15 @@ def attach_steer(backend: Backend, steer: PlanSteer, call: Call,
     conditioned steer, only where ``reads`` says its gate fired."""
     direction = steer.vector
     assert isinstance(direction, torch.Tensor), "an in-process plan holds its vectors"
-    moved: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+    moved: dict[tuple[torch.device, torch.dtype], tuple[Bound, torch.Tensor]] = {}
 
     def apply(act: torch.Tensor, context: ForwardContext,
               placed: tuple[torch.Tensor, ...]) -> torch.Tensor:  # fmt: skip
         key = (act.device, act.dtype)
         if key not in moved:  # move the vector to wherever this layer lives, once
-            moved[key] = (operand(steer.op, direction, act.dtype, act.device),
+            moved[key] = (bind(steer.op, operand(steer.op, direction, act.dtype, act.device)),
                           steer.alphas.to(*key))  # fmt: skip
-        vector, row_alphas = moved[key]
+        op, row_alphas = moved[key]
         rows, pos, generated = placed
         alphas = row_alphas[rows]  # [batch]
         batch, seq, d = act.shape
@@ -54,7 +54,7 @@ def attach_steer(backend: Backend, steer: PlanSteer, call: Call,
             assert reads is not None, "a conditioned steer needs the call's reads"
             touched = touched & reads.gate(steer.gate, rows, pos)
         alpha = alphas[:, None].expand(batch, seq).reshape(-1, 1)
-        new = steer.op(act.reshape(-1, d), vector, alpha).reshape(batch, seq, d)
+        new = op(act.reshape(-1, d), alpha).reshape(batch, seq, d)
         return torch.where(touched[..., None], new, act)
 
     backend.attach(steer.place, call.hook(apply))

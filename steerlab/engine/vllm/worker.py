@@ -21,7 +21,7 @@ from safetensors.torch import load as load_safetensors
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.core.ops import operand
+from steerlab.core.ops import Bound, bind, operand
 from steerlab.core.steer import SteerData
 from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.plan import Plan
@@ -41,10 +41,10 @@ READ_STEERS = 4096  # distinct steers a call keeps read (``_State.read``) before
 @dataclass
 class _State:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
-    # vectors (one key, or a stack for fused steers) on the device and in the dtype they act in
-    moved: dict[tuple[tuple[str, ...], torch.device, torch.dtype, Any], torch.Tensor] = field(
-        default_factory=dict
-    )
+    # vectors (one key, or a stack for fused steers) on the device and in the dtype they act
+    # in, each with its op bound to it (``core.ops.bind``)
+    moved: dict[tuple[tuple[str, ...], torch.device, torch.dtype, Any],
+                tuple[torch.Tensor, Bound]] = field(default_factory=dict)  # fmt: skip
     layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
     plans: dict[str, Plan | None] = field(default_factory=dict)  # by vLLM request id
@@ -79,7 +79,7 @@ class _Operands:
     """One ``SiteSteer``'s tensors as its op takes them, for a forward of ``tokens`` on
     one device in one dtype; made once per layout (``SiteSteer.ready``)."""
 
-    direction: torch.Tensor  # [d_model], or [tokens, d_model] for a fused Add
+    op: Bound  # the op with its direction ([d_model], or [tokens, d_model] for a fused Add)
     alpha: torch.Tensor  # [tokens, 1]
     touched: torch.Tensor  # [tokens, 1] bool
     everywhere: bool  # every token is touched: the op's output is the answer as it is
@@ -456,7 +456,7 @@ class SteerWorker:
             assert state.batch is not None
             gate = state.reads.mask(site, steer, state.batch, tokens, state.errors)
             touched = touched & gate.to(act.device)[:, None]
-        new = steer.op(act, ready.direction, ready.alpha)
+        new = ready.op(act, ready.alpha)
         for row, n in steer.rows:
             state.fired[row] = state.fired.get(row, 0) + n
         if ready.everywhere and steer.gate is None:
@@ -472,11 +472,12 @@ class SteerWorker:
                 raise KeyError(f"vector {missing[0]} was never sent to this worker")
             vectors = [state.vectors[k] for k in steer.vector_keys]
             stacked = vectors[0] if steer.index is None else torch.stack(vectors)
-            state.moved[key] = operand(steer.op, stacked, act.dtype, act.device)
+            moved = operand(steer.op, stacked, act.dtype, act.device)
+            state.moved[key] = (moved, bind(steer.op, moved))  # bound once: a unit, a plane
         tokens = act.shape[0]
-        direction = state.moved[key]
+        direction, op = state.moved[key]
         if steer.index is not None:  # a fused Add: each token's own vector
-            direction = direction[steer.index[:tokens].to(act.device)]
+            op = bind(steer.op, direction[steer.index[:tokens].to(act.device)])
         touched = steer.touched[:tokens].to(act.device)
         alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]
-        return _Operands(direction, alpha, touched[:, None], bool(touched.all()))
+        return _Operands(op, alpha, touched[:, None], bool(touched.all()))
