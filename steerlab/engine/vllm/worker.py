@@ -58,6 +58,10 @@ class _State:
     uncompiled: dict[str, int] = field(default_factory=dict)  # a compiled model's: by reason
     sites: frozenset[str] = frozenset()  # the sites this call steers or reads
     bare: bool = False  # the model was scanned free of steerlab hooks, none added since
+    # the last forward's requests, all read into ``plans``, and whether any carries a plan
+    known: tuple[tuple[str, ...], bool] = ((), False)
+    buffers: graph.GraphBuffers | None = None  # the model's graph buffers, once ``looked``
+    looked: bool = False
 
 
 def _finite(output: Any) -> bool:
@@ -65,6 +69,8 @@ def _finite(output: Any) -> bool:
     is finite everywhere, read off its float32 sum: one reduction and one sync per steered
     forward. A NaN or inf anywhere makes the sum non-finite; finite values whose sum
     overflows (beyond 3e38) read as not finite too, which costs one needless scrub."""
+    if isinstance(output, torch.Tensor) and output.is_floating_point():  # the usual case
+        return math.isfinite(output.sum(dtype=torch.float32).item())
     tensors = getattr(output, "tensors", None)  # vLLM's IntermediateTensors
     parts = list(tensors.values()) if isinstance(tensors, dict) else [output]
     floats = [p for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point()]
@@ -142,7 +148,11 @@ class SteerWorker:
 
     def _steerlab_graph(self) -> graph.GraphBuffers | None:
         """The buffers a compiled model steers from (``graph.py``); None when eager."""
-        return getattr(self._steerlab_model(), "steerlab_graph", None)
+        state = self._steerlab()
+        if not state.looked:  # looked up once: a module's attribute miss costs a raise
+            state.buffers = getattr(self._steerlab_model(), "steerlab_graph", None)
+            state.looked = True
+        return state.buffers
 
     def steerlab_graphs(self) -> int:
         """Graphs dynamo has compiled in this worker (the same count after new steers)."""
@@ -205,6 +215,7 @@ class SteerWorker:
         removed."""
         state = self._steerlab()
         state.plans.clear()
+        state.known = ((), False)
         state.read.clear()  # its ops' and conditions' device copies with them
         state.fired.clear()
         state.errors.clear()
@@ -234,6 +245,7 @@ class SteerWorker:
             for rid, plan in list(state.plans.items()):
                 if plan is not None and plan.names[0] in done:
                     del state.plans[rid]
+            state.known = ((), False)
         rank = [get_pp_group().rank_in_group, get_tp_group().rank_in_group]
         if finish:
             self.steerlab_finish()
@@ -354,16 +366,18 @@ class SteerWorker:
         n = batch.num_reqs
         req_ids = list(batch.req_ids[:n])
         try:
-            for rid in req_ids:
-                if rid not in state.plans:
-                    params = runner.requests[rid].sampling_params
-                    if len(state.read) > READ_STEERS:
-                        state.read.clear()
-                    state.plans[rid] = parse_plan(  # an op's tensors travel as vectors do
-                        getattr(params, "extra_args", None), state.vectors, state.read
-                    )
-                    state.reads.track(rid, state.plans[rid], runner.requests[rid])
-            if not any(state.plans[rid] for rid in req_ids):
+            if tuple(req_ids) != state.known[0]:  # a new request, or one gone
+                for rid in req_ids:
+                    if rid not in state.plans:
+                        params = runner.requests[rid].sampling_params
+                        if len(state.read) > READ_STEERS:
+                            state.read.clear()
+                        state.plans[rid] = parse_plan(  # an op's tensors travel as vectors do
+                            getattr(params, "extra_args", None), state.vectors, state.read
+                        )
+                        state.reads.track(rid, state.plans[rid], runner.requests[rid])
+                state.known = (tuple(req_ids), any(state.plans[rid] for rid in req_ids))
+            if not state.known[1]:
                 return
             starts = runner.query_start_loc.np[: n + 1].tolist()
             state.batch = state.layouts.forward(
