@@ -124,12 +124,12 @@ def _forward(rows, positions, prompt_len=3):
 
 
 def test_the_worker_scrubs_after_any_non_finite_output_and_only_then():
-    """``_finite`` decides whether the worker zeroes NaN and inf in the KV cache after a
+    """``hooks.finite`` decides whether the worker zeroes NaN and inf in the KV cache after a
     steered forward: any NaN or inf anywhere, in a tensor or in a pipeline stage's
     intermediate tensors, reads as not finite; ordinary values read as finite."""
     from types import SimpleNamespace
 
-    from steerlab.engine.vllm.worker import _finite
+    from steerlab.engine.vllm.hooks import finite as _finite
 
     x = torch.randn(16, 128)
     assert _finite(x) and _finite(x.to(torch.bfloat16))

@@ -166,21 +166,18 @@ def test_a_stop_string_never_reaches_the_stream(server, lm):
     assert "".join(s.new_text[0] for s in steps) == whole["text"]
 
 
-def test_hooks_that_never_ran_are_a_500_not_unsteered_text(server, lm, monkeypatch):
+def test_hooks_that_never_ran_are_a_500_not_unsteered_text(server, lm):
     url, _ = server
-    rpc = lm.engine.llm.collective_rpc
-
-    def no_hooks(method, *args, **kwargs):  # as if the model had been compiled first
-        return [0] if method == "steerlab_begin" else rpc(method, *args, **kwargs)
-
-    monkeypatch.setattr(lm.engine.llm, "collective_rpc", no_hooks)
-    body = {"model": MODEL, "prompt": "A cat", "max_tokens": 6, "temperature": 0,
-            "steering": _steering(_vec(6), 2.0)}  # fmt: skip
-    reply = _post(url, "/v1/completions", body)
-    assert reply.status_code == 500 and "did not run" in reply.json()["error"]["message"]
-    plain = _post(url, "/v1/completions", {**body, "steering": []})
-    assert plain.status_code == 200  # an unsteered request still works
-    monkeypatch.undo()
+    lm.engine.rpc("steerlab_attach", False)  # as if the model had been compiled first
+    try:
+        body = {"model": MODEL, "prompt": "A cat", "max_tokens": 6, "temperature": 0,
+                "steering": _steering(_vec(6), 2.0)}  # fmt: skip
+        reply = _post(url, "/v1/completions", body)
+        assert reply.status_code == 500 and "did not run" in reply.json()["error"]["message"]
+        plain = _post(url, "/v1/completions", {**body, "steering": []})
+        assert plain.status_code == 200  # an unsteered request still works
+    finally:
+        lm.engine.rpc("steerlab_attach")
     assert lm.hook_count() == 0
 
 

@@ -192,19 +192,19 @@ def test_without_the_salt_the_cache_would_be_stale(lm, monkeypatch):
     assert stale != plain
 
 
-def test_hooks_that_never_ran_fail_the_call(lm, monkeypatch):
-    rpc = lm.engine.llm.collective_rpc
-
-    def no_hooks(method, *args, **kwargs):  # as if the model had been compiled first
-        return [0] if method == "steerlab_begin" else rpc(method, *args, **kwargs)
-
-    monkeypatch.setattr(lm.engine.llm, "collective_rpc", no_hooks)
-    with pytest.raises(SteerHookError, match="did not run"):
-        lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", _vec(14), alpha=2.0),
-                    max_new_tokens=4)  # fmt: skip
-    assert not lm.engine.proven  # every site is checked at its first token again
-    monkeypatch.undo()
+def test_hooks_that_never_ran_fail_the_call(lm):
+    assert all(lm.engine.rpc("steerlab_attach", False))  # as if compiled first: no hook runs
+    try:
+        with pytest.raises(SteerHookError, match="did not run"):
+            lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", _vec(14), alpha=2.0),
+                        max_new_tokens=4)  # fmt: skip
+        assert not lm.engine.proven  # every site is checked at its first token again
+    finally:
+        assert not any(lm.engine.rpc("steerlab_attach"))
     assert lm.generate(PROMPTS[0], max_new_tokens=4).tokens  # the engine still works
+    steered = lm.generate(PROMPTS[0], sl.Steer("blocks.1.hook_resid_pre", _vec(14), alpha=2.0),
+                          max_new_tokens=4)  # fmt: skip
+    assert steered.tokens and lm.hook_count() == 0  # the workers hook again, and unhook
 
 
 def test_a_hook_error_fails_the_request(each):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from steerlab.core.ops import Add, Operation
+from steerlab.core.ops import Add, Bound, Operation, bind, operand
 from steerlab.core.positions import position_mask
 from steerlab.core.reads import Gate
 from steerlab.core.steer import SteerData, SteerKey
@@ -264,3 +264,40 @@ class Layouts:
 
     def clear(self) -> None:
         self._composition, self._last = None, None
+
+
+@dataclass(frozen=True)
+class Operands:
+    """One ``SiteSteer``'s tensors as its op takes them, for a forward of ``tokens`` on
+    one device in one dtype; made once per layout (``SiteSteer.ready``)."""
+
+    op: Bound  # the op with its direction ([d_model], or [tokens, d_model] for a fused Add)
+    alpha: torch.Tensor  # [tokens, 1]
+    touched: torch.Tensor  # [tokens, 1] bool
+    everywhere: bool  # every token is touched: the op's output is the answer as it is
+
+
+Moved = dict[tuple[tuple[str, ...], torch.device, torch.dtype, Any], tuple[torch.Tensor, Bound]]
+
+
+def operands(steer: SiteSteer, act: torch.Tensor, vectors: Mapping[str, torch.Tensor],
+             moved: Moved) -> Operands:  # fmt: skip
+    """``steer``'s operands for ``act`` (``[tokens, d_model]``): its vectors from
+    ``vectors`` by key, moved to ``act``'s device and dtype once (kept in ``moved``, each
+    with its op bound to it: a unit, a plane made once)."""
+    key = (steer.vector_keys, act.device, act.dtype, steer.op)
+    if key not in moved:
+        missing = [k for k in steer.vector_keys if k not in vectors]
+        if missing:
+            raise KeyError(f"vector {missing[0]} was never sent to this worker")
+        stacked = [vectors[k] for k in steer.vector_keys]
+        made = operand(steer.op, stacked[0] if steer.index is None else torch.stack(stacked),
+                       act.dtype, act.device)  # fmt: skip
+        moved[key] = (made, bind(steer.op, made))
+    tokens = act.shape[0]
+    direction, op = moved[key]
+    if steer.index is not None:  # a fused Add: each token's own vector
+        op = bind(steer.op, direction[steer.index[:tokens].to(act.device)])
+    touched = steer.touched[:tokens].to(act.device)
+    alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]
+    return Operands(op, alpha, touched[:, None], bool(touched.all()))

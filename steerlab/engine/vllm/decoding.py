@@ -150,9 +150,10 @@ class _Decoding:
         engine.send_vectors(requests, plans)
         sites = {s.site for r in requests for s in live_steers(r)}
         sites |= {site for r, plan in zip(requests, plans) for site in read_sites(r, plan)}
-        if sites - self.hooked:  # between steps: the workers re-hook the union
-            self.hooked |= sites
-            engine.rpc("steerlab_begin", sorted(self.hooked))
+        # The workers hook these sites themselves, ahead of the step that first schedules
+        # a request steering or reading there (``SteerWorker.steerlab_attach``); this call
+        # takes them off at its end.
+        self.hooked |= sites
         eos = engine.eos_ids()
         start = len(self.rows)
         sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes

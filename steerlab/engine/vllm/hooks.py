@@ -10,6 +10,7 @@ an in-process model).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -129,6 +130,22 @@ def install(model: nn.Module, layout: VLLMLayout, sites: Iterable[str], apply: A
         else:
             handles += _mid_full(block, block.get_submodule(layout.attn), name, apply, mark)
     return handles
+
+
+def finite(output: Any) -> bool:
+    """Whether a forward's output (hidden states; a pipeline stage's intermediate tensors)
+    is finite everywhere, read off its float32 sum: one reduction and one sync per steered
+    forward. A NaN or inf anywhere makes the sum non-finite; finite values whose sum
+    overflows (beyond 3e38) read as not finite too, which costs one needless scrub."""
+    if isinstance(output, torch.Tensor) and output.is_floating_point():  # the usual case
+        return math.isfinite(output.sum(dtype=torch.float32).item())
+    tensors = getattr(output, "tensors", None)  # vLLM's IntermediateTensors
+    parts = list(tensors.values()) if isinstance(tensors, dict) else [output]
+    floats = [p for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point()]
+    if not floats:
+        return True
+    sums = [p.sum(dtype=torch.float32) for p in floats]
+    return math.isfinite((sums[0] if len(sums) == 1 else torch.stack(sums).sum()).item())
 
 
 def _held(module: nn.Module) -> bool:

@@ -107,6 +107,7 @@ def load_vllm(
                   worker_extension_cls=WORKER, logprobs_mode="raw_logprobs",  # steerlab's scores
                   **extra)  # fmt: skip
     _check_eager(llm, eager)
+    llm.collective_rpc("steerlab_attach")  # the workers hook each call's sites themselves
     if pipeline_parallel_size > 1:
         llm.collective_rpc("steerlab_pp_buffers")
     try:

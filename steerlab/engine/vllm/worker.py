@@ -12,7 +12,6 @@ them: nothing is logged and skipped.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +20,18 @@ from safetensors.torch import load as load_safetensors
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from steerlab.core.ops import Bound, bind, operand
 from steerlab.core.steer import SteerData
 from steerlab.core.tagging import count_hooks, remove_hooks, tag
 from steerlab.engine.plan import Plan
 from steerlab.engine.vllm import graph, hooks
-from steerlab.engine.vllm.batch import ForwardBatch, Layouts, SiteSteer, parse_plan
+from steerlab.engine.vllm.batch import (
+    ForwardBatch,
+    Layouts,
+    Moved,
+    SiteSteer,
+    operands,
+    parse_plan,
+)
 from steerlab.engine.vllm.graph_reads import GraphFull
 from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
@@ -35,6 +40,7 @@ if graph.built_sites() is not None:  # this worker's model is built with graph s
     graph.wrap_loader()
 
 
+STEP = "execute_model"  # the worker's method vLLM calls for each step (``steerlab_attach``)
 READ_STEERS = 4096  # distinct steers a call keeps read (``_State.read``) before it starts over
 
 
@@ -43,8 +49,7 @@ class _State:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
     # vectors (one key, or a stack for fused steers) on the device and in the dtype they act
     # in, each with its op bound to it (``core.ops.bind``)
-    moved: dict[tuple[tuple[str, ...], torch.device, torch.dtype, Any],
-                tuple[torch.Tensor, Bound]] = field(default_factory=dict)  # fmt: skip
+    moved: Moved = field(default_factory=dict)
     layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
     plans: dict[str, Plan | None] = field(default_factory=dict)  # by vLLM request id
@@ -62,33 +67,6 @@ class _State:
     known: tuple[tuple[str, ...], bool] = ((), False)
     buffers: graph.GraphBuffers | None = None  # the model's graph buffers, once ``looked``
     looked: bool = False
-
-
-def _finite(output: Any) -> bool:
-    """Whether a forward's output (hidden states; a pipeline stage's intermediate tensors)
-    is finite everywhere, read off its float32 sum: one reduction and one sync per steered
-    forward. A NaN or inf anywhere makes the sum non-finite; finite values whose sum
-    overflows (beyond 3e38) read as not finite too, which costs one needless scrub."""
-    if isinstance(output, torch.Tensor) and output.is_floating_point():  # the usual case
-        return math.isfinite(output.sum(dtype=torch.float32).item())
-    tensors = getattr(output, "tensors", None)  # vLLM's IntermediateTensors
-    parts = list(tensors.values()) if isinstance(tensors, dict) else [output]
-    floats = [p for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point()]
-    if not floats:
-        return True
-    sums = [p.sum(dtype=torch.float32) for p in floats]
-    return math.isfinite((sums[0] if len(sums) == 1 else torch.stack(sums).sum()).item())
-
-
-@dataclass(frozen=True)
-class _Operands:
-    """One ``SiteSteer``'s tensors as its op takes them, for a forward of ``tokens`` on
-    one device in one dtype; made once per layout (``SiteSteer.ready``)."""
-
-    op: Bound  # the op with its direction ([d_model], or [tokens, d_model] for a fused Add)
-    alpha: torch.Tensor  # [tokens, 1]
-    touched: torch.Tensor  # [tokens, 1] bool
-    everywhere: bool  # every token is touched: the op's output is the answer as it is
 
 
 def _full_cudagraphs(config: Any) -> bool:
@@ -164,6 +142,52 @@ class SteerWorker:
         """A compiled model's forwards that ran uncompiled (``graph.eager_reason``), by
         reason, since the worker started."""
         return dict(self._steerlab().uncompiled)
+
+    def steerlab_attach(self, on: bool = True) -> bool:
+        """Hook a call's sites when vLLM first schedules a request that steers or reads
+        there (``_steerlab_schedule``), ahead of that step's forward: no RPC before a call.
+        ``on`` False stops it: hooks never run, and the engine fails every steered row (the
+        tests' compiled model). Returns whether it was on."""
+        was = STEP in vars(self)  # vLLM's own, on the class, stays untouched
+        if on and not was:
+            step = getattr(type(self), STEP)
+
+            def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+                self._steerlab_schedule(scheduler_output)
+                return step(self, scheduler_output, *args, **kwargs)
+
+            setattr(self, STEP, execute_model)
+        elif was and not on:
+            delattr(self, STEP)
+        return was
+
+    def _steerlab_schedule(self, scheduler_output: Any) -> None:
+        """Read the plans of the requests vLLM schedules for the first time, and hook the
+        sites they steer or read that are not hooked yet (``steerlab_begin``, the union). A
+        plan that cannot be read is its row's error, reported as a hook's would be."""
+        state = self._steerlab()
+        sites: set[str] = set()
+        for req in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+            params = getattr(req, "sampling_params", None)
+            if req.req_id in state.plans or params is None:
+                continue
+            try:
+                if len(state.read) > READ_STEERS:
+                    state.read.clear()
+                plan = parse_plan(getattr(params, "extra_args", None), state.vectors, state.read)
+            except Exception as err:
+                state.errors.setdefault(req.req_id, f"reading its steers: {err!r}")
+                continue
+            state.plans[req.req_id] = plan
+            if plan is not None:
+                sites |= {steer.site for steer, _ in plan.of_row(0)} | plan.read_sites(0)
+        if sites - state.sites:
+            try:
+                self.steerlab_begin(sorted(state.sites | sites))
+            except Exception as err:  # every row that steers or reads fails
+                for rid, plan in state.plans.items():
+                    if plan is not None:
+                        state.errors.setdefault(rid, f"hooking {sorted(sites)}: {err!r}")
 
     def steerlab_begin(self, sites: list[str]) -> int:
         """Hook ``sites`` (those this worker holds) for one call; returns the hooks added.
@@ -368,14 +392,12 @@ class SteerWorker:
         try:
             if tuple(req_ids) != state.known[0]:  # a new request, or one gone
                 for rid in req_ids:
-                    if rid not in state.plans:
+                    if rid not in state.plans:  # read when scheduled, unless that failed
                         params = runner.requests[rid].sampling_params
-                        if len(state.read) > READ_STEERS:
-                            state.read.clear()
                         state.plans[rid] = parse_plan(  # an op's tensors travel as vectors do
                             getattr(params, "extra_args", None), state.vectors, state.read
                         )
-                        state.reads.track(rid, state.plans[rid], runner.requests[rid])
+                    state.reads.track(rid, state.plans[rid], runner.requests[rid])
                 state.known = (tuple(req_ids), any(state.plans[rid] for rid in req_ids))
             if not state.known[1]:
                 return
@@ -395,7 +417,7 @@ class SteerWorker:
 
     def _steerlab_done(self, output: Any = None) -> None:
         state, buffers = self._steerlab(), self._steerlab_graph()
-        if state.batch is not None and not _finite(output):
+        if state.batch is not None and not hooks.finite(output):
             self._steerlab_scrub()
         if buffers is not None and buffers.eager is not None:  # ran uncompiled: counted there
             buffers.eager = None
@@ -463,8 +485,8 @@ class SteerWorker:
         tokens = act.shape[0]
         ready = steer.ready.get((tokens, act.device, act.dtype))
         if ready is None:
-            ready = steer.ready[(tokens, act.device, act.dtype)] = self._steerlab_operands(
-                steer, act)  # fmt: skip
+            ready = steer.ready[(tokens, act.device, act.dtype)] = operands(
+                steer, act, state.vectors, state.moved)  # fmt: skip
         touched = ready.touched
         if steer.gate is not None:  # counted below as visited: the hook ran either way
             assert state.batch is not None
@@ -476,22 +498,3 @@ class SteerWorker:
         if ready.everywhere and steer.gate is None:
             return new
         return torch.where(touched, new, act)
-
-    def _steerlab_operands(self, steer: SiteSteer, act: torch.Tensor) -> _Operands:
-        state = self._steerlab()
-        key = (steer.vector_keys, act.device, act.dtype, steer.op)
-        if key not in state.moved:
-            missing = [k for k in steer.vector_keys if k not in state.vectors]
-            if missing:
-                raise KeyError(f"vector {missing[0]} was never sent to this worker")
-            vectors = [state.vectors[k] for k in steer.vector_keys]
-            stacked = vectors[0] if steer.index is None else torch.stack(vectors)
-            moved = operand(steer.op, stacked, act.dtype, act.device)
-            state.moved[key] = (moved, bind(steer.op, moved))  # bound once: a unit, a plane
-        tokens = act.shape[0]
-        direction, op = state.moved[key]
-        if steer.index is not None:  # a fused Add: each token's own vector
-            op = bind(steer.op, direction[steer.index[:tokens].to(act.device)])
-        touched = steer.touched[:tokens].to(act.device)
-        alpha = steer.alphas[:tokens].to(act.device, act.dtype)[:, None]
-        return _Operands(op, alpha, touched[:, None], bool(touched.all()))
