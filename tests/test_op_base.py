@@ -180,3 +180,26 @@ def test_a_bound_op_is_its_arithmetic_bit_for_bit_with_its_direction_made_once(s
             want = op(act, v, alpha)
             assert all(torch.equal(out, want) for out in outs), (op, dtype)
     assert sl.Ablate().bound(torch.ones(d))(torch.ones(1, d), torch.ones(1, 1)).abs().max() < 1e-6
+
+
+def test_fingerprints_kept_hashes_each_tensor_once_inside_and_never_outside(monkeypatch):
+    """``fingerprints_kept`` (a call's rows made into what vLLM's workers are sent): one
+    hash per tensor inside; outside it, a tensor written in place gets its new key."""
+    import hashlib
+
+    import steerlab.core.ops.base as base
+    from steerlab.core.ops import fingerprints_kept
+
+    hashed, sha256 = [], hashlib.sha256
+    monkeypatch.setattr(base.hashlib, "sha256", lambda *a: hashed.append(1) or sha256(*a))
+    v, w = torch.randn(8), torch.randn(8)
+    first = tensor_fingerprint(v)
+    with fingerprints_kept():
+        hashed.clear()
+        keys = [tensor_fingerprint(t) for t in (v, w, v, w, v)]
+        assert len(hashed) == 2 and keys[0] == keys[2] == first and keys[1] != first
+        assert tensor_fingerprint(v.clone()) == first and len(hashed) == 3  # by identity
+    v.mul_(2.0)
+    assert tensor_fingerprint(v) != first  # nothing kept past the block
+    with fingerprints_kept():
+        assert tensor_fingerprint(v) == tensor_fingerprint(v.clone()) != first

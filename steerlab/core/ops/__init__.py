@@ -24,6 +24,7 @@ from steerlab.core.ops.base import (
     TensorKey,
     TensorValue,
     _number,
+    fingerprints_kept,
     is_zero,
     own_copy,
     project,
@@ -47,6 +48,6 @@ from steerlab.core.ops.rotate import Rotate
 __all__ = [
     "OPS", "STRENGTHS", "Ablate", "Add", "Bound", "Cap", "Clamp", "FeatureClamp", "Form", "Op",
     "Operation", "Rotate", "SteerError", "TERMS", "TensorKey", "TensorValue", "_number", "bind",
-    "dtype_named", "form_of", "is_zero", "op_from_data", "op_tensors", "op_to_data", "operand",
+    "dtype_named", "fingerprints_kept", "form_of", "is_zero", "op_from_data", "op_tensors", "op_to_data", "operand",
     "own_copy", "project", "tensor_fingerprint", "unit", "wide_dtype",
 ]  # fmt: skip

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any, ClassVar, NamedTuple, Protocol
@@ -23,12 +25,36 @@ def tensor_fingerprint(tensor: torch.Tensor) -> str:
     """A short content hash of a tensor: equal values, shape and dtype give equal ones.
 
     Vectors and an operation's tensors travel once, under this key, where an engine keeps
-    them (vLLM's workers).
+    them (vLLM's workers). Inside ``fingerprints_kept`` each tensor is hashed once.
     """
+    kept = _KEPT.get()
+    hit = None if kept is None else kept.get(id(tensor))
+    if hit is not None and hit[0] is tensor:
+        return hit[1]
     data = tensor.detach().to("cpu").contiguous()
     digest = hashlib.sha256(f"{data.dtype}:{tuple(data.shape)}".encode())
     digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return digest.hexdigest()[:16]
+    key = digest.hexdigest()[:16]
+    if kept is not None:
+        kept[id(tensor)] = (tensor, key)  # the tensor held: its id is not reused meanwhile
+    return key
+
+
+_KEPT: ContextVar[dict[int, tuple[torch.Tensor, str]] | None] = ContextVar(
+    "fingerprints", default=None
+)
+
+
+@contextmanager
+def fingerprints_kept() -> Iterator[None]:
+    """Inside, ``tensor_fingerprint`` hashes each tensor once, by identity: for steerlab's
+    own code that writes no tensor and calls no user code (a call's rows made into what an
+    engine sends, each row's steer hashed three times otherwise)."""
+    token = _KEPT.set({})
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
 
 
 def own_copy(tensor: torch.Tensor) -> torch.Tensor:

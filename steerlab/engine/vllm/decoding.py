@@ -13,6 +13,7 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from steerlab.core.ops import fingerprints_kept
 from steerlab.core.request import Readout, Request, TokenScore
 from steerlab.core.sampling import non_finite
 from steerlab.engine.plan import Plan
@@ -23,6 +24,7 @@ from steerlab.engine.vllm.params import (
     fed_positions,
     live_steers,
     read_sites,
+    row_plan,
     to_vllm,
 )
 from steerlab.engine.vllm.reads import merge_reports
@@ -146,26 +148,28 @@ class _Decoding:
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.engine
-        plans = [Plan.of([r]) for r in requests]  # each request's own, made once here
-        engine.send_vectors(requests, plans)
+        start = len(self.rows)
+        names = [f"steerlab-{self.call}-{i}" for i in range(start, start + len(requests))]
+        with fingerprints_kept():  # each row's steer is hashed for its salt, data and vectors
+            plans = [Plan.of([r]) for r in requests]  # each request's own, made once here
+            told = [row_plan(r, row, plan) for r, row, plan in zip(requests, names, plans)]
+            engine.send_vectors(requests, told)
+            eos = engine.eos_ids()
+            sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
+            for request, row, mine in zip(requests, names, told):
+                vr = to_vllm(request, row, revision=engine.cache_namespace, eos_ids=eos,
+                             vocab=engine.n_vocab, told=mine)  # fmt: skip
+                # made for this row alone and never used again: vLLM may take it as it is
+                # (its deep copy of the steers' data was a quarter of a steered add_request)
+                params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA,
+                                        skip_clone=True)  # fmt: skip
+                sent.append((row, vr.prompt, params))
         sites = {s.site for r in requests for s in live_steers(r)}
         sites |= {site for r, plan in zip(requests, plans) for site in read_sites(r, plan)}
         # The workers hook these sites themselves, ahead of the step that first schedules
         # a request steering or reading there (``SteerWorker.steerlab_attach``); this call
         # takes them off at its end.
         self.hooked |= sites
-        eos = engine.eos_ids()
-        start = len(self.rows)
-        sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
-        for i, (request, plan) in enumerate(zip(requests, plans), start):
-            row = f"steerlab-{self.call}-{i}"
-            vr = to_vllm(request, row, revision=engine.cache_namespace, eos_ids=eos,
-                         vocab=engine.n_vocab, plan=plan)  # fmt: skip
-            # made for this row alone and never used again: vLLM may take it as it is (its
-            # deep copy of the steers' data was a quarter of add_request for a steered row)
-            params = SamplingParams(**vr.sampling, output_kind=RequestOutputKind.DELTA,
-                                    skip_clone=True)  # fmt: skip
-            sent.append((row, vr.prompt, params))
         new = self.states.extend(requests)
         for i in new:  # a row that only scores its prompt ends when vLLM's row does
             self.states.done[i] = False

@@ -142,6 +142,7 @@ class VLLMEngine:
         if not requests:
             raise ValueError("No requests: give at least one.")
         valid = self.sites()
+        checked: set[tuple] = set()  # the steers' parts checked (the objects are held here)
         for r in requests:
             if not r.prompt:
                 raise PromptError("The vLLM engine needs at least one prompt token per request.")
@@ -160,8 +161,13 @@ class VLLMEngine:
                             if scoring_only else ")"))  # fmt: skip
             r.sampling.check_vocab(self.n_vocab)
             for steer in r.steers:
-                steer.check(valid, self.d_model)
-                op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
+                # rows that differ by alpha share their steer's parts: checked once a call
+                parts = (steer.site, id(steer.vector), id(steer.op), id(steer.when),
+                         repr(steer.positions))  # fmt: skip
+                if parts not in checked:
+                    steer.check(valid, self.d_model)
+                    op_to_data(steer.op)  # a custom callable cannot travel to vLLM's workers
+                    checked.add(parts)
         why = reads_reason(requests, self.pipeline_stages, self.chunks_prompts)
         if why is not None:
             raise SteerError(f"The vLLM engine cannot run this: {why}.")
@@ -274,16 +280,17 @@ class VLLMEngine:
             self._lock.release()
 
     def send_vectors(self, requests: Sequence[Request],
-                     plans: Sequence[Plan] | None = None) -> None:  # fmt: skip
+                     told: Sequence[Plan] | None = None) -> None:  # fmt: skip
         """Every worker gets each new vector (and operation tensor, such as a feature clamp's
         encoder, and each condition's and monitor's direction) once, as safetensors bytes
-        keyed by its content hash. ``plans``: each request's own, where made already."""
+        keyed by its content hash. ``told``: each row's plan as its worker is told of it
+        (``params.row_plan``), where made already."""
         from safetensors.torch import save
 
         new: dict[str, torch.Tensor] = {}
-        mine: Sequence[Plan | None] = plans or [None] * len(requests)
+        mine: Sequence[Plan | None] = told or [None] * len(requests)
         for r, plan in zip(requests, mine, strict=True):
-            for key, tensor in row_tensors(r, plan).items():
+            for key, tensor in (row_tensors(r) if plan is None else plan.tensors()).items():
                 if key not in self._sent:
                     new[key] = own_copy(tensor)  # a LoReFT's vector is a view of its R
         if new:
@@ -331,6 +338,8 @@ def reads_reason(requests: Sequence[Request], stages: int, chunks_prompts: bool)
     promises that only with chunked prefill off (it may otherwise split any prompt, short
     ones too, when a step's token budget is shared).
     """
+    if all(s.when is None for r in requests for s in r.steers):
+        return None  # nothing gated
     plan = Plan.of(requests)
     gated = [(requests[r], s) for r in range(plan.rows) for s, _ in plan.of_row(r)
              if s.gate is not None]  # fmt: skip

@@ -90,18 +90,20 @@ class VLLMRequest:
 
 
 def to_vllm(request: Request, row: str, *, revision: str, eos_ids: set[int],
-            vocab: int | None = None, plan: Plan | None = None) -> VLLMRequest:  # fmt: skip
+            vocab: int | None = None, plan: Plan | None = None,
+            told: Plan | None = None) -> VLLMRequest:  # fmt: skip
     """The vLLM form of one row: its steers travel by vector key, as ``extra_args``.
 
     Scores are vLLM's raw logprobs (the engine starts vLLM with ``logprobs_mode=
     "raw_logprobs"``: before temperature, top-k or top-p), N alternatives capped at the
     ``vocab`` size. vLLM samples at least one token, so a row that only scores its prompt
     (``max_new_tokens=0``) samples one that the engine drops: the prompt's scores come from
-    the same prefill either way. ``plan``: ``Plan.of([request])``, where made already.
+    the same prefill either way. ``plan``: ``Plan.of([request])``, and ``told``:
+    ``row_plan(request, row)``, where made already.
     """
     s = request.sampling
     prompt_top = None if s.prompt_logprobs is None else _capped(s.prompt_logprobs, vocab)
-    plan = row_plan(request, row, plan)
+    plan = told or row_plan(request, row, plan)
     prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt)}
     salt = cache_salt(request, revision)
     if salt is not None:
@@ -139,7 +141,8 @@ def expected_tokens(request: Request, cached: int, generated: int) -> int:
     """
     n_prompt = len(request.prompt)
     fed = fed_positions(request, cached, generated)
-    return sum(int(position_mask(s.positions, fed, fed >= n_prompt, n_prompt).sum())
+    return sum(len(fed) if s.positions == "all" else
+               int(position_mask(s.positions, fed, fed >= n_prompt, n_prompt).sum())
                for s in live_steers(request))  # fmt: skip
 
 
