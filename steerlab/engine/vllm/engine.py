@@ -2,9 +2,10 @@
 
 Each row is one vLLM request in vLLM's continuous batch, its steers carried as data. The
 engine checks everything before the first request is sent and sends each new vector once;
-a call (``decoding.VLLMStream``) hooks the sites it needs on every worker for its length
-and checks what the hooks did. A steered row whose hooks fell short, or failed, fails the
-call: never a silent no-op.
+every worker hooks the sites a call needs when vLLM first schedules its requests there
+(``SteerWorker.steerlab_attach``), and the call (``decoding.VLLMStream``) checks what the
+hooks did and takes them off at its end. A steered row whose hooks fell short, or failed,
+fails the call: never a silent no-op.
 """
 
 from __future__ import annotations

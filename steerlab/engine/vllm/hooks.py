@@ -5,7 +5,8 @@ Every hook calls ``apply(site, act)`` with the residual-stream value at its site
 form a block's stream is ``delta + residual``; a steered value is written into ``delta``
 with ``residual`` zeroed on the steered tokens, so the next fused add-and-norm sees
 exactly the steered sum (writing back only the difference would round differently from
-an in-process model).
+an in-process model). ``finite`` is the check after each steered forward: whether its
+output holds a NaN or an inf.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 vLLM mixes this class into its worker class; the engine calls its ``steerlab_*`` methods by
 name with ``collective_rpc`` and plain data (no pickle, no callables). Vectors arrive once,
 as safetensors bytes keyed by content hash; each request names its steers in
-``SamplingParams.extra_args``. While a call runs, hooks on the model lay out each forward
-(``batch.lay_out_forward``), read its conditions (``reads.WorkerReads``), apply its steers
-where their gates let them, record its monitors, and count, per request, how many tokens
-the steers visited. A hook that fails records the error against its requests, and the engine fails
-them: nothing is logged and skipped.
+``SamplingParams.extra_args``. The worker hooks a call's sites itself, when vLLM first
+schedules a request that steers or reads (``steerlab_attach``); the engine takes the hooks
+off at the call's end. The hooks lay out each forward (``batch.lay_out_forward``), read its
+conditions (``reads.WorkerReads``), apply its steers where their gates let them, record its
+monitors, and count per request the tokens the steers visited. A hook that fails records
+the error against its requests, and the engine fails them: nothing is logged and skipped.
 """
 
 from __future__ import annotations
@@ -47,9 +48,7 @@ READ_STEERS = 4096  # distinct steers a call keeps read (``_State.read``) before
 @dataclass
 class _State:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
-    # vectors (one key, or a stack for fused steers) on the device and in the dtype they act
-    # in, each with its op bound to it (``core.ops.bind``)
-    moved: Moved = field(default_factory=dict)
+    moved: Moved = field(default_factory=dict)  # vectors on a device, bound (``batch.operands``)
     layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
     plans: dict[str, Plan | None] = field(default_factory=dict)  # by vLLM request id
@@ -105,6 +104,7 @@ class SteerWorker:
             "model_class": type(self._steerlab_model()).__name__,
             "graph": self._steerlab_graph() is not None,
             "vectors": len(self._steerlab().vectors),
+            "plans": len(self._steerlab().plans),  # requests read and kept: 0 between calls
         }
 
     def steerlab_put_vectors(self, blob: bytes) -> list[str]:
@@ -162,9 +162,8 @@ class SteerWorker:
         return was
 
     def _steerlab_schedule(self, scheduler_output: Any) -> None:
-        """Read the plans of the requests vLLM schedules for the first time, and hook the
-        sites they steer or read that are not hooked yet (``steerlab_begin``, the union). A
-        plan that cannot be read is its row's error, reported as a hook's would be."""
+        """Read the plans of requests scheduled for the first time; hook the sites they steer
+        or read not hooked yet (``steerlab_begin``). A plan unread is its row's error."""
         state = self._steerlab()
         sites: set[str] = set()
         for req in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
@@ -178,9 +177,10 @@ class SteerWorker:
             except Exception as err:
                 state.errors.setdefault(req.req_id, f"reading its steers: {err!r}")
                 continue
+            if plan is None:  # nothing kept: a call that steers nothing never ends here
+                continue
             state.plans[req.req_id] = plan
-            if plan is not None:
-                sites |= {steer.site for steer, _ in plan.of_row(0)} | plan.read_sites(0)
+            sites |= {steer.site for steer, _ in plan.of_row(0)} | plan.read_sites(0)
         if sites - state.sites:
             try:
                 self.steerlab_begin(sorted(state.sites | sites))
