@@ -141,8 +141,7 @@ def expected_tokens(request: Request, cached: int, generated: int) -> int:
     """
     n_prompt = len(request.prompt)
     fed = fed_positions(request, cached, generated)
-    return sum(len(fed) if s.positions == "all" else
-               int(position_mask(s.positions, fed, fed >= n_prompt, n_prompt).sum())
+    return sum(int(position_mask(s.positions, fed, fed >= n_prompt, n_prompt).sum())
                for s in live_steers(request))  # fmt: skip
 
 
