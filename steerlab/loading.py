@@ -191,6 +191,7 @@ def load(
     max_model_len: int | None = None,
     vllm_args: dict[str, Any] | None = None,
     graph: str | Sequence[str] | None = None,
+    graph_kinds: Sequence[str] | None = None,
 ) -> SteerableModel:
     """Load a causal LM on one of four backends, with canonical hook sites.
 
@@ -222,6 +223,10 @@ def load(
             (``["blocks.6.hook_resid_pre"]``, or ``"all"``); forwards that steer or read
             elsewhere run uncompiled, exactly. None: plain vLLM's graph, so unsteered
             requests cost what they cost on vLLM (see ``engine/vllm/graph.py``).
+        graph_kinds: vLLM compiled only, with ``graph``: what its sites compute, from
+            ``"add"``, ``"proj"`` (Ablate, Clamp, Cap), ``"feat"``, ``"rot"``, ``"loreft"``
+            and ``"reads"`` (conditions, monitors); None: all. Each costs every forward;
+            forwards that need one left out run uncompiled, exactly.
 
     >>> load("steerlab-tiny", backend="hf")
     SteerableModel(steerlab-tiny, backend='hf', n_layers=4, d_model=128, hooks=0)
@@ -235,6 +240,7 @@ def load(
         "pipeline_parallel_size": pipeline_parallel_size,
         "vllm_args": vllm_args,
         "graph": graph,
+        "graph_kinds": graph_kinds,
     }
     if backend == "vllm":
         return _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code,
@@ -313,6 +319,7 @@ def _load_vllm(name, device, dtype, n_devices, device_map, trust_remote_code, re
         tensor_parallel_size=options["tensor_parallel_size"] or 1,
         pipeline_parallel_size=options["pipeline_parallel_size"] or 1,
         vllm_args=options["vllm_args"], graph=options["graph"],
+        graph_kinds=options["graph_kinds"],
     )  # fmt: skip
     return SteerableModel(None, engine.tokenizer, name=str(name), revision=revision, engine=engine,
                           config_sha256=engine.config_sha256)  # fmt: skip

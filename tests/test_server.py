@@ -292,6 +292,8 @@ def test_the_command_line_refuses_flags_that_do_not_fit_the_backend():
     got = options("--backend", "vllm", "--vllm-mode", "compiled", "--graph", f"{site}, hook_embed")
     assert got["vllm_args"] == {"enforce_eager": False} and got["graph"] == [site, "hook_embed"]
     assert options("--backend", "vllm", "--graph", "all")["graph"] == "all"
+    kinds = options("--backend", "vllm", "--graph", "all", "--graph-kinds", "add, proj")
+    assert kinds["graph_kinds"] == ["add", "proj"] and "graph_kinds" not in got
     assert options("--backend", "vllm", "--vllm-mode", "eager")["vllm_args"] == {
         "enforce_eager": True}  # fmt: skip
     with pytest.raises(SystemExit, match="--vllm-mode, --graph only apply to --backend vllm"):

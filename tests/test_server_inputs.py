@@ -30,7 +30,7 @@ MODEL = "steerlab-tiny"
 SITE = "blocks.1.hook_resid_pre"
 # The serve command's options that take text, not numbers.
 TEXT_FLAGS = {"--help", "--backend", "--host", "--api-key", "--amplify-before", "--preset",
-              "--device", "--dtype", "--vllm-mode", "--graph"}  # fmt: skip
+              "--device", "--dtype", "--vllm-mode", "--graph", "--graph-kinds"}  # fmt: skip
 
 
 # --- the command line ----------------------------------------------------------------

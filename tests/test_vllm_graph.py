@@ -12,7 +12,14 @@ from steerlab.core.sites import EMBED, Site
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
 from steerlab.engine.vllm.engine import uncompiled_reason
-from steerlab.engine.vllm.graph import TWO_STEERS, GraphBuffers, eager_reason, graph_reason
+from steerlab.engine.vllm.graph import (
+    KINDS,
+    TWO_STEERS,
+    GraphBuffers,
+    cache_root,
+    eager_reason,
+    graph_reason,
+)
 from steerlab.engine.vllm.graph_reads import GraphFull
 from steerlab.engine.vllm.params import row_tensors, to_vllm
 from steerlab.engine.vllm.sites import vllm_sites
@@ -110,6 +117,53 @@ def test_every_operation_with_a_form_steers_in_the_graph_as_it_does_eagerly():
         torch.testing.assert_close(out[2 * k : 2 * k + 2], want, rtol=1e-5, atol=1e-5)
         assert not torch.equal(want, mine), op  # each op moves something here
     assert buffers.shortfall() == []
+
+
+def test_a_graph_built_with_fewer_kinds_computes_them_alike_and_runs_the_rest_uncompiled():
+    """``graph_kinds``: a graph holding Add and the projections steers them bit for bit as
+    the graph holding every kind does; a steer or a read of a kind it lacks makes its
+    forwards run uncompiled (the worker's rule and ``explain``'s), saying which kind; and
+    the two graphs never share a compile cache."""
+    d, g = 8, torch.Generator().manual_seed(3)
+    ops = [sl.Add(), sl.Ablate(), sl.Clamp(1.5), sl.Cap(-0.5, 0.25)]
+    rows = {f"r{k}": (Steer(SITE, torch.randn(d, generator=g), 1.5, "all", op),)
+            for k, op in enumerate(ops)}  # fmt: skip
+    plans, tensors = _plans(rows)
+    ids = list(rows)
+    batch = lay_out_forward(ids, [2 * k for k in range(len(ids) + 1)],
+                            torch.tensor([0, 1] * len(ids)), plans, dict.fromkeys(ids, 2))  # fmt: skip
+    lean = ("add", "proj")
+    act, outs = torch.randn(2 * len(ids), d, generator=g) * 2, []
+    for kinds in (KINDS, lean):
+        buffers = GraphBuffers(vllm_sites(2), 16, d, torch.float32, torch.device("cpu"), kinds)
+        assert buffers.eager_reason(batch) is None
+        buffers.write(batch, tensors)
+        outs.append(_at(buffers, SITE, act))
+        assert buffers.shortfall() == []
+    assert torch.equal(outs[0], outs[1])
+    for k in range(len(ops)):  # each row moved
+        assert not torch.equal(outs[1][2 * k : 2 * k + 2], act[2 * k : 2 * k + 2])
+
+    v, every = torch.randn(d, generator=g), frozenset(vllm_sites(2))
+    rotate, reft = sl.Rotate(90.0, torch.randn(d, generator=g)), _loreft(d, 2, g)
+    assert "needs 'rot'" in graph_reason(rotate, kinds=lean)
+    assert "needs 'loreft'" in graph_reason(reft, kinds=lean)
+    assert "graph_kinds=" in graph_reason(_feature_clamp(d), kinds=lean)
+    assert graph_reason(sl.Clamp(1.0), kinds=lean) is None
+    assert graph_reason(sl.Add(), kinds=("proj",)) is not None
+    forward = _forward({"a": (Steer(SITE, v, 1.0, "all", rotate),)}, {"a": [3]})
+    assert "needs 'rot'" in eager_reason(forward, every, (), lean)
+    assert eager_reason(forward, every, (), KINDS) is None
+    monitor = sl.Monitor("m", SITE, torch.ones(d))
+    quiet = _forward({"a": ()}, {"a": [3]})
+    assert "needs 'reads'" in eager_reason(quiet, every, {SITE}, lean)
+    assert eager_reason(quiet, every, {SITE}, KINDS) is None
+    request = Request((5, 6, 7), (), Sampling(max_new_tokens=4), monitors=(monitor,))
+    assert "needs 'reads'" in uncompiled_reason([request], every, frozenset(lean))
+    rotated = Request((5, 6, 7), (Steer(SITE, v, 1.0, "all", rotate),), Sampling(max_new_tokens=4))
+    assert "needs 'rot'" in uncompiled_reason([rotated], every, frozenset(lean))
+    assert uncompiled_reason([rotated], every) is None
+    assert cache_root([SITE], lean) != cache_root([SITE]) == cache_root([SITE], KINDS[::-1])
 
 
 def _forward(rows, positions, prompt_len=3):

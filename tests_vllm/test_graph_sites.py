@@ -97,12 +97,68 @@ def test_a_monitor_at_a_site_not_built_in_reads_uncompiled_and_exactly(one_site)
         assert ("not built" in said) == (site == ELSEWHERE), said
 
 
+def test_a_graph_built_with_fewer_kinds_runs_them_compiled_and_the_rest_uncompiled(hf):
+    """``graph_kinds=["add", "proj"]``: Add and Ablate at the built site run compiled, a
+    Rotate there runs its forwards uncompiled and says which kind it needs; every row
+    equals plain HF with hooks."""
+    from steerlab.engine import Request, Sampling, Steer
+
+    lean = sl.load("steerlab-tiny", backend="vllm", max_model_len=128, graph=[BUILT],
+                   graph_kinds=["proj", "add"],
+                   vllm_args={"block_size": 32, "enable_chunked_prefill": False,
+                              "enforce_eager": False})  # fmt: skip
+    try:
+        (worker,) = lean.engine.rpc("steerlab_describe")
+        assert worker["graph"] and worker["kinds"] == ["add", "proj"]
+        toward = _vec(9)
+        steers = {"add": sl.Add(), "ablate": sl.Ablate(), "rotate": sl.Rotate(60.0, toward)}
+        refs = {
+            "add": RefSteer(BUILT, _vec(1), 3.0),
+            "ablate": RefSteer(BUILT, _vec(2), 1.0, op="ablate"),
+            "rotate": RefSteer(BUILT, _vec(3), 1.0, op="rotate", toward=toward, angle=60.0),
+        }
+
+        def run(kinds):
+            requests, rows = [], []
+            for i, kind in enumerate(kinds):
+                ids = tuple(lean.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"])
+                ref = refs.get(kind)
+                steer = () if ref is None else (
+                    Steer(BUILT, ref.vector, ref.alpha, "all", steers[kind]),)  # fmt: skip
+                requests.append(Request(ids, steer, Sampling(max_new_tokens=NEW), f"r{i}"))
+                rows.append([] if ref is None else [ref])
+            got = [c.tokens for c in lean.engine.run(requests)]
+            want = [greedy(hf, list(r.prompt), row, NEW, lean.eos_ids)
+                    for r, row in zip(requests, rows)]  # fmt: skip
+            assert got == want, kinds
+
+        run(["none", "add", "ablate"])
+        assert _uncompiled(lean) == 0  # all inside the lean graph
+        run(["none", "rotate"])
+        (counts,) = lean.engine.rpc("steerlab_uncompiled")
+        assert list(counts) == ["Rotate needs 'rot', which this graph is not built with (load "
+                                "with graph_kinds= naming it)"], counts  # fmt: skip
+        said = lean.explain(PROMPTS[0], sl.Steer(BUILT, _vec(3), 1.0, op=steers["rotate"]))
+        assert "computing only ['add', 'proj']" in said and "needs 'rot'" in said
+        assert "run uncompiled" not in lean.explain(PROMPTS[0], sl.Steer(BUILT, _vec(3), 1.0))
+    finally:
+        lean.engine.close()
+
+
 def test_graph_is_checked_before_vllm_starts():
     with pytest.raises(ValueError, match="not one of this model's sites"):
         sl.load("steerlab-tiny", backend="vllm", graph=["blocks.9.hook_resid_pre"],
                 vllm_args={"enforce_eager": False})  # fmt: skip
     with pytest.raises(ValueError, match="runs eagerly"):
         sl.load("steerlab-tiny", backend="vllm", graph="all")  # eager: the CPU's default
+    for kinds, match in (("add", "a list of"), (["add", "fold"], "names 'fold'"),
+                         ([], "names 'nothing'")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            sl.load("steerlab-tiny", backend="vllm", graph=[BUILT], graph_kinds=kinds,
+                    vllm_args={"enforce_eager": False})  # fmt: skip
+    with pytest.raises(ValueError, match="no site is built in"):
+        sl.load("steerlab-tiny", backend="vllm", graph_kinds=["add"],
+                vllm_args={"enforce_eager": False})  # fmt: skip
     with pytest.raises(ValueError, match="'all' or a list"):
         sl.load("steerlab-tiny", backend="vllm", graph="blocks.1.hook_resid_pre",
                 vllm_args={"enforce_eager": False})  # fmt: skip

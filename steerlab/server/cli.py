@@ -22,7 +22,7 @@ from typing import Any
 
 API_KEY_ENV = "STEERLAB_API_KEY"
 _VLLM_ONLY = ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "vllm_mode",
-              "graph")  # fmt: skip
+              "graph", "graph_kinds")  # fmt: skip
 
 
 def add_serve(commands: Any) -> None:
@@ -58,6 +58,9 @@ def add_serve(commands: Any) -> None:
                       help="compiled: the sites to build steering into, comma-separated, "
                            "or 'all' (default: none; forwards that steer elsewhere run "
                            "uncompiled)")  # fmt: skip
+    vllm.add_argument("--graph-kinds", default=None, metavar="KINDS",
+                      help="with --graph: what its sites compute, comma-separated, from add, "
+                           "proj, feat, rot, loreft, reads (default: all)")  # fmt: skip
     serve.add_argument("--idle-timeout", type=_bounded(float, 0, above=True),
                        default=DEFAULT_IDLE_TIMEOUT,
                        metavar="SECONDS", help="close a connection that sends no request, or "
@@ -126,12 +129,15 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
                 "steerlab serve: --amplify-before needs two models in one engine, which vLLM "
                 "cannot hold; serve the amplified pair with --backend hf."
             )
-        options.update({k: getattr(args, k) for k in given if k not in ("vllm_mode", "graph")})
+        split = ("vllm_mode", "graph", "graph_kinds")
+        options.update({k: getattr(args, k) for k in given if k not in split})
         if args.vllm_mode is not None:
             options["vllm_args"] = {"enforce_eager": args.vllm_mode == "eager"}
         if args.graph is not None:
             sites = [site.strip() for site in args.graph.split(",") if site.strip()]
             options["graph"] = args.graph if args.graph == "all" else sites
+        if args.graph_kinds is not None:
+            options["graph_kinds"] = [k.strip() for k in args.graph_kinds.split(",") if k.strip()]
     elif given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise SystemExit(f"steerlab serve: {flags} only apply to --backend vllm.")

@@ -111,6 +111,11 @@ class Form(NamedTuple):
     angle: float = 0.0
     adaptive: float = 0.0
 
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The terms this form sets (``STRENGTHS`` not 0): what a table computes for it."""
+        return tuple(t for t in STRENGTHS if getattr(self, t))
+
 
 STRENGTHS = ("add", "proj", "feat", "rot")  # Form's terms that alpha multiplies
 TERMS = STRENGTHS  # a table step computes only the terms its batch uses

@@ -90,7 +90,7 @@ def spec_of(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
             if form is None or alpha == 0:
                 continue
             slots.add(slot(Site.parse(steer.site)))
-            terms.update(t for t in TERMS if getattr(form, t))
+            terms.update(form.terms)
     return tuple(sorted(slots)), tuple(t for t in TERMS if t in terms)
 
 

@@ -32,7 +32,7 @@ from steerlab.engine.plan import Plan
 from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
-from steerlab.engine.vllm.graph import touches_reason
+from steerlab.engine.vllm.graph import KINDS, touches_reason
 from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
@@ -67,6 +67,7 @@ class VLLMEngine:
         self.graph = False  # steering built into a compiled model (load_vllm sets it)
         self.why_eager = ""  # why it runs eagerly, or compiled (load_vllm sets it)
         self.graph_sites: frozenset[str] = frozenset()  # the sites built into the graph
+        self.graph_kinds: frozenset[str] = frozenset(KINDS)  # what they compute
         self.config_sha256 = config_sha256(config.hf_config)  # the config vLLM loaded
         vllm_config = llm.llm_engine.vllm_config
         self.pipeline_stages: int = vllm_config.parallel_config.pipeline_parallel_size
@@ -237,17 +238,18 @@ class VLLMEngine:
             return f"refused: {why}"
         mode = f" ({self.why_eager})" if self.why_eager else ""
         if self.graph:
-            built = len(self.graph_sites)
+            built, kinds = len(self.graph_sites), sorted(self.graph_kinds)
+            held = "" if self.graph_kinds == set(KINDS) else f" (computing only {kinds})"
             text = (f"vllm compiled{mode}: vLLM runs its compiled model, with steering built "
-                    f"in at {built} site{'s' * (built != 1)}, whose steers read each forward's "
-                    "rows from static buffers" if built else
+                    f"in at {built} site{'s' * (built != 1)}{held}, whose steers read each "
+                    "forward's rows from static buffers" if built else
                     f"vllm compiled{mode}: vLLM runs plain vLLM's compiled graph (no steering "
                     "built in: load with graph=[sites] to build some)")  # fmt: skip
             if any(r.reads for r in requests):
                 text += ("; conditions and monitors are read inside the graph and handed over "
                          "after each forward (a decision gates the tokens generated after "
                          "it), with no prefix-cache reads for these rows")  # fmt: skip
-            uncompiled = uncompiled_reason(requests, self.graph_sites)
+            uncompiled = uncompiled_reason(requests, self.graph_sites, self.graph_kinds)
             if uncompiled is not None:
                 text += (f"; the forwards that need it run uncompiled (vLLM's skip_compiled, "
                          f"the eager path, slower): {uncompiled}")  # fmt: skip
@@ -308,9 +310,10 @@ class VLLMEngine:
             self._sent.clear()
 
 
-def uncompiled_reason(requests: Sequence[Request], built: frozenset[str]) -> str | None:
+def uncompiled_reason(requests: Sequence[Request], built: frozenset[str],
+                      kinds: frozenset[str] = frozenset(KINDS)) -> str | None:  # fmt: skip
     """Why some forwards of ``requests`` will run uncompiled on a compiled model whose
-    graph holds the sites ``built``, or None: the worker's per-forward rule
+    graph holds the sites ``built`` and the ``kinds``, or None: the worker's per-forward rule
     (``graph.eager_reason``) read off each row's steers over its prompt and the tokens it
     may generate, and the sites its conditions and monitors read, as ``explain`` reports
     it. A batch that outgrows the buffers (``graph.GraphFull``) depends on what vLLM
@@ -322,7 +325,7 @@ def uncompiled_reason(requests: Sequence[Request], built: frozenset[str]) -> str
         masks = [(s, position_mask(s.positions, at, at >= n, n))
                  for s, alpha in plan.of_row(i) if alpha != 0]  # fmt: skip
         touches = ((s.site, s.op, s.gate, m, bool(m[:n].any())) for s, m in masks)
-        why = touches_reason(touches, built, plan.read_sites(i))
+        why = touches_reason(touches, built, plan.read_sites(i), kinds)
         if why is not None:
             return why
     return None

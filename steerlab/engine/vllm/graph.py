@@ -5,18 +5,22 @@ vLLM compiles the model (torch.compile; on a GPU, CUDA graphs too) unless loaded
 builds its steering into the model before vLLM compiles it: importing ``worker.py`` in a
 worker process (vLLM does, for ``worker_extension_cls``) wraps
 ``BaseModelLoader.load_model`` (no fork of vLLM), and, when ``STEERLAB_VLLM_GRAPH`` is set
-(a JSON list of the sites ``load(..., graph=...)`` names to build in; none by default),
-every model it builds gets:
+(JSON: the sites ``load(..., graph=...)`` names to build in, none by default, and the
+kinds of steering they compute, ``graph_kinds=``, all of ``KINDS`` by default), every
+model it builds gets:
 
 - buffers at fixed addresses (``GraphBuffers``): per built site, a table of ``ROWS`` steers in
   ``core.ops.table``'s columns (the vector, its unit direction, each ``Form`` field), and
   per token of a forward its alpha and table row; a site's LoReFTs stacked in
   ``LOW_RANK`` columns, each owned by a table row; a count of the tokens each site steered
   (``applied``);
-- a hook at each built site (any of the embedding and each block's five) that applies its row's ``Form`` terms where the token's alpha is not 0
-  (``core.ops.table.apply_terms``, the local compiled step's arithmetic) and its own
-  LoReFT columns (``core.reft.low_rank_edit``): tensors only,
-  traced into the compiled graph, holding no value of any request.
+- a hook at each built site (any of the embedding and each block's five) that applies its
+  row's ``Form`` terms where the token's alpha is not 0 (``core.ops.table.apply_terms``,
+  the local compiled step's arithmetic; only the terms built in) and its own LoReFT
+  columns (``core.reft.low_rank_edit``): tensors only, traced into the compiled graph,
+  holding no value of any request. A kind left out costs nothing: on the toy, two sites
+  holding every kind cost an unsteered forward 8-11%, holding Add and the projections
+  2-3% (the README's table); a forward that needs a kind left out runs uncompiled.
 
 Before each forward the worker, in the model's outer module (which vLLM does not compile),
 writes that forward's rows into the buffers in place (``write``): the same per-token
@@ -71,22 +75,28 @@ Gate = Callable[[str, SiteSteer], torch.Tensor]  # where a gated steer may act: 
 GRAPH_ENV = "STEERLAB_VLLM_GRAPH"  # set by load_vllm while vLLM starts its workers
 ROWS = 32  # distinct steers one site may read in one forward
 LOW_RANK = 32  # the ranks of a site's LoReFTs in one forward, summed
+# What a built site can hold (``load(..., graph_kinds=...)``; all by default): each ``Form``
+# term (``add``: Add; ``proj``: Ablate, Clamp, Cap; ``feat``: a feature clamp; ``rot``:
+# Rotate), ``loreft``, and ``reads`` (conditions and monitors). Each costs every forward
+# at every built site, steered or not; a forward that needs one not built runs uncompiled.
+KINDS = (*STRENGTHS, "loreft", "reads")
 TWO_STEERS = "two steers act on one token at one site (the compiled table holds one)"
 
 
-def cache_root(sites: list[str]) -> str:
-    """vLLM's compile-cache root for models with graph steering at ``sites``: its own
-    folder, keyed on the code traced into the graph and on the sites built in. vLLM keys a
-    saved compiled model on the model's source, not on hooks added to it, so an artifact
-    compiled without this steering (or with an older version of it, or at other sites)
-    must never be found here, nor one of ours by a plain vLLM."""
+def cache_root(sites: list[str], kinds: Iterable[str] = KINDS) -> str:
+    """vLLM's compile-cache root for models with graph steering at ``sites``, holding
+    ``kinds``: its own folder, keyed on the code traced into the graph and on what is
+    built in. vLLM keys a saved compiled model on the model's source, not on hooks added
+    to it, so an artifact compiled without this steering (or with an older version of it,
+    at other sites or holding other kinds) must never be found here, nor one of ours by a
+    plain vLLM."""
     base = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
         os.path.expanduser("~"), ".cache", "vllm")  # fmt: skip
     digest = hashlib.sha256()
     traced = (__file__, hooks.__file__, table.__file__, graph_reads.__file__, reft.__file__)
     for module in traced:
         digest.update(Path(module).read_bytes())
-    digest.update(json.dumps(sorted(sites)).encode())
+    digest.update(json.dumps([sorted(sites), sorted(kinds)]).encode())
     return os.path.join(base, f"steerlab-graph-{digest.hexdigest()[:16]}")
 
 
@@ -97,14 +107,35 @@ def built_reason(site: str) -> str:
             "or graph='all' to build it in)")  # fmt: skip
 
 
-def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str | None:
+def kinds_reason(needs: Iterable[str], kinds: Container[str], what: str) -> str | None:
+    """Why ``what`` runs uncompiled on a graph built with ``kinds`` (``KINDS``), or None:
+    it ``needs`` a kind not built in."""
+    missing = [kind for kind in needs if kind not in kinds]
+    if not missing:
+        return None
+    return (f"{what} needs {missing[0]!r}, which this graph is not built with (load with "
+            f"graph_kinds= naming it)")  # fmt: skip
+
+
+def graph_reason(op: object, gate: Any = None, on_prompt: bool = False,
+                 kinds: Container[str] = KINDS) -> str | None:  # fmt: skip
     """Why a steer's forwards run uncompiled (``skip_compiled``), or None. ``gate``: its
     condition (``core.reads.Gate``) or None; ``on_prompt``: whether it acts on a prompt
-    token of the forward. Every site the vLLM engine steers is in the graph."""
-    if form_of(op) is None and not isinstance(op, LoReFT):  # type: ignore[arg-type]
+    token of the forward; ``kinds``: what the graph holds (``KINDS``). Every site the vLLM
+    engine steers is in the graph."""
+    form = form_of(op)  # type: ignore[arg-type]
+    if isinstance(op, LoReFT):
+        why = kinds_reason(["loreft"], kinds, "a LoReFT")
+        if why is not None:
+            return why
+        if op.rank > LOW_RANK:
+            return f"a LoReFT of rank {op.rank} (the compiled columns hold {LOW_RANK} a site)"
+    elif form is None:
         return f"{type(op).__name__} of this kind has no table form (a top-k feature clamp)"
-    if isinstance(op, LoReFT) and op.rank > LOW_RANK:
-        return f"a LoReFT of rank {op.rank} (the compiled columns hold {LOW_RANK} a site)"
+    else:
+        why = kinds_reason(form.terms, kinds, type(op).__name__)
+        if why is not None:
+            return why
     if gate is not None and gate.per_token:
         return "a per-token condition (read='token') gates a steer in the forward that reads it"
     if gate is not None and on_prompt:
@@ -115,24 +146,28 @@ def graph_reason(op: object, gate: Any = None, on_prompt: bool = False) -> str |
 Touch = tuple[str, object, Any, np.ndarray, bool]  # site, op, gate, tokens touched, any in a prompt
 
 
-def touches_reason(touches: Iterable[Touch], built: Container[str],
-                   reads: Iterable[str] = ()) -> str | None:  # fmt: skip
+def touches_reason(touches: Iterable[Touch], built: Container[str], reads: Iterable[str] = (),
+                   kinds: Container[str] = KINDS) -> str | None:  # fmt: skip
     """Why a forward whose steers touch these tokens, and which reads ``reads`` (the sites
     of its conditions and monitors), must run uncompiled on a model whose graph holds the
-    sites ``built``, or None: a site not built in, a steer ``graph_reason`` names, or two
-    steers on one token at one site (the table holds one). The one rule for the worker
-    (``eager_reason``, this forward's tokens) and ``explain`` (the engine's
-    ``uncompiled_reason``, a row's prompt and every token it may generate)."""
+    sites ``built`` and the ``kinds``, or None: a site not built in, reads not built in, a
+    steer ``graph_reason`` names, or two steers on one token at one site (the table holds
+    one). The one rule for the worker (``eager_reason``, this forward's tokens) and
+    ``explain`` (the engine's ``uncompiled_reason``, a row's prompt and every token it may
+    generate)."""
     for site in reads:
         if site not in built:
             return built_reason(site)
+        why = kinds_reason(["reads"], kinds, "a condition or a monitor")
+        if why is not None:
+            return why
     count: dict[str, np.ndarray] = {}
     for site, op, gate, touched, on_prompt in touches:
         if not touched.any():
             continue
         if site not in built:
             return built_reason(site)
-        why = graph_reason(op, gate, gate is not None and on_prompt)
+        why = graph_reason(op, gate, gate is not None and on_prompt, kinds)
         if why is not None:
             return why
         count[site] = count.get(site, 0) + touched
@@ -141,11 +176,11 @@ def touches_reason(touches: Iterable[Touch], built: Container[str],
     return None
 
 
-def eager_reason(batch: ForwardBatch, built: Container[str],
-                 reads: Iterable[str] = ()) -> str | None:  # fmt: skip
-    """Why this forward must run uncompiled on a model whose graph holds ``built``, or
-    None (``touches_reason``; ``reads``: the sites this forward's conditions and monitors
-    read)."""
+def eager_reason(batch: ForwardBatch, built: Container[str], reads: Iterable[str] = (),
+                 kinds: Container[str] = KINDS) -> str | None:  # fmt: skip
+    """Why this forward must run uncompiled on a model whose graph holds ``built`` and the
+    ``kinds``, or None (``touches_reason``; ``reads``: the sites this forward's conditions
+    and monitors read)."""
     real = len(batch.owner)
     touches: list[Touch] = []
     for site, steers in batch.by_site.items():
@@ -153,7 +188,7 @@ def eager_reason(batch: ForwardBatch, built: Container[str],
             touched = s.touched.numpy()
             on_prompt = s.gate is not None and bool((touched[:real] & batch.in_prompt).any())
             touches.append((site, s.op, s.gate, touched, on_prompt))
-    return touches_reason(touches, built, reads)
+    return touches_reason(touches, built, reads, kinds)
 
 
 class GraphBuffers(nn.Module):
@@ -174,9 +209,11 @@ class GraphBuffers(nn.Module):
     low_row: torch.Tensor  # [sites, LOW_RANK]: the table row owning each column (-1: none)
 
     def __init__(self, sites: list[str], max_tokens: int, d_model: int, dtype: torch.dtype,
-                 device: torch.device) -> None:  # fmt: skip
+                 device: torch.device, kinds: Iterable[str] = KINDS) -> None:  # fmt: skip
         super().__init__()
         self.sites = {name: k for k, name in enumerate(sites)}
+        self.kinds = frozenset(kinds)  # what the graph computes at each site (``KINDS``)
+        self.terms = tuple(t for t in STRENGTHS if t in self.kinds)
         n = len(sites)
         self.register_buffer("alpha", torch.zeros(n, max_tokens, dtype=dtype, device=device))
         self.register_buffer("index", torch.zeros(n, max_tokens, dtype=torch.long, device=device))
@@ -205,7 +242,9 @@ class GraphBuffers(nn.Module):
         if self.eager is not None:
             return self.eager(site, act)
         slot = self.sites[site]
-        self.reads.before(slot, act)
+        reading = "reads" in self.kinds
+        if reading:
+            self.reads.before(slot, act)
         tokens = act.shape[0]
         alpha = self.alpha[slot, :tokens].to(act.dtype)
         index = self.index[slot, :tokens]
@@ -213,20 +252,26 @@ class GraphBuffers(nn.Module):
         numbers = self.numbers[slot][index].to(act.dtype)  # [tokens, len(NUMBERS)]
         c = {name: wide[:, k] for k, name in enumerate(WIDE)}
         c.update({name: numbers[:, k] for k, name in enumerate(NUMBERS)})
-        for name in STRENGTHS:
+        for name in self.terms:
             c[name] = c[name] * alpha
         on = alpha != 0
         self.applied[slot] += on.sum().to(torch.float32)
-        out = torch.where(on[:, None], apply_terms(act, c), act)  # a LoReFT's row: act
-        own = (self.low_row[slot][None, :] == index[:, None]) & on[:, None]  # [tokens, rank]
-        R, W = self.low_rank[slot].to(act.dtype)
-        out = out + alpha[:, None] * low_rank_edit(
-            act, R, W, self.low_bias[slot].to(act.dtype), own
-        )
-        self.reads.after(slot, out)
-        if site == self.last_site:
-            self.reads.finish()
+        out = torch.where(on[:, None], apply_terms(act, c, self.terms), act)  # a LoReFT's: act
+        if "loreft" in self.kinds:
+            own = (self.low_row[slot][None, :] == index[:, None]) & on[:, None]  # [tokens, rank]
+            R, W = self.low_rank[slot].to(act.dtype)
+            out = out + alpha[:, None] * low_rank_edit(
+                act, R, W, self.low_bias[slot].to(act.dtype), own
+            )
+        if reading:
+            self.reads.after(slot, out)
+            if site == self.last_site:
+                self.reads.finish()
         return out
+
+    def eager_reason(self, batch: ForwardBatch, reads: Iterable[str] = ()) -> str | None:
+        """Why this forward runs uncompiled on this graph (``eager_reason``), or None."""
+        return eager_reason(batch, self.sites, reads, self.kinds)
 
     def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor],
               gate: Gate | None = None) -> None:  # fmt: skip
@@ -330,22 +375,26 @@ def _merged(site: str, steers: list[SiteSteer],
 
 
 def install(model: nn.Module, model_type: str, sites: list[str], max_tokens: int,
-            d_model: int) -> GraphBuffers:  # fmt: skip
-    """Buffers and graph hooks at ``sites`` on ``model`` (before vLLM compiles it). With
-    no sites the buffers only mark the model as compiled: its graph is plain vLLM's, and
-    every forward that steers or reads runs uncompiled."""
+            d_model: int, kinds: Iterable[str] = KINDS) -> GraphBuffers:  # fmt: skip
+    """Buffers and graph hooks at ``sites`` on ``model``, computing ``kinds`` there (before
+    vLLM compiles it). With no sites the buffers only mark the model as compiled: its
+    graph is plain vLLM's, and every forward that steers or reads runs uncompiled."""
     param = next(model.parameters())
-    buffers = GraphBuffers(sites, max_tokens, d_model, param.dtype, param.device)
+    buffers = GraphBuffers(sites, max_tokens, d_model, param.dtype, param.device, kinds)
     model.steerlab_graph = buffers  # a submodule: its buffers are the model's
     hooks.install(model, layout_for(model_type), sites, buffers.steer, tagged=False)
     return buffers
 
 
-def built_sites() -> list[str] | None:
-    """The sites this worker's model is to be built with (``GRAPH_ENV``, a JSON list that
-    ``load_vllm`` sets while vLLM starts its workers), or None: an eager model."""
+def built() -> tuple[list[str], list[str]] | None:
+    """The sites this worker's model is to be built with and the kinds they hold
+    (``GRAPH_ENV``, JSON that ``load_vllm`` sets while vLLM starts its workers), or None:
+    an eager model."""
     value = os.environ.get(GRAPH_ENV)
-    return None if value is None else list(json.loads(value))
+    if value is None:
+        return None
+    given = json.loads(value)
+    return list(given["sites"]), list(given["kinds"])
 
 
 def wrap_loader() -> None:
@@ -358,13 +407,13 @@ def wrap_loader() -> None:
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> nn.Module:
         model = original(self, *args, **kwargs)
-        sites = built_sites()
-        if sites is not None:
+        build = built()
+        if build is not None:
             vllm_config = kwargs.get("vllm_config") or args[0]
             text = vllm_config.model_config.hf_config.get_text_config()
-            install(model, vllm_config.model_config.hf_config.model_type, sites,
+            install(model, vllm_config.model_config.hf_config.model_type, build[0],
                     vllm_config.scheduler_config.max_num_batched_tokens,
-                    text.hidden_size)  # fmt: skip
+                    text.hidden_size, build[1])  # fmt: skip
         return model
 
     load_model._steerlab = True  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from typing import Any
 
 from steerlab.backends.base import config_eos
 from steerlab.engine.vllm.engine import VLLMEngine
-from steerlab.engine.vllm.graph import GRAPH_ENV, cache_root
+from steerlab.engine.vllm.graph import GRAPH_ENV, KINDS, cache_root
 from steerlab.engine.vllm.sites import layout_for, vllm_sites
 
 WORKER = "steerlab.engine.vllm.worker.SteerWorker"
@@ -34,6 +34,7 @@ def load_vllm(
     trust_remote_code: bool = False,
     vllm_args: Mapping[str, Any] | None = None,
     graph: str | Sequence[str] | None = None,
+    graph_kinds: Sequence[str] | None = None,
 ) -> VLLMEngine:
     """Start a vLLM engine on ``path`` with steerlab's worker extension.
 
@@ -66,6 +67,12 @@ def load_vllm(
         graph: compiled only: the sites to build steering into, as canonical names
             (``"blocks.6.hook_resid_pre"``), or ``"all"`` (every site: each costs a little
             on every forward, steered or not). None or ``()``: none.
+        graph_kinds: with ``graph``: what its sites compute (``graph.KINDS``): ``"add"``
+            (Add), ``"proj"`` (Ablate, Clamp, Cap), ``"feat"`` (a feature clamp), ``"rot"``
+            (Rotate), ``"loreft"``, ``"reads"`` (conditions and monitors). None: all of
+            them. Each costs every forward; a forward that needs one left out runs
+            uncompiled, exactly (on the toy, two sites holding everything cost unsteered
+            forwards 8-11%, holding ``"add"`` and ``"proj"`` 2-3%: the README's table).
     """
     for size, what in ((tensor_parallel_size, "tensor"), (pipeline_parallel_size, "pipeline")):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -91,6 +98,7 @@ def load_vllm(
     eager, why_eager = _mode(extra.pop("enforce_eager", None), pipeline_parallel_size,
                              current_platform.is_cpu())  # fmt: skip
     built = graph_sites(graph, config.get_text_config().num_hidden_layers, eager)
+    kinds = built_kinds(graph_kinds, built)
 
     # vLLM's "auto" falls back to pickled .bin weights; steerlab loads safetensors unless
     # trust_remote_code is on (or vllm_args names a load_format itself).
@@ -99,14 +107,14 @@ def load_vllm(
     extra.setdefault("max_logprobs", config.get_text_config().vocab_size)
     if not eager:  # CUDA graphs only inside the compiled pieces (on a CPU: none at all)
         extra["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
-    with _graph_env(None if eager else built):
+    with _graph_env(None if eager else built, kinds):
         llm = LLM(model=path, tokenizer=path, dtype=dtype, max_model_len=max_model_len,
                   tensor_parallel_size=tensor_parallel_size,
                   pipeline_parallel_size=pipeline_parallel_size, revision=revision,
                   trust_remote_code=trust_remote_code, enforce_eager=eager,
                   worker_extension_cls=WORKER, logprobs_mode="raw_logprobs",  # steerlab's scores
                   **extra)  # fmt: skip
-    _check_eager(llm, eager)
+    _check_eager(llm, eager, kinds)
     llm.collective_rpc("steerlab_attach")  # the workers hook each call's sites themselves
     if pipeline_parallel_size > 1:
         llm.collective_rpc("steerlab_pp_buffers")
@@ -118,7 +126,7 @@ def load_vllm(
     pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
     engine = VLLMEngine(llm, tokenizer, eos_ids=eos, pad_id=pad, revision=revision)
     engine.graph, engine.why_eager = not eager, why_eager
-    engine.graph_sites = frozenset(built)
+    engine.graph_sites, engine.graph_kinds = frozenset(built), frozenset(kinds)
     return engine
 
 
@@ -179,16 +187,37 @@ def graph_sites(graph: object, n_layers: int, eager: bool) -> list[str]:
     return [s for s in every if s in set(graph)]
 
 
+def built_kinds(kinds: object, sites: list[str]) -> list[str]:
+    """What the built ``sites`` compute (``load_vllm``'s ``graph_kinds``), checked: None
+    is every kind (``graph.KINDS``).
+
+    >>> built_kinds(["proj", "add"], ["blocks.1.hook_resid_pre"]), len(built_kinds(None, []))
+    (['add', 'proj'], 6)
+    """
+    if kinds is None:
+        return list(KINDS)
+    if isinstance(kinds, str) or not isinstance(kinds, (list, tuple, set, frozenset)):
+        raise ValueError(f"graph_kinds must be a list of {list(KINDS)}; got {kinds!r}.")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"graph_kinds names {unknown[0] if unknown else 'nothing'!r}; each "
+                         f"must be one of {list(KINDS)} (None: all of them).")  # fmt: skip
+    if not sites:
+        raise ValueError("graph_kinds= says what the sites built into a compiled graph "
+                         "compute, and no site is built in: name them with graph=.")  # fmt: skip
+    return [k for k in KINDS if k in set(kinds)]
+
+
 @contextmanager
-def _graph_env(sites: list[str] | None) -> Iterator[None]:
-    """While vLLM starts its workers: for a compiled engine (``sites``: those to build in;
-    None: eager), the switch that makes them build the model with graph steering at those
-    sites, and a compile cache of its own (``graph.py``)."""
+def _graph_env(sites: list[str] | None, kinds: list[str]) -> Iterator[None]:
+    """While vLLM starts its workers: for a compiled engine (``sites``: those to build in,
+    holding ``kinds``; None: eager), the switch that makes them build the model with graph
+    steering at those sites, and a compile cache of its own (``graph.py``)."""
     names = (GRAPH_ENV, "VLLM_CACHE_ROOT", BREAKABLE)
     before = {name: os.environ.get(name) for name in names}
     if sites is not None:
-        os.environ[GRAPH_ENV] = json.dumps(sites)
-        os.environ["VLLM_CACHE_ROOT"] = cache_root(sites)
+        os.environ[GRAPH_ENV] = json.dumps({"sites": sites, "kinds": kinds})
+        os.environ["VLLM_CACHE_ROOT"] = cache_root(sites, kinds)
         # vLLM's GPU runner may capture the eager model in breakable CUDA graphs, which
         # replay without the pre-hook that writes each forward's steers: opt out
         os.environ.setdefault(BREAKABLE, "0")
@@ -202,10 +231,10 @@ def _graph_env(sites: list[str] | None) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _check_eager(llm: Any, eager: bool = True) -> None:
+def _check_eager(llm: Any, eager: bool = True, kinds: Sequence[str] = KINDS) -> None:
     """Refuse an engine whose model was compiled without steerlab's graph steering: hooks
     added later would never run, and steered rows would come out unsteered (``eager``:
-    what load asked vLLM for)."""
+    what load asked vLLM for; ``kinds``: what its graph's sites were to compute)."""
     for worker in llm.collective_rpc("steerlab_describe"):
         if not eager:
             if not worker.get("graph"):
@@ -218,6 +247,9 @@ def _check_eager(llm: Any, eager: bool = True) -> None:
                                    "they would be stale. steerlab asks for "
                                    f"cudagraph_mode='PIECEWISE' and {BREAKABLE}=0; "
                                    "something overrode it.")  # fmt: skip
+            if sorted(worker.get("kinds", ())) != sorted(kinds):
+                raise RuntimeError(f"vLLM's workers built graph steering computing "
+                                   f"{worker.get('kinds')}, not the {list(kinds)} asked for.")  # fmt: skip
             continue
         if worker["compilation_mode"] != 0 or not worker["enforce_eager"]:
             raise RuntimeError(

@@ -37,7 +37,7 @@ from steerlab.engine.vllm.graph_reads import GraphFull
 from steerlab.engine.vllm.reads import WorkerReads
 from steerlab.engine.vllm.sites import layout_for
 
-if graph.built_sites() is not None:  # this worker's model is built with graph steering
+if graph.built() is not None:  # this worker's model is built with graph steering
     graph.wrap_loader()
 
 
@@ -93,7 +93,7 @@ class SteerWorker:
 
     def steerlab_describe(self) -> dict[str, Any]:
         """What the engine checks before it trusts hooks: eager mode, the model's family."""
-        runner = self.model_runner
+        runner, buffers = self.model_runner, self._steerlab_graph()
         config = runner.vllm_config
         return {
             "model_type": runner.model_config.hf_config.model_type,
@@ -102,7 +102,8 @@ class SteerWorker:
             "full_cudagraphs": _full_cudagraphs(config),
             "enforce_eager": bool(runner.model_config.enforce_eager),
             "model_class": type(self._steerlab_model()).__name__,
-            "graph": self._steerlab_graph() is not None,
+            "graph": buffers is not None,
+            "kinds": sorted(buffers.kinds) if buffers is not None else [],  # what it computes
             "vectors": len(self._steerlab().vectors),
             "plans": len(self._steerlab().plans),  # requests read and kept: 0 between calls
         }
@@ -328,7 +329,7 @@ class SteerWorker:
             why = (
                 None
                 if batch is None
-                else graph.eager_reason(batch, buffers.sites, self._steerlab_read_sites(batch))
+                else buffers.eager_reason(batch, self._steerlab_read_sites(batch))
             )
             if why is None:
                 found: dict[str, str] = {}  # kept only if the forward runs compiled
@@ -371,8 +372,7 @@ class SteerWorker:
         return None if buffers is None or buffers.eager is None else self._steerlab_apply(site, act)
 
     def _steerlab_read_sites(self, batch: ForwardBatch) -> set[str]:
-        """The sites this forward's conditions and monitors read (each row's, worked out
-        once when its reads start)."""
+        """The sites this forward's conditions and monitors read (each row's, from its plan)."""
         rows = self._steerlab().reads.rows
         return {site for rid in batch.req_ids if (reads := rows.get(rid)) is not None
                 for site in reads.sites}  # fmt: skip
