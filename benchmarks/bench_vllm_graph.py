@@ -13,7 +13,9 @@ vLLM engine waits without spinning), so a slow spell of the machine hits them al
 - compiled, warm (started again from what the cold starts cached): plain vLLM, steerlab's
   default graph, and steerlab with steering built in at the middle block's ``resid_pre``
   and the one before it (``graph=[...]``, a cold start of its own): the sites the steered
-  arms steer and their conditions read.
+  arms steer and their conditions read; and the same sites holding only Add and the
+  projections (``graph_kinds=LEAN``, a cold start of its own), unsteered and with those
+  steers.
 
 Plain vLLM decodes the same rows two ways: as it does by default, and asked for what every
 steerlab completion carries (each token's log-probability, no detokenising): the second is
@@ -44,6 +46,8 @@ NEW, REPEATS = 32, 5
 ROUNDS_S, MAX_ROUNDS = 90.0, 30  # more rounds where they are quick (``_rounds``)
 PROMPTS = ["Once upon a time", "The sea was calm and", "In the forest there was", "A cat"]
 COMMON = {"max_model_len": 128, "block_size": 32, "enable_chunked_prefill": False}
+LEAN = ["add", "proj"]  # a graph built for Add, Ablate, Clamp and Cap only (``graph_kinds``)
+PROJECTED = ("add", "ablate", "clamp", "cap")  # the steered arms it holds
 STEERED = ("add", "ablate", "clamp", "cap", "rotate", "feature", "mixed", "loreft", "token",
            "prompt")  # fmt: skip
 LABELS = {"add": "Add", "ablate": "Ablate", "clamp": "Clamp", "cap": "Cap", "rotate": "Rotate",
@@ -110,6 +114,7 @@ def _engine(spec: dict) -> tuple[dict, dict[tuple[str, int], Callable[[], object
     ``explain`` says) and a run for each (arm, batch) it is measured on."""
     start = time.perf_counter()
     folder, eager, graph = spec["folder"], spec["eager"], spec.get("graph")
+    kinds = spec.get("kinds")
     if spec["kind"] == "plain":
         from vllm import LLM, SamplingParams
 
@@ -131,7 +136,7 @@ def _engine(spec: dict) -> tuple[dict, dict[tuple[str, int], Callable[[], object
 
     vllm_args = {k: v for k, v in COMMON.items() if k != "max_model_len"}
     lm = sl.load(folder, backend="vllm", max_model_len=COMMON["max_model_len"],
-                 graph=graph,
+                 graph=graph, graph_kinds=kinds,
                  vllm_args={**vllm_args, **({} if eager is None else {"enforce_eager": eager})})  # fmt: skip
     info = {"start_s": time.perf_counter() - start, "explain": lm.explain(PROMPTS[0])}
     runs = {}
@@ -241,9 +246,10 @@ def _measure(name: str, folder: str) -> list[str]:
     site = f"blocks.{layers // 2}.hook_resid_pre"
     built = [f"blocks.{layers // 2 - 1}.hook_resid_pre", site]  # the gates' site, the steers'
 
-    def spec(kind: str, eager: bool | None, graph: list[str] | None = None) -> dict:
+    def spec(kind: str, eager: bool | None, graph: list[str] | None = None,
+             kinds: list[str] | None = None) -> dict:  # fmt: skip
         """An engine; ``eager`` None: steerlab's default mode (eager on a CPU)."""
-        return {"kind": kind, "folder": folder, "eager": eager, "graph": graph}
+        return {"kind": kind, "folder": folder, "eager": eager, "graph": graph, "kinds": kinds}
 
     tput: dict[tuple[str, str, int], float] = {}  # (engine, arm, batch) -> tok/s
     rounds: list[int] = []  # per mode: eager, compiled
@@ -258,8 +264,9 @@ def _measure(name: str, folder: str) -> list[str]:
     plain_arms = [(a, b) for b in (1, 16) for a in ("default", "same")]
     steered_arms = [("unsteered", 1), ("vllm", 1), ("add", 1), ("unsteered", 16), ("vllm", 16)]
     steered_arms += [(k, 16) for k in STEERED]
+    lean_arms = [arm for arm in steered_arms if arm[0] in ("unsteered", "vllm", *PROJECTED)]
     with tempfile.TemporaryDirectory() as tmp:
-        caches = {k: tempfile.mkdtemp(dir=tmp) for k in ("plain", "ours", "site", "eager")}
+        caches = {k: tempfile.mkdtemp(dir=tmp) for k in ("plain", "ours", "site", "lean", "eager")}
         starts = {}
         for key, kind in (("plain", "plain"), ("ours", "steerlab")):  # cold: start only
             child = _Child(spec(kind, False), caches[key])
@@ -276,17 +283,21 @@ def _measure(name: str, folder: str) -> list[str]:
             child.quit()
         compiled = {"plain": _Child(spec("plain", False), caches["plain"]),
                     "ours": _Child(spec("steerlab", False), caches["ours"]),
-                    "site": _Child(spec("steerlab", False, built), caches["site"])}  # fmt: skip
+                    "site": _Child(spec("steerlab", False, built), caches["site"]),
+                    "lean": _Child(spec("steerlab", False, built, LEAN), caches["lean"])}  # fmt: skip
         starts |= {"plain warm": compiled["plain"].info["start_s"],
                    "ours warm": compiled["ours"].info["start_s"],
-                   "site cold": compiled["site"].info["start_s"]}  # fmt: skip
+                   "site cold": compiled["site"].info["start_s"],
+                   "lean cold": compiled["lean"].info["start_s"]}  # fmt: skip
         before = dict(tput)
         tput.clear()
         ours = [(a, b) for b in (1, 16) for a in ("unsteered", "vllm")]
-        measure(compiled, {"plain": plain_arms, "ours": ours, "site": steered_arms})
+        measure(compiled, {"plain": plain_arms, "ours": ours, "site": steered_arms,
+                           "lean": lean_arms})  # fmt: skip
         tput = before | {(f"{e} compiled", a, b): v for (e, a, b), v in tput.items()}
         tokens += [c.info for c in compiled.values()]
         uncompiled = compiled["site"].ask(op="uncompiled")
+        uncompiled_lean = compiled["lean"].ask(op="uncompiled")
         for child in compiled.values():
             child.quit()
     same = all(t[f"tokens_{b}"] == tokens[0][f"tokens_{b}"] for t in tokens for b in (1, 16))
@@ -315,7 +326,9 @@ def _measure(name: str, folder: str) -> list[str]:
     for mode, plain, ours in (("eager (the CPU's default)", "plain eager", "ours eager"),
                               ("compiled, default graph", "plain compiled", "ours compiled"),
                               (f"compiled, graph={built}", "plain compiled",
-                               "site compiled")):  # fmt: skip
+                               "site compiled"),
+                              (f"compiled, graph={built}, graph_kinds={LEAN}", "plain compiled",
+                               "lean compiled")):  # fmt: skip
         for b in (1, 16):
             lines.append(f"| {mode} | {b} | {t(plain, 'default', b):.0f} | "
                          f"{t(plain, 'same', b):.0f} | {t(ours, 'unsteered', b):.0f} | "
@@ -335,7 +348,9 @@ def _measure(name: str, folder: str) -> list[str]:
                                ("compiled, cold", "plain cold", "ours cold"),
                                ("compiled, warm", "plain warm", "ours warm"),
                                (f"compiled, graph={built}, cold", "plain cold",
-                                "site cold")):  # fmt: skip
+                                "site cold"),
+                               (f"compiled, graph={built}, graph_kinds={LEAN}, cold",
+                                "plain cold", "lean cold")):  # fmt: skip
         lines.append(f"| {label} | {starts[plain]:.0f} | {starts[ours]:.0f} | "
                      f"{x(starts[ours], starts[plain])} |")  # fmt: skip
     lines += [
@@ -344,20 +359,27 @@ def _measure(name: str, folder: str) -> list[str]:
         ">= 0.90x):",
         "",
         "| steers | batch | eager unsteered | eager steered | ratio | compiled graph=[2 sites] "
-        "unsteered | steered | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        f"unsteered | steered | ratio | the same, graph_kinds={LEAN}: unsteered | steered | "
+        "ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, b in steered_arms:
         if kind in ("unsteered", "vllm"):
             continue
-        e, c = ("ours eager", "site compiled")
+        e, c, n = ("ours eager", "site compiled", "lean compiled")
+        lean = (f" {t(n, 'unsteered', b):.0f} | {t(n, kind, b):.0f} | "
+                f"{x(t(n, kind, b), t(n, 'unsteered', b))} |" if (kind, b) in lean_arms
+                else " | | |")  # fmt: skip
         lines.append(f"| {LABELS[kind]} | {b} | {t(e, 'unsteered', b):.0f} | {t(e, kind, b):.0f} | "
                      f"{x(t(e, kind, b), t(e, 'unsteered', b))} | {t(c, 'unsteered', b):.0f} | "
-                     f"{t(c, kind, b):.0f} | {x(t(c, kind, b), t(c, 'unsteered', b))} |")  # fmt: skip
+                     f"{t(c, kind, b):.0f} | {x(t(c, kind, b), t(c, 'unsteered', b))} |"
+                     + lean)  # fmt: skip
     why = ", ".join(f"{k}: {n}" for k, n in uncompiled.items()) or "none"  # type: ignore[union-attr]
+    lean_why = ", ".join(f"{k}: {n}" for k, n in uncompiled_lean.items()) or "none"  # type: ignore[union-attr]
     pace = x(t("ours eager", "unsteered", 16), t("site compiled", "unsteered", 16))
     lines += ["", f"Unsteered tokens equal plain vLLM's in every engine: {'yes' if same else 'NO'}. "
-              f"Forwards the graph=[2 sites] engine ran uncompiled, by reason: {why}. "
+              f"Forwards the graph=[2 sites] engine ran uncompiled, by reason: {why}; "
+              f"the graph_kinds={LEAN} one: {lean_why}. "
               "A forward that runs uncompiled runs at the eager engine's pace: eager "
               f"unsteered / compiled unsteered at batch 16 is {pace} here (two phases of this "
               "run, not alternating), the most a compiled engine's gated rows could reach. "

@@ -157,6 +157,9 @@ def test_a_graph_built_with_fewer_kinds_computes_them_alike_and_runs_the_rest_un
     monitor = sl.Monitor("m", SITE, torch.ones(d))
     quiet = _forward({"a": ()}, {"a": [3]})
     assert "needs 'reads'" in eager_reason(quiet, every, {SITE}, lean)
+    # a graph's own answer is kept for its last layout, and asked again when the reads change
+    assert "needs 'reads'" in buffers.eager_reason(quiet, frozenset({SITE}))
+    assert buffers.eager_reason(quiet) is None and buffers.eager_reason(forward) is not None
     assert eager_reason(quiet, every, {SITE}, KINDS) is None
     request = Request((5, 6, 7), (), Sampling(max_new_tokens=4), monitors=(monitor,))
     assert "needs 'reads'" in uncompiled_reason([request], every, frozenset(lean))

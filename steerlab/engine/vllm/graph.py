@@ -233,6 +233,8 @@ class GraphBuffers(nn.Module):
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now
+        self.reasoned: tuple[ForwardBatch | None, frozenset[str], str | None] = (
+            None, frozenset(), None)  # the last ``eager_reason``: a steady decode's is one  # fmt: skip
         # set while a forward runs uncompiled: the worker's eager path, which ``steer`` calls
         self.eager: Callable[[str, torch.Tensor], torch.Tensor | None] | None = None
 
@@ -269,9 +271,13 @@ class GraphBuffers(nn.Module):
                 self.reads.finish()
         return out
 
-    def eager_reason(self, batch: ForwardBatch, reads: Iterable[str] = ()) -> str | None:
-        """Why this forward runs uncompiled on this graph (``eager_reason``), or None."""
-        return eager_reason(batch, self.sites, reads, self.kinds)
+    def eager_reason(self, batch: ForwardBatch, reads: frozenset[str] = frozenset()) -> str | None:
+        """Why this forward runs uncompiled on this graph (``eager_reason``), or None; the
+        same as the last forward's for the same layout (``batch.Layouts`` keeps it while
+        a decode is steady) and reads."""
+        if self.reasoned[0] is not batch or self.reasoned[1] != reads:
+            self.reasoned = (batch, reads, eager_reason(batch, self.sites, reads, self.kinds))
+        return self.reasoned[2]
 
     def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor],
               gate: Gate | None = None) -> None:  # fmt: skip

@@ -122,8 +122,9 @@ class GraphReads(nn.Module):
         ``GraphFull`` where they ask for more than the buffers hold."""
         for query in self.queries:
             self.weights[query.span[0] : query.span[1]] = 0.0
+        if self.taps:  # only a tap sets ``select``
+            self.select.zero_()
         self.queries, self.taps, self.columns = [], {}, {}
-        self.select.zero_()
         self.out.clear()
         if batch is None or not batch.req_ids:
             return

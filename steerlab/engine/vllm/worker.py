@@ -371,11 +371,11 @@ class SteerWorker:
         buffers = self._steerlab_graph()
         return None if buffers is None or buffers.eager is None else self._steerlab_apply(site, act)
 
-    def _steerlab_read_sites(self, batch: ForwardBatch) -> set[str]:
+    def _steerlab_read_sites(self, batch: ForwardBatch) -> frozenset[str]:
         """The sites this forward's conditions and monitors read (each row's, from its plan)."""
         rows = self._steerlab().reads.rows
-        return {site for rid in batch.req_ids if (reads := rows.get(rid)) is not None
-                for site in reads.sites}  # fmt: skip
+        return frozenset(site for rid in batch.req_ids if (reads := rows.get(rid)) is not None
+                         for site in reads.sites)  # fmt: skip
 
     def _steerlab_at_call_site(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
         """An uncompiled forward's site: the eager path where the call steers or reads (the
