@@ -15,7 +15,7 @@ import steerlab as sl
 from steerlab.core.request import TokenScore
 from steerlab.engine import Request, Sampling, Steer
 from steerlab.engine.scoring import token_scores
-from steerlab.engine.vllm.batch import Layouts, lay_out_forward, parse_plan
+from steerlab.engine.vllm.batch import Layouts, Tally, lay_out_forward, parse_plan
 from steerlab.engine.vllm.params import cache_salt, expected_tokens, request_seed, to_vllm
 from steerlab.engine.vllm.scores import lines_up, prompt_scores, token_score
 from steerlab.engine.vllm.sites import layout_for
@@ -235,6 +235,25 @@ def test_a_forward_that_reads_keeps_the_steers_layout_and_gets_its_own_positions
     assert second.owner.tolist() == [0, 1] and second.req_ids == ["r0", "r1"]
     (steer,) = second.by_site[site]
     assert steer.gate is not None and steer.rows == [("R0", 1)]
+
+
+def test_a_tally_sums_each_rows_tokens_over_forwards_however_its_lists_repeat():
+    """What the workers report as each row's tokens steered: a steady decode adds the same
+    ``rows`` list forward after forward, a new layout a new list, some lists equal."""
+    prefill, decode = [("a", 3), ("b", 2)], [("a", 1), ("b", 1)]
+    again = [("a", 1), ("b", 1)]  # equal to ``decode``, another list: counted on its own
+    tally, want = Tally(), {"a": 0, "b": 0}
+    for rows, times in ((prefill, 1), (decode, 5), (again, 2), (decode, 3)):
+        for _ in range(times):
+            tally.add(rows)
+            for row, n in rows:
+                want[row] += n
+    assert tally.sums() == want == {"a": 13, "b": 12}
+    tally.sums().pop("a")  # a finished row is forgotten; the rest go on
+    tally.add([("b", 4)])
+    assert tally.sums() == {"b": 16}
+    tally.clear()
+    assert tally.sums() == {}
 
 
 def test_expected_tokens_count_only_what_was_fed():

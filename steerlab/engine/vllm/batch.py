@@ -56,6 +56,35 @@ class SiteSteer:
     ready: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
+class Tally:
+    """Tokens steered, by row: each forward adds its steers' ``rows`` lists by reference (a
+    steady decode adds the same lists again), and the sums by row are made when read, so a
+    forward pays per steer, not per row."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, int] = {}
+        self._added: dict[int, list] = {}  # id -> [rows list (kept: its id stays its own), times]
+
+    def add(self, rows: list[tuple[str, int]]) -> None:
+        entry = self._added.get(id(rows))
+        if entry is None:
+            self._added[id(rows)] = [rows, 1]
+        else:
+            entry[1] += 1
+
+    def sums(self) -> dict[str, int]:
+        """Tokens steered by row so far (a row may be popped from it)."""
+        for rows, times in self._added.values():
+            for row, n in rows:
+                self._sums[row] = self._sums.get(row, 0) + n * times
+        self._added.clear()
+        return self._sums
+
+    def clear(self) -> None:
+        self._sums.clear()
+        self._added.clear()
+
+
 @dataclass
 class ForwardBatch:
     """Every steer of one forward, by site name, in the order each site applies them."""

@@ -30,6 +30,7 @@ from steerlab.engine.vllm.batch import (
     Layouts,
     Moved,
     SiteSteer,
+    Tally,
     operands,
     parse_plan,
 )
@@ -52,10 +53,9 @@ class _State:
     layouts: Layouts = field(default_factory=Layouts)
     handles: list[RemovableHandle] = field(default_factory=list)
     plans: dict[str, Plan | None] = field(default_factory=dict)  # by vLLM request id
-    # this call's steers read from requests' data, by that data less the alpha (its rows
-    # mostly differ by alpha alone; ``plan_from_data``)
+    # this call's steers read from requests' data, by that data less alpha (``plan_from_data``)
     read: dict[str, tuple[dict, SteerData]] = field(default_factory=dict)
-    fired: dict[str, int] = field(default_factory=dict)  # by row: tokens steered
+    fired: Tally = field(default_factory=Tally)  # by row: tokens steered
     errors: dict[str, str] = field(default_factory=dict)  # by row
     batch: ForwardBatch | None = None
     reads: WorkerReads = field(default_factory=WorkerReads)  # conditions and monitors
@@ -258,13 +258,14 @@ class SteerWorker:
         from vllm.distributed import get_pp_group, get_tp_group
 
         state = self._steerlab()
-        out = {row: [state.fired.get(row, 0), state.errors.get(row)] for row in rows}
+        fired = state.fired.sums()
+        out = {row: [fired.get(row, 0), state.errors.get(row)] for row in rows}
         done = set(forget)
         asked = done & set(rows)
         reads = {r.name: r.report() for r in state.reads.rows.values() if r.name in asked}
         state.reads.forget(done)
         for row in done:
-            state.fired.pop(row, None)
+            fired.pop(row, None)
             state.errors.pop(row, None)
         if done:
             for rid, plan in list(state.plans.items()):
@@ -318,7 +319,8 @@ class SteerWorker:
         state, buffers = self._steerlab(), self._steerlab_graph()
         if buffers is None:
             return
-        buffers.eager = None
+        if buffers.eager is not None:  # a module's setattr costs microseconds: only if set
+            buffers.eager = None
         batch = state.batch
 
         def gate(site: str, steer: SiteSteer) -> torch.Tensor:
@@ -366,8 +368,8 @@ class SteerWorker:
         state.uncompiled[why] = state.uncompiled.get(why, 0) + 1
 
     def _steerlab_unbuilt(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
-        """A site a compiled model's graph does not hold, in a forward that runs
-        uncompiled: the eager path (nothing in a compiled forward, which never calls it)."""
+        """A site the graph lacks, in a forward run uncompiled: the eager path (a compiled
+        forward never calls it)."""
         buffers = self._steerlab_graph()
         return None if buffers is None or buffers.eager is None else self._steerlab_apply(site, act)
 
@@ -378,8 +380,7 @@ class SteerWorker:
                          for site in reads.sites)  # fmt: skip
 
     def _steerlab_at_call_site(self, site: str, act: torch.Tensor) -> torch.Tensor | None:
-        """An uncompiled forward's site: the eager path where the call steers or reads (the
-        sites an eager engine would hook), nothing elsewhere."""
+        """An uncompiled forward's site: the eager path where the call steers or reads."""
         return self._steerlab_apply(site, act) if site in self._steerlab().sites else None
 
     def _steerlab_plan_forward(self, kwargs: dict) -> None:
@@ -426,12 +427,13 @@ class SteerWorker:
                 state.batch, state.reads, state.errors))  # fmt: skip
             short = set(buffers.shortfall())
             for site, steers in state.batch.by_site.items():
-                for row, n in (pair for steer in steers for pair in steer.rows):
-                    if site in short:
+                for steer in steers:
+                    if site not in short:
+                        state.fired.add(steer.rows)
+                        continue
+                    for row, _ in steer.rows:
                         state.errors.setdefault(row, f"the compiled model steered fewer tokens "
                                                 f"at {site} than asked")  # fmt: skip
-                    else:
-                        state.fired[row] = state.fired.get(row, 0) + n
         state.batch = None
 
     def _steerlab_scrub(self) -> None:
@@ -443,8 +445,7 @@ class SteerWorker:
         unused slots too and masks them with weight 0, and 0 * NaN is NaN: every later
         request given such a block, unsteered ones included, would get NaN logits. Finite
         values are untouched, so the rows decoding beside it go on exactly; only forwards
-        that carry a steer are checked, so an unsteered engine pays nothing.
-        """
+        that carry a steer are checked, so an unsteered engine pays nothing."""
         seen: set[int] = set()
         for kv in self.model_runner.kv_caches:  # layers may share one tensor
             if id(kv) not in seen and kv.is_floating_point():
@@ -493,8 +494,7 @@ class SteerWorker:
             gate = state.reads.mask(site, steer, state.batch, tokens, state.errors)
             touched = touched & gate.to(act.device)[:, None]
         new = ready.op(act, ready.alpha)
-        for row, n in steer.rows:
-            state.fired[row] = state.fired.get(row, 0) + n
+        state.fired.add(steer.rows)
         if ready.everywhere and steer.gate is None:
             return new
         return torch.where(touched, new, act)
