@@ -18,9 +18,8 @@ model it builds gets:
   row's ``Form`` terms where the token's alpha is not 0 (``core.ops.table.apply_terms``,
   the local compiled step's arithmetic; only the terms built in) and its own LoReFT
   columns (``core.reft.low_rank_edit``): tensors only, traced into the compiled graph,
-  holding no value of any request. A kind left out costs nothing: on the toy, two sites
-  holding every kind cost an unsteered forward 8-11%, holding Add and the projections
-  2-3% (the README's table); a forward that needs a kind left out runs uncompiled.
+  holding no value of any request. A kind left out is not traced, so costs nothing (the
+  README's table measures both on the toy); a forward that needs it runs uncompiled.
 
 Before each forward the worker, in the model's outer module (which vLLM does not compile),
 writes that forward's rows into the buffers in place (``write``): the same per-token

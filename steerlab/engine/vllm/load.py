@@ -70,9 +70,8 @@ def load_vllm(
         graph_kinds: with ``graph``: what its sites compute (``graph.KINDS``): ``"add"``
             (Add), ``"proj"`` (Ablate, Clamp, Cap), ``"feat"`` (a feature clamp), ``"rot"``
             (Rotate), ``"loreft"``, ``"reads"`` (conditions and monitors). None: all of
-            them. Each costs every forward; a forward that needs one left out runs
-            uncompiled, exactly (on the toy, two sites holding everything cost unsteered
-            forwards 8-11%, holding ``"add"`` and ``"proj"`` 2-3%: the README's table).
+            them. Each costs every forward, steered or not (the README's table measures
+            it); a forward that needs one left out runs uncompiled, exactly.
     """
     for size, what in ((tensor_parallel_size, "tensor"), (pipeline_parallel_size, "pipeline")):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
