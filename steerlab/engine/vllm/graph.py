@@ -232,8 +232,9 @@ class GraphBuffers(nn.Module):
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now
+        # (layout, reads, answer) of the last ``eager_reason``: a steady decode asks once
         self.reasoned: tuple[ForwardBatch | None, frozenset[str], str | None] = (
-            None, frozenset(), None)  # the last ``eager_reason``: a steady decode's is one  # fmt: skip
+            None, frozenset(), None)  # fmt: skip
         # set while a forward runs uncompiled: the worker's eager path, which ``steer`` calls
         self.eager: Callable[[str, torch.Tensor], torch.Tensor | None] | None = None
 
