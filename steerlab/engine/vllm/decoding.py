@@ -23,8 +23,6 @@ from steerlab.engine.vllm.params import (
     expected_tokens,
     fed_positions,
     live_steers,
-    read_sites,
-    row_plan,
     to_vllm,
 )
 from steerlab.engine.vllm.reads import merge_reports
@@ -151,8 +149,8 @@ class _Decoding:
         start = len(self.rows)
         names = [f"steerlab-{self.call}-{i}" for i in range(start, start + len(requests))]
         with fingerprints_kept():  # each row's steer is hashed for its salt, data and vectors
-            plans = [Plan.of([r]) for r in requests]  # each request's own, made once here
-            told = [row_plan(r, row, plan) for r, row, plan in zip(requests, names, plans)]
+            plan = Plan.of(requests)  # one for the rows added: rows sharing a steer share it
+            told = [plan.only(i, row) for i, row in enumerate(names)]  # each as sent
             engine.send_vectors(requests, told)
             eos = engine.eos_ids()
             sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
@@ -165,7 +163,7 @@ class _Decoding:
                                         skip_clone=True)  # fmt: skip
                 sent.append((row, vr.prompt, params))
         sites = {s.site for r in requests for s in live_steers(r)}
-        sites |= {site for r, plan in zip(requests, plans) for site in read_sites(r, plan)}
+        sites |= {site for i in range(plan.rows) for site in plan.read_sites(i)}
         # The workers hook these sites themselves, ahead of the step that first schedules
         # a request steering or reading there (``SteerWorker.steerlab_attach``); this call
         # takes them off at its end.

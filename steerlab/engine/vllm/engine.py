@@ -287,7 +287,7 @@ class VLLMEngine:
         """Every worker gets each new vector (and operation tensor, such as a feature clamp's
         encoder, and each condition's and monitor's direction) once, as safetensors bytes
         keyed by its content hash. ``told``: each row's plan as its worker is told of it
-        (``params.row_plan``), where made already."""
+        (``Plan.only``), where made already."""
         from safetensors.torch import save
 
         new: dict[str, torch.Tensor] = {}

@@ -31,12 +31,6 @@ def sent_steers(request: Request) -> tuple[Steer, ...]:
     return tuple(request.steers[j] for j in Plan.of([request]).told(0))
 
 
-def read_sites(request: Request, plan: Plan | None = None) -> set[str]:
-    """The sites a row's conditions and monitors read (``Plan.read_sites``). ``plan``:
-    the request's own (``Plan.of([request])``), where the caller has made it already."""
-    return (plan or Plan.of([request])).read_sites(0)
-
-
 def row_plan(request: Request, row: str, plan: Plan | None = None) -> Plan:
     """The plan a worker is told of for one row (``Plan.only``, named ``row``): its sent
     steers, its monitors and where its conditions read from."""
