@@ -406,6 +406,61 @@ def test_a_worker_sums_a_prompt_fed_in_chunks_once_and_gates_by_the_decision():
     assert torch.equal(steered[0], torch.cat([acts["a"][[0, 1, 2]], acts["b"][[0, 1, 2]]]))
 
 
+def test_a_steady_decode_that_reads_steers_each_forward_by_its_rows_decisions():
+    """Two rows gated by one prompt condition, steered at every position, each with a
+    monitor; a prefill of both whole prompts, then a steady decode whose forwards share one
+    layout (what a worker works out once for it, ``WorkerReads.reading``): at every forward
+    the firing row is steered at its own token and the other is not, and the monitors hold
+    every position, as the formulas say."""
+    from steerlab.core.reads import score
+    from steerlab.engine.vllm.params import row_tensors
+    from steerlab.engine.vllm.worker import SteerWorker
+
+    gen = torch.Generator().manual_seed(7)
+    c = torch.randn(4, generator=gen)
+    cond = sl.Condition("blocks.1.hook_resid_pre", c, threshold=0.0, score="projection")
+    m = sl.Monitor("m", "blocks.2.hook_resid_pre", torch.randn(4, generator=gen))
+    site = "blocks.2.hook_resid_pre"
+    worker = SteerWorker()
+    state = worker._steerlab()
+    plans = {}
+    for rid in ("a", "b"):
+        request = Request((5, 6, 7, 8, 9), (Steer(site, V, 2.0, "all", sl.Add(), cond),),
+                          Sampling(max_new_tokens=4), "s", monitors=(m,))  # fmt: skip
+        state.vectors.update(row_tensors(request))
+        extra = to_vllm(request, rid.upper(), revision="", eos_ids=set()).sampling["extra_args"]
+        plans[rid] = parse_plan(extra, state.vectors)
+        state.reads.track(rid, plans[rid], SimpleNamespace(num_prompt_tokens=5))
+    acts = {"a": torch.randn(9, 4, generator=gen) + 2 * c,
+            "b": torch.randn(9, 4, generator=gen) - 2 * c}  # fmt: skip
+    lens = lambda: {"a": 5, "b": 5}  # noqa: E731
+    fed = [(list(range(5)), [0, 5, 10])] + [([p], [0, 1, 2]) for p in range(5, 9)]
+    layouts, seen = [], {"a": acts["a"].clone(), "b": acts["b"].clone()}
+    for positions, starts in fed:
+        state.reads.new_forward()
+        state.batch = state.layouts.forward(["a", "b"], starts, torch.tensor(positions * 2),
+                                            plans, lens)  # fmt: skip
+        layouts.append(state.batch.layout)
+        x = torch.cat([acts["a"][positions], acts["b"][positions]])
+        assert worker._steerlab_apply("blocks.1.hook_resid_pre", x) is None  # read only
+        out = worker._steerlab_apply(site, x)
+        n = len(positions)
+        assert out is not None
+        torch.testing.assert_close(out[:n], acts["a"][positions] + 2.0 * V)  # row a fires
+        assert torch.equal(out[n:], acts["b"][positions])
+        seen["a"][positions] = out[:n]
+    assert not state.errors
+    assert layouts[0] is not layouts[1] and all(lay is layouts[1] for lay in layouts[2:])
+    reports = {r.name: r.report() for r in state.reads.rows.values()}
+    for rid, want_fired in (("a", True), ("b", False)):
+        want = score(acts[rid][:5].mean(0, keepdim=True), c, "projection")
+        got = reports[rid.upper()]
+        assert got["fired"] is want_fired and abs(got["score"] - float(want)) < 1e-6
+        positions, values = got["monitors"]["m"]
+        assert positions == list(range(9))
+        torch.testing.assert_close(torch.tensor(values), seen[rid] @ _unit(m.direction))
+
+
 def test_a_gap_in_the_prompt_fails_the_row_and_a_late_decision_is_an_error():
     from steerlab.engine.vllm.params import row_tensors
     from steerlab.engine.vllm.worker import SteerWorker

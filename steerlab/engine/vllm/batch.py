@@ -98,6 +98,20 @@ class ForwardBatch:
     owner: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     in_prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    prompt_len: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Shared by the batches of one steady decode that reads (``again``): which requests
+    # feed how many tokens, what readers work out once for all of them
+    # (``reads.WorkerReads.reading``). Every other batch has a layout of its own.
+    layout: object = field(default_factory=object, repr=False, compare=False)
+
+    def again(self, positions: torch.Tensor) -> ForwardBatch:
+        """The next forward of a steady decode that reads: the same requests feeding as
+        many tokens each, now at ``positions``, with this batch's steers and layout. A new
+        batch, since a compiled model writes its buffers again for any batch but the last
+        (``GraphBuffers.write``): a gated steer's alphas follow its decisions so far."""
+        pos = positions[: len(self.owner)].to("cpu", torch.long).numpy().copy()
+        return ForwardBatch(self.by_site, self.rows, self.req_ids, self.owner, pos,
+                            pos < self.prompt_len, self.prompt_len, self.layout)  # fmt: skip
 
 
 def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
@@ -254,7 +268,7 @@ def _read_by(batch: ForwardBatch, req_ids: list[str], owner: np.ndarray, pos: np
     """Where each token comes from, for the forward's conditions and monitors."""
     # pos may view vLLM's positions buffer, which its next step rewrites
     batch.req_ids, batch.owner, batch.pos = list(req_ids), owner, pos.copy()
-    batch.in_prompt = pos < prompt_len
+    batch.in_prompt, batch.prompt_len = pos < prompt_len, prompt_len
 
 
 class Layouts:
@@ -276,17 +290,10 @@ class Layouts:
             comp = self._composition = Composition.of(req_ids, plans)
             self._last = None
         key = (tuple(starts), positions.shape[0])
-        lens = {} if comp.every_position else prompt_lens()
         if comp.fixed and self._last is not None and self._last[0] == key:
             last = self._last[1]
-            if not comp.reads:
-                return last
-            # A new batch: a compiled model rewrites its buffers for any batch but the last
-            # it wrote (``GraphBuffers.write``), and a forward that reads may hold a gated
-            # steer (every gate reads), whose alphas follow its decisions so far.
-            batch = ForwardBatch(last.by_site, last.rows)
-            _read_by(batch, req_ids, *_tokens(req_ids, starts, positions, lens, comp))
-            return batch
+            return last.again(positions) if comp.reads else last
+        lens = {} if comp.every_position else prompt_lens()
         batch = lay_out_forward(req_ids, starts, positions, plans, lens, comp)
         self._last = (key, batch) if comp.fixed else None
         return batch

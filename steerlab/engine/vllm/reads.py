@@ -131,8 +131,12 @@ class WorkerReads:
     def __init__(self) -> None:
         self.rows: dict[str, RowReads] = {}  # by vLLM request id
         self.token: dict[Condition, torch.Tensor] = {}  # [real tokens] this forward's scores
-        self.spans: tuple[ForwardBatch, list] | None = None  # ``reading``'s, this forward
-        self.site_reads: dict[str, tuple[list, list]] = {}  # ``_at``'s, this forward
+        # ``reading``'s, for a batch layout (``ForwardBatch.layout``), and ``_at``'s for it
+        self.spans: tuple[object, list] | None = None
+        self.site_reads: dict[str, tuple[list, list]] = {}
+        # and ``mask``'s for it: by prompt-gated steer (its id: the layout's batches hold
+        # it), each token's decision and first position read, once every row has decided
+        self.gated: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def track(self, rid: str, plan: Plan | None, request: Any) -> None:
         """Start reading for a request vLLM just scheduled (``request``: vLLM's own, with
@@ -153,28 +157,29 @@ class WorkerReads:
 
     def new_forward(self) -> None:
         self.token.clear()
-        self.spans = None
 
     def reading(self, batch: ForwardBatch) -> list[tuple[int, RowReads, tuple[int, int]]]:
         """``(index, reads, (first token, end))`` of every request in the forward that
-        reads (worked out once a forward: every site asks)."""
-        if self.spans is not None and self.spans[0] is batch:
+        reads: worked out once a layout (every site asks, and a steady decode's forwards
+        share one), again whenever a request starts or stops reading."""
+        if self.spans is not None and self.spans[0] is batch.layout:
             return self.spans[1]
         counts = np.bincount(batch.owner, minlength=len(batch.req_ids))
         ends = np.cumsum(counts)
         spans = [(i, reads, (int(ends[i] - counts[i]), int(ends[i])))
                  for i, rid in enumerate(batch.req_ids)
                  if (reads := self.rows.get(rid)) is not None]  # fmt: skip
-        self.spans, self.site_reads = (batch, spans), {}
+        self.spans, self.site_reads, self.gated = (batch.layout, spans), {}, {}
         return spans
 
     def _at(self, site: str, batch: ForwardBatch) -> tuple[list, list]:
         """This forward's conditions at ``site``: the distinct per-token ones, and ``(reads,
         condition, (first token, end))`` of each prompt one on a row that feeds prompt
         tokens in this forward (a decode step's token is past its prompt: nothing to
-        read). Worked out once a forward, with ``reading``."""
+        read). Kept with ``reading``'s for forwards that feed no prompt token."""
         spans = self.reading(batch)
-        if site not in self.site_reads:
+        fed = bool(batch.in_prompt.any())
+        if fed or site not in self.site_reads:
             token: dict[Condition, None] = {}
             prompt = []
             feeds = _rows_with(batch, batch.in_prompt)
@@ -186,6 +191,8 @@ class WorkerReads:
                         token[c] = None
                     elif feeds[i]:
                         prompt.append((reads, c, (a, b)))
+            if fed:
+                return list(token), prompt
             self.site_reads[site] = (list(token), prompt)
         return self.site_reads[site]
 
@@ -214,23 +221,31 @@ class WorkerReads:
             out = torch.zeros(tokens, dtype=torch.bool, device=where.device)
             out[:real] = where
             return out
+        spans = self.reading(batch)
+        by_token = self.gated.get(id(steer))
+        if by_token is None:
+            fired = np.zeros(len(batch.req_ids), dtype=bool)
+            first = np.zeros(len(batch.req_ids), dtype=np.int64)
+            touches = _rows_with(batch, steer.touched[:real].numpy())
+            whole = True  # every row it touches decided: what holds for the layout's life
+            for i, reads, _ in spans:
+                if not touches[i]:
+                    continue
+                decided = reads.decision(gate)
+                if decided is None:
+                    whole = False
+                    errors.setdefault(reads.name, (
+                        f"the condition gating the steer at {site} was not decided "
+                        "before the steer had to act on the prompt: vLLM fed this prompt in "
+                        "chunks (chunked prefill), so its whole-prompt read came too late. Use "
+                        "positions='generated', or vllm_args={'enable_chunked_prefill': False}"))  # fmt: skip
+                    continue
+                fired[i], first[i] = decided[0], reads.plan.reads_from[0]
+            by_token = (fired[batch.owner], first[batch.owner])
+            if whole:
+                self.gated[id(steer)] = by_token
         out = torch.zeros(tokens, dtype=torch.bool)
-        fired = np.zeros(len(batch.req_ids), dtype=bool)
-        first = np.zeros(len(batch.req_ids), dtype=np.int64)
-        touches = _rows_with(batch, steer.touched[:real].numpy())
-        for i, reads, _ in self.reading(batch):
-            if not touches[i]:
-                continue
-            decided = reads.decision(gate)
-            if decided is None:
-                errors.setdefault(reads.name, (
-                    f"the condition gating the steer at {site} was not decided "
-                    "before the steer had to act on the prompt: vLLM fed this prompt in "
-                    "chunks (chunked prefill), so its whole-prompt read came too late. Use "
-                    "positions='generated', or vllm_args={'enable_chunked_prefill': False}"))  # fmt: skip
-                continue
-            fired[i], first[i] = decided[0], reads.plan.reads_from[0]
-        out[:real] = torch.from_numpy(fired[batch.owner] & (batch.pos >= first[batch.owner]))
+        out[:real] = torch.from_numpy(by_token[0] & (batch.pos >= by_token[1]))
         return out
 
     def after(self, site: str, act: torch.Tensor, batch: ForwardBatch) -> None:
