@@ -10,7 +10,7 @@ import steerlab as sl
 from steerlab.core.ops import FeatureClamp, operand
 from steerlab.core.sites import EMBED, Site
 from steerlab.engine import Request, Sampling, Steer
-from steerlab.engine.vllm.batch import lay_out_forward, parse_plan
+from steerlab.engine.vllm.batch import Layouts, lay_out_forward, parse_plan
 from steerlab.engine.vllm.engine import uncompiled_reason
 from steerlab.engine.vllm.graph import (
     KINDS,
@@ -237,6 +237,16 @@ def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
     assert reason(apart, prefill) is None and reason(apart, decode) is None  # one a token
     wide = sl.LoReFT(SITE, torch.eye(40)[:33], torch.zeros(33, 40), torch.zeros(33))
     assert "rank 33" in reason(tuple(wide.steers()), decode)
+    # A graph keeps its answer for a steady decode's layout, but not from a forward that
+    # fed a prompt token: a one-token prompt, then its decode, one layout for both.
+    plans, _ = _plans({"a": on_prompt})
+    layouts, buffers = Layouts(), GraphBuffers(vllm_sites(2), 16, 8, torch.float32,
+                                               torch.device("cpu"))  # fmt: skip
+    batches = [layouts.forward(["a"], [0, 1], torch.tensor([p]), plans, lambda: {"a": 1})
+               for p in range(3)]  # fmt: skip
+    assert batches[0].layout is batches[2].layout
+    assert "prompt it reads" in buffers.eager_reason(batches[0])
+    assert buffers.eager_reason(batches[1]) is None and buffers.eager_reason(batches[2]) is None
 
     # what ``explain`` foresees, over a row's prompt and the tokens it may generate
     def foreseen(*steers, built=every, monitors=()):

@@ -233,8 +233,7 @@ class GraphBuffers(nn.Module):
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
         self.last: ForwardBatch | None = None  # the layout in the buffers now
         # (layout, reads, answer) of the last ``eager_reason``: a steady decode asks once
-        self.reasoned: tuple[ForwardBatch | None, frozenset[str], str | None] = (
-            None, frozenset(), None)  # fmt: skip
+        self.reasoned: tuple[object, frozenset[str], str | None] = (None, frozenset(), None)
         # set while a forward runs uncompiled: the worker's eager path, which ``steer`` calls
         self.eager: Callable[[str, torch.Tensor], torch.Tensor | None] | None = None
 
@@ -273,10 +272,12 @@ class GraphBuffers(nn.Module):
 
     def eager_reason(self, batch: ForwardBatch, reads: frozenset[str] = frozenset()) -> str | None:
         """Why this forward runs uncompiled on this graph (``eager_reason``), or None; the
-        same as the last forward's for the same layout (``batch.Layouts`` keeps it while
-        a decode is steady) and reads."""
-        if self.reasoned[0] is not batch or self.reasoned[1] != reads:
-            self.reasoned = (batch, reads, eager_reason(batch, self.sites, reads, self.kinds))
+        same as the last forward's for the same layout (``ForwardBatch.layout``: one while a
+        decode is steady) and reads, when it feeds no prompt token (a gated steer's answer
+        may depend on which tokens are the prompt's)."""
+        layout = batch if batch.in_prompt.any() else batch.layout
+        if self.reasoned[0] is not layout or self.reasoned[1] != reads:
+            self.reasoned = (layout, reads, eager_reason(batch, self.sites, reads, self.kinds))
         return self.reasoned[2]
 
     def write(self, batch: ForwardBatch | None, vectors: dict[str, torch.Tensor],
