@@ -23,7 +23,10 @@ the same 16 rows and ``NEW`` greedy tokens, best time:
   real hook would lay them out from the batch; that work is not counted here), and one
   ``torch.where`` per op that touches only some tokens. This is the floor: what the
   arithmetic itself costs at this model's size, with no layout, no checks and no counting;
-- **steerlab**: ``lm.engine.run`` unsteered and steered, the rows of ``bench_vllm_graph.py``.
+- **steerlab**: ``lm.engine.run`` unsteered and steered, the rows of ``bench_vllm_graph.py``;
+  and unsteered and ``Add`` steered with one new token (the prompt's forward alone), which
+  splits what steering adds into a part paid once per call (reading the rows' plans,
+  laying out the prompt, checking the rows at the end) and a part paid per step.
 
 The prompt gate has no plain-hook arm: its arithmetic is a mean over each row's prompt,
 which a hook cannot do without the batch's layout. Rounds: as ``bench_vllm_graph.py``'s. The
@@ -37,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from bench_vllm_graph import COMMON, LABELS, NEW, STEERED, _requests, _same, each_model, parsed
@@ -141,6 +145,9 @@ def _child(folder: str) -> None:
             ("steerlab", None): lambda: lm.engine.run(unsteered)}  # fmt: skip
     runs |= {("plain", k): runs[("unhooked", None)] for k in PLAIN}
     runs |= {("steerlab", k): (lambda k=k: lm.engine.run(rows[k])) for k in STEERED}
+    short = {k: [replace(r, sampling=replace(r.sampling, max_new_tokens=1)) for r in rs]
+             for k, rs in ((None, unsteered), ("add", rows["add"]))}  # fmt: skip
+    runs |= {("one token", k): (lambda k=k: lm.engine.run(short[k])) for k in short}
 
     def run(arm: tuple) -> float:
         engine, kind = arm
@@ -186,6 +193,15 @@ def _measure(name: str, folder: str) -> list[str]:
         lines.append(f"| {LABELS[k]} | {'-' if floor is None else f'{floor:.3f}x'} | "
                      f"{steered:.3f}x | "
                      f"{'-' if floor is None else f'{(floor - steered) * 100:.1f}'} |")  # fmt: skip
+    once = best[("one token", "add")] - best[("one token", None)]
+    per_step = (best[("steerlab", "add")] - ours - once) / (NEW - 1)
+    lines += ["", f"One new token (the prompt's forward alone): steerlab unsteered "
+              f"{best[('one token', None)] * 1e3:.2f} ms, `Add` steered "
+              f"{best[('one token', 'add')] * 1e3:.2f} ms. `Add` adds {once * 1e3:.2f} ms once "
+              f"per call and {per_step * 1e6:.0f} us per step after it (from its {NEW}-token "
+              f"arm: {(best[('steerlab', 'add')] - ours) * 1e3:.2f} ms in all)"
+              + ("; a negative cost is within this run's scatter." if min(once, per_step) < 0
+                 else ".")]  # fmt: skip
     return [*lines, ""]
 
 
