@@ -356,7 +356,6 @@ def test_a_worker_sums_a_prompt_fed_in_chunks_once_and_gates_by_the_decision():
     """Two requests, prompts of 5 fed as positions 0-2, then 3-4 (with a repeat of 3-4, as
     after a preemption), then one decode token each: the decision equals the formula on
     the whole prompt's mean; only the firing row is steered; monitors keep every position."""
-    from steerlab.core.reads import score
     from steerlab.engine.vllm.params import row_tensors
     from steerlab.engine.vllm.worker import SteerWorker
 
@@ -391,15 +390,8 @@ def test_a_worker_sums_a_prompt_fed_in_chunks_once_and_gates_by_the_decision():
         out = worker._steerlab_apply("blocks.2.hook_resid_pre", x)
         steered[positions[0]] = (x if out is None else out)[: 2 * n]
     assert not state.errors
-    reports = {r.name: r.report() for r in state.reads.rows.values()}
-    for rid, want_fired in (("a", True), ("b", False)):
-        want = score(acts[rid][:5].mean(0, keepdim=True), c, "projection")
-        got = reports[rid.upper()]
-        assert got["fired"] is want_fired and abs(got["score"] - float(want)) < 1e-6
-        positions, values = got["monitors"]["m"]
-        assert positions == list(range(6))
-        seen = acts[rid] + (2.0 * V * torch.tensor([0, 0, 0, 0, 0, 1.0])[:, None]) * want_fired
-        torch.testing.assert_close(torch.tensor(values), seen @ _unit(m.direction))
+    generated = 2.0 * V * torch.tensor([0, 0, 0, 0, 0, 1.0])[:, None]  # row a's steer
+    _assert_reports(state, acts, cond, m, {"a": acts["a"] + generated, "b": acts["b"]})
     # position 5 (a generated token): row a steered by alpha * V, row b untouched
     assert torch.equal(steered[5][0], acts["a"][5] + 2.0 * V)
     assert torch.equal(steered[5][1], acts["b"][5])
@@ -412,7 +404,6 @@ def test_a_steady_decode_that_reads_steers_each_forward_by_its_rows_decisions():
     layout (what a worker works out once for it, ``WorkerReads.reading``): at every forward
     the firing row is steered at its own token and the other is not, and the monitors hold
     every position, as the formulas say."""
-    from steerlab.core.reads import score
     from steerlab.engine.vllm.params import row_tensors
     from steerlab.engine.vllm.worker import SteerWorker
 
@@ -451,14 +442,23 @@ def test_a_steady_decode_that_reads_steers_each_forward_by_its_rows_decisions():
         seen["a"][positions] = out[:n]
     assert not state.errors
     assert layouts[0] is not layouts[1] and all(lay is layouts[1] for lay in layouts[2:])
+    _assert_reports(state, acts, cond, m, seen)
+
+
+def _assert_reports(state, acts, cond, monitor, seen) -> None:
+    """The rows' reports: row a's prompt gate fired and row b's did not, each scored by the
+    formula on its whole prompt's mean (5 tokens); the monitor read every position fed, of
+    the activations ``seen`` after the steers."""
+    from steerlab.core.reads import score
+
     reports = {r.name: r.report() for r in state.reads.rows.values()}
     for rid, want_fired in (("a", True), ("b", False)):
-        want = score(acts[rid][:5].mean(0, keepdim=True), c, "projection")
+        want = score(acts[rid][:5].mean(0, keepdim=True), cond.direction, "projection")
         got = reports[rid.upper()]
         assert got["fired"] is want_fired and abs(got["score"] - float(want)) < 1e-6
-        positions, values = got["monitors"]["m"]
-        assert positions == list(range(9))
-        torch.testing.assert_close(torch.tensor(values), seen[rid] @ _unit(m.direction))
+        positions, values = got["monitors"][monitor.name]
+        assert positions == list(range(len(seen[rid])))
+        torch.testing.assert_close(torch.tensor(values), seen[rid] @ _unit(monitor.direction))
 
 
 def test_a_gap_in_the_prompt_fails_the_row_and_a_late_decision_is_an_error():
