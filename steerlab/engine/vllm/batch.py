@@ -109,9 +109,16 @@ class ForwardBatch:
         many tokens each, now at ``positions``, with this batch's steers and layout. A new
         batch, since a compiled model writes its buffers again for any batch but the last
         (``GraphBuffers.write``): a gated steer's alphas follow its decisions so far."""
-        pos = positions[: len(self.owner)].to("cpu", torch.long).numpy().copy()
-        return ForwardBatch(self.by_site, self.rows, self.req_ids, self.owner, pos,
-                            pos < self.prompt_len, self.prompt_len, self.layout)  # fmt: skip
+        batch = ForwardBatch(self.by_site, self.rows, layout=self.layout)
+        pos = positions[: len(self.owner)].to("cpu", torch.long).numpy()
+        _read_by(batch, self.req_ids, self.owner, pos, self.prompt_len)
+        return batch
+
+    @property
+    def feeds_prompt(self) -> bool:
+        """Whether some token of this forward is a prompt's (what reads it and what a gate
+        on the prompt may do depend on; a steady decode's forwards feed none)."""
+        return bool(self.in_prompt.any())
 
 
 def _touched(positions: Any, pos: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:

@@ -275,7 +275,7 @@ class GraphBuffers(nn.Module):
         same as the last forward's for the same layout (``ForwardBatch.layout``: one while a
         decode is steady) and reads, when it feeds no prompt token (a gated steer's answer
         may depend on which tokens are the prompt's)."""
-        layout = batch if batch.in_prompt.any() else batch.layout
+        layout = batch if batch.feeds_prompt else batch.layout
         if self.reasoned[0] is not layout or self.reasoned[1] != reads:
             self.reasoned = (layout, reads, eager_reason(batch, self.sites, reads, self.kinds))
         return self.reasoned[2]

@@ -178,7 +178,7 @@ class WorkerReads:
         tokens in this forward (a decode step's token is past its prompt: nothing to
         read). Kept with ``reading``'s for forwards that feed no prompt token."""
         spans = self.reading(batch)
-        fed = bool(batch.in_prompt.any())
+        fed = batch.feeds_prompt
         if fed or site not in self.site_reads:
             token: dict[Condition, None] = {}
             prompt = []
