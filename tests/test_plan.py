@@ -205,6 +205,31 @@ def test_spread_gives_each_run_its_first_rows_reads():
     assert state.next_pos[cond].tolist() == [3, 3, 3, 3]
 
 
+def test_a_pool_row_given_again_starts_afresh_and_rows_past_the_pool_are_made():
+    """A vLLM worker's pool (``seat``): a row given to a new request reads from nothing,
+    from its own ``reads_from``, up to its own prompt's end; growing keeps what was read."""
+    torch.manual_seed(2)
+    cond = sl.Condition("blocks.0.hook_resid_post", torch.randn(3), read="mean",
+                        score="projection")  # fmt: skip
+    pool = GateState((), (), [0], [0])
+    pool.seat(0, 0, 4)
+    acts = torch.randn(9, 3)
+    assert not pool.update(cond, acts[:4], torch.zeros(4, dtype=torch.long), torch.arange(4)).any()
+    pool.seat(2, 1, 3)  # past the pool's one row: made, and row 0's reads kept
+    assert pool.n >= 3 and torch.allclose(pool.sums[cond][0], acts[:4].sum(0))
+    pool.seat(0, 2, 5)  # row 0 given to a new request
+    rows = torch.tensor([0] * 5 + [2] * 4)
+    pos = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3])
+    assert not pool.update(cond, acts, rows, pos).any()
+    fired, score, done = pool.decided(cond)
+    unit = cond.direction / cond.direction.norm()
+    assert torch.allclose(score[0], acts[2:5].mean(0) @ unit, atol=1e-5)  # 2..4, none earlier
+    assert torch.allclose(score[2], acts[6:8].mean(0) @ unit, atol=1e-5)  # 1..2: its prompt's end
+    assert done[0] and done[2]
+    pool.drop(())
+    assert cond not in pool.sums and not pool.decided(cond)[2][0]  # nothing read for it now
+
+
 @pytest.mark.parametrize("read", ["mean", "last"])
 def test_the_decision_is_the_cores_score_of_what_was_read(read):
     torch.manual_seed(1)

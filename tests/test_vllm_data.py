@@ -515,6 +515,7 @@ def test_what_vllm_cannot_decide_exactly_is_refused_with_why():
 def test_a_condition_with_nothing_to_read_never_fires_as_on_the_local_engine():
     """``reads_from`` at the prompt's end: no token read, a NaN score, no fire (the local
     engine's ``prompt_score``), rather than a decision that never comes."""
+    from steerlab.engine.gate import GateState
     from steerlab.engine.vllm.params import row_tensors
     from steerlab.engine.vllm.reads import RowReads
 
@@ -522,7 +523,8 @@ def test_a_condition_with_nothing_to_read_never_fires_as_on_the_local_engine():
     request = Request((5, 6, 7), (Steer("blocks.2.hook_resid_pre", V, 2.0, "generated",
                                            sl.Add(), cond),), Sampling(), "s", reads_from=3)  # fmt: skip
     extra = to_vllm(request, "A", revision="", eos_ids=set()).sampling["extra_args"]
-    reads = RowReads(parse_plan(extra, row_tensors(request)), prompt_len=3)
+    pool = GateState((), (), [0], [0])  # a worker's, for every request that reads
+    reads = RowReads(parse_plan(extra, row_tensors(request)), 3, pool, slot=0)
     report = reads.report()
     assert report["decided"] and report["fired"] is False and math.isnan(report["score"])
 

@@ -1,8 +1,9 @@
 """``GateState``: what the conditions of some rows have read, and what they decided.
 
 One object holds the condition state of rows for every engine: the local engines keep
-one per call (a row per call row), a vLLM worker one per request (one row). Its life is
-``reset`` / ``update`` / ``decided``, with the two kinds of gate ``core.reads`` defines:
+one per call (a row per call row), a vLLM worker one for its requests (a row each, given
+with ``seat`` for the request's life). Its life is ``reset`` / ``update`` / ``decided``,
+with the two kinds of gate ``core.reads`` defines:
 
 - a prompt gate (``read="mean"`` or ``"last"``) is decided once from its conditions'
   sums over each row's prompt: ``update`` adds every position from the row's
@@ -20,7 +21,7 @@ State is indexed by row, never by a batch's position, so compaction and a shared
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -56,6 +57,35 @@ class GateState:
     def new_forward(self) -> None:
         self.token.clear()
 
+    # --- a pool of rows (a vLLM worker's requests, each given a row for its life) --------
+
+    def seat(self, row: int, reads_from: int, prompt_len: int) -> None:
+        """Give row ``row`` to a new request: nothing read or decided, reading its prompt of
+        ``prompt_len`` tokens from ``reads_from`` on. Rows past ``n`` are made (empty)."""
+        if row >= self.n:
+            grown = max(row + 1, 2 * self.n)
+            more = grown - self.n
+            self.reads_from = torch.cat([self.reads_from, self.reads_from.new_zeros(more)])
+            lens = self.prompt_len if self.prompt_len is not None else self.reads_from[:0]
+            self.prompt_len = torch.cat([lens, lens.new_zeros(grown - len(lens))])
+            for kept in (self.sums, self.counts, self.lasts, self.next_pos):
+                for c, t in kept.items():
+                    kept[c] = torch.cat([t, t.new_zeros(more, *t.shape[1:])])
+            self.n = grown
+        assert self.prompt_len is not None
+        self.reads_from[row], self.prompt_len[row] = reads_from, prompt_len
+        for c in self.sums:
+            self.sums[c][row], self.counts[c][row], self.lasts[c][row] = 0.0, 0.0, 0.0
+            self.next_pos[c][row] = reads_from
+        self._decided.clear()
+
+    def drop(self, keep: Collection[Condition]) -> None:
+        """Forget what every condition but those in ``keep`` has read (no row reads them)."""
+        for kept in (self.sums, self.counts, self.lasts, self.next_pos, self.token):
+            for c in [c for c in kept if c not in keep]:
+                del kept[c]
+        self._decided.clear()
+
     # --- update --------------------------------------------------------------------------
 
     def update(self, c: Condition, act: torch.Tensor, rows: torch.Tensor,
@@ -69,13 +99,15 @@ class GateState:
         if c.per_token:
             self.token[c] = c.scores(act.reshape(-1, d)).reshape(act.shape[:-1])
             return None
-        rows, pos, flat = rows.reshape(-1), pos.reshape(-1), act.reshape(-1, d)
-        keep = self.kept(c, rows, pos, d, act.device)
+        keep = self.kept(c, rows.reshape(-1), pos.reshape(-1), d, act.device)
+        home = keep.device  # where ``c``'s state lives (``kept``)
+        rows, pos = rows.reshape(-1).to(home), pos.reshape(-1).to(home)
+        flat = act.reshape(-1, d).to(home)
         wide = flat.to(torch.float32) * keep[:, None]
-        sums = torch.zeros(self.n, d, device=act.device).index_add_(0, rows, wide)
+        sums = torch.zeros(self.n, d, device=home).index_add_(0, rows, wide)
         high = self._highest(rows, pos, keep)
         last = keep & (pos == high[rows])
-        lasts = torch.zeros(self.n, d, device=act.device)
+        lasts = torch.zeros(self.n, d, device=home)
         lasts[rows[last]] = flat[last].to(torch.float32)
         return self.add(c, rows, pos, keep, sums, lasts)
 
@@ -83,15 +115,19 @@ class GateState:
              device: torch.device) -> torch.Tensor:  # fmt: skip
         """Which of the positions ``pos [n]`` on rows ``rows [n]`` prompt condition ``c``
         reads (``[n]`` bool): each position once, from the row's ``reads_from`` on, none
-        past its prompt where its length is known. ``d``: the activation's width."""
+        past its prompt where its length is known. ``d``: the activation's width. What
+        ``c`` reads is kept on the ``device`` it is first read on (reads from another device
+        are moved there), and so is what this returns."""
         if c not in self.sums:
             self.sums[c] = torch.zeros(self.n, d, device=device)
             self.counts[c] = torch.zeros(self.n, device=device)
             self.lasts[c] = torch.zeros(self.n, d, device=device)
             self.next_pos[c] = self.reads_from.to(device)
+        home = self.next_pos[c].device
+        rows, pos = rows.to(home), pos.to(home)
         keep = pos >= self.next_pos[c][rows]
         if self.prompt_len is not None:
-            keep &= pos < self.prompt_len.to(device)[rows]
+            keep &= pos < self.prompt_len.to(home)[rows]
         return keep
 
     def add(self, c: Condition, rows: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
@@ -102,8 +138,10 @@ class GateState:
         the rows whose positions did not follow on from what they had read. The eager
         engines sum the activations themselves (``update``); vLLM's compiled graph sums
         them inside the graph and hands the sums over (``engine/vllm/graph_reads.py``)."""
-        device = sums.device
-        self.sums[c] += sums
+        device = self.next_pos[c].device  # ``kept`` made it
+        rows, pos, keep = rows.to(device), pos.to(device), keep.to(device)
+        self.sums[c] += sums.to(device)
+        lasts = lasts.to(device)
         self.counts[c].index_add_(0, rows, keep.to(torch.float32))
         low = torch.full((self.n,), torch.iinfo(torch.long).max, device=device)
         low = low.scatter_reduce(0, rows[keep], pos[keep], "amin")

@@ -141,7 +141,7 @@ class GraphReads(nn.Module):
         keep = row.kept(pos)
         if keep is None:
             return
-        sites = {c.site for c in row.state.leaves if not c.per_token}
+        sites = {c.site for c in row.leaves if not c.per_token}
         new = [s for s in sites if s not in self.taps]
         if len(self.queries) == QUERIES or len(self.taps) + len(new) > TAPS:
             raise GraphFull(f"prompt conditions of more than {QUERIES} rows or at more "
@@ -180,7 +180,7 @@ class GraphReads(nn.Module):
         column = {key: k for k, key in enumerate(self.columns)}
         for query in self.queries:
             a, b = query.span
-            for c in query.reads.state.leaves:
+            for c in query.reads.leaves:
                 if c.per_token:
                     continue
                 tap = taps[self.taps[c.site]]

@@ -1,8 +1,10 @@
 """Inside a vLLM worker: what a request's conditions and monitors read, token by token.
 
 vLLM feeds a request's prompt in one forward or, with chunked prefill, in several; then one
-token a step. ``RowReads`` keeps, per request, a ``GateState`` (``engine/gate.py``), the
-same object the local engines keep per call, and its monitors' values:
+token a step. ``WorkerReads`` keeps one ``GateState`` (``engine/gate.py``, the object the
+local engines keep per call) with a row for each request that reads, so a forward's prompt
+reads are summed for all its requests at once; ``RowReads`` holds a request's row and its
+monitors' values:
 
 - a prompt condition (``read="mean"`` / ``"last"``) sums its site's activations over the
   prompt's tokens from ``reads_from`` on, across chunks, each position once (a preempted
@@ -33,17 +35,20 @@ from steerlab.engine.vllm.batch import ForwardBatch, SiteSteer
 
 @dataclass
 class RowReads:
-    """One request's reads: its conditions' ``GateState`` (one row, its prompt's length
-    known, so a decision waits for the whole prompt) and its monitors' values by forward."""
+    """One request's reads: its conditions' row in the worker's ``GateState`` (its
+    prompt's length known, so a decision waits for the whole prompt) and its monitors'
+    values by forward."""
 
     plan: Plan  # the request's own, one row
     prompt_len: int
+    state: GateState  # the worker's, shared by every request that reads (``WorkerReads``)
+    slot: int  # this request's row in it
     # by monitor name: (positions, values on the device) of each forward, read at the end
     traces: dict[str, list[tuple[np.ndarray, torch.Tensor]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.state = GateState(self.plan.gates, self.plan.leaves, self.plan.reads_from,
-                               [self.prompt_len])  # fmt: skip
+        self.state.seat(self.slot, self.plan.reads_from[0], self.prompt_len)
+        self.leaves = self.plan.leaves  # its conditions
         self.sites = self.plan.read_sites(0)  # its conditions' and monitors' sites
         self.decisions: dict[Gate, tuple[bool, float]] = {}  # its prompt gates', once made
 
@@ -52,25 +57,16 @@ class RowReads:
         """steerlab's id for the request."""
         return self.plan.names[0]
 
-    def add(self, c: Condition, act: torch.Tensor, pos: np.ndarray) -> str | None:
-        """Read ``act [n, d]`` at positions ``pos [n]`` (this request's tokens in this
-        forward) into ``c``'s prompt sums (``GateState.update``); returns an error, or None.
-        A decode step's tokens are past the prompt: nothing to read, and no device work."""
-        if not len(pos) or int(pos.min()) >= self.prompt_len:
-            return None
-        at = torch.from_numpy(pos).to(act.device)
-        return self._gap(c, self.state.update(c, act, torch.zeros_like(at), at), pos)
-
     def kept(self, pos: np.ndarray) -> torch.Tensor | None:
         """Which of this forward's positions ``pos`` the request's prompt conditions read
         (the same for each: they read the same forwards), or None where they read none."""
-        leaves = [c for c in self.state.leaves if not c.per_token]
+        leaves = [c for c in self.leaves if not c.per_token]
         if not leaves or not len(pos) or int(pos.min()) >= self.prompt_len:
             return None
         at = torch.from_numpy(pos)
-        rows = torch.zeros_like(at)
+        rows = torch.full_like(at, self.slot)
         d = leaves[0].direction.shape[-1]
-        keeps = [self.state.kept(c, rows, at, d, torch.device("cpu")) for c in leaves]
+        keeps = [self.state.kept(c, rows, at, d, torch.device("cpu")).cpu() for c in leaves]
         if any(not torch.equal(k, keeps[0]) for k in keeps):
             raise ValueError("this row's prompt conditions have read different positions")
         return keeps[0] if bool(keeps[0].any()) else None
@@ -81,16 +77,11 @@ class RowReads:
         their activations' ``total [d]`` and the ``last [d]`` of them (``GateState.add``);
         returns an error, or None."""
         at = torch.from_numpy(pos)
-        gap = self.state.add(c, torch.zeros_like(at), at, keep, total[None].cpu(), last[None].cpu())
-        return self._gap(c, gap, pos)
-
-    @staticmethod
-    def _gap(c: Condition, gap: torch.Tensor | None, pos: np.ndarray) -> str | None:
-        if gap is not None and bool(gap[0]):
-            return (f"the condition at {c.site} saw prompt positions {pos.tolist()} that do "
-                    "not follow on from what it had read: part of the prompt was not fed (a "
-                    "prefix-cache hit?), so its mean would be wrong")  # fmt: skip
-        return None
+        sums = total.new_zeros(self.state.n, *total.shape)
+        lasts = last.new_zeros(self.state.n, *last.shape)
+        sums[self.slot], lasts[self.slot] = total, last
+        gap = self.state.add(c, torch.full_like(at, self.slot), at, keep, sums, lasts)
+        return _gap_error(c, bool(gap[self.slot]), pos)
 
     def decision(self, gate: Gate) -> tuple[bool, float] | None:
         """``(fired, score)`` of a prompt gate once every part has read the whole prompt
@@ -99,9 +90,9 @@ class RowReads:
         if gate in self.decisions:
             return self.decisions[gate]
         fired, score, done = self.state.decided(gate)
-        if not bool(done[0]):
+        if not bool(done[self.slot]):
             return None
-        made = self.decisions[gate] = (bool(fired[0]), float(score[0]))
+        made = self.decisions[gate] = (bool(fired[self.slot]), float(score[self.slot]))
         return made
 
     def report(self) -> dict:
@@ -130,29 +121,39 @@ class WorkerReads:
 
     def __init__(self) -> None:
         self.rows: dict[str, RowReads] = {}  # by vLLM request id
+        # every reading request's conditions, a row each (``RowReads.slot``): a forward's
+        # prompt reads are summed for all its rows at once
+        self.state = GateState((), (), [0] * 8, [0] * 8)
+        self.free: list[int] = []  # rows of ``state`` given back, below ``high``
+        self.high = 0  # its rows ever given
         self.token: dict[Condition, torch.Tensor] = {}  # [real tokens] this forward's scores
         # ``reading``'s, for a batch layout (``ForwardBatch.layout``), and ``_at``'s for it
         self.spans: tuple[object, list] | None = None
         self.site_reads: dict[str, tuple[list, list]] = {}
         # and ``mask``'s for it: by prompt-gated steer (its id: the layout's batches hold
         # it), each token's decision and first position read, once every row has decided
-        self.gated: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.gated: dict[int, _Gated] = {}
 
     def track(self, rid: str, plan: Plan | None, request: Any) -> None:
         """Start reading for a request vLLM just scheduled (``request``: vLLM's own, with
         its ``num_prompt_tokens``)."""
         if plan is not None and plan.reads and rid not in self.rows:
-            self.rows[rid] = RowReads(plan, int(request.num_prompt_tokens))
+            slot = self.free.pop() if self.free else self.high
+            self.high = max(self.high, slot + 1)
+            self.rows[rid] = RowReads(plan, int(request.num_prompt_tokens), self.state, slot)
             self.spans = None
 
     def forget(self, rows: set[str]) -> None:
         for rid in [r for r, reads in self.rows.items() if reads.name in rows]:
-            del self.rows[rid]
+            self.free.append(self.rows.pop(rid).slot)
+        self.state.drop({c for reads in self.rows.values() for c in reads.leaves})
         self.spans = None
 
     def clear(self) -> None:
         self.rows.clear()
         self.token.clear()
+        self.state.reset()
+        self.free, self.high = [], 0
         self.spans = None
 
     def new_forward(self) -> None:
@@ -173,27 +174,27 @@ class WorkerReads:
         return spans
 
     def _at(self, site: str, batch: ForwardBatch) -> tuple[list, list]:
-        """This forward's conditions at ``site``: the distinct per-token ones, and ``(reads,
-        condition, (first token, end))`` of each prompt one on a row that feeds prompt
-        tokens in this forward (a decode step's token is past its prompt: nothing to
-        read). Kept with ``reading``'s for forwards that feed no prompt token."""
+        """This forward's conditions at ``site``: the distinct per-token ones, and each
+        prompt one with ``(reads, (first token, end))`` of the rows that read it and feed
+        prompt tokens in this forward (a decode step's token is past its prompt: nothing
+        to read). Kept with ``reading``'s for forwards that feed no prompt token."""
         spans = self.reading(batch)
         fed = batch.feeds_prompt
         if fed or site not in self.site_reads:
             token: dict[Condition, None] = {}
-            prompt = []
+            prompt: dict[Condition, list[tuple[RowReads, tuple[int, int]]]] = {}
             feeds = _rows_with(batch, batch.in_prompt)
-            for i, reads, (a, b) in spans:
-                for c in reads.state.leaves:
+            for i, reads, span in spans:
+                for c in reads.leaves:
                     if c.site != site:
                         continue
                     if c.per_token:
                         token[c] = None
                     elif feeds[i]:
-                        prompt.append((reads, c, (a, b)))
+                        prompt.setdefault(c, []).append((reads, span))
             if fed:
-                return list(token), prompt
-            self.site_reads[site] = (list(token), prompt)
+                return list(token), list(prompt.items())
+            self.site_reads[site] = (list(token), list(prompt.items()))
         return self.site_reads[site]
 
     def before(self, site: str, act: torch.Tensor, batch: ForwardBatch,
@@ -204,8 +205,22 @@ class WorkerReads:
         for c in token:
             if c not in self.token:
                 self.token[c] = c.scores(act[:real])
-        for reads, c, (a, b) in prompt:
-            if (error := reads.add(c, act[a:b], batch.pos[a:b])) is not None:
+        for c, rows in prompt:
+            self._prompt(c, rows, act, batch, errors)
+
+    def _prompt(self, c: Condition, rows: list[tuple[RowReads, tuple[int, int]]],
+                act: torch.Tensor, batch: ForwardBatch, errors: dict[str, str]) -> None:  # fmt: skip
+        """Read the tokens of ``rows`` in ``act`` into prompt condition ``c``'s sums, every
+        row at once (``GateState.update``, each on its own row)."""
+        at = np.concatenate([np.arange(a, b) for _, (a, b) in rows])
+        slots = np.concatenate([np.full(b - a, reads.slot) for reads, (a, b) in rows])
+        index = torch.from_numpy(at).to(act.device)
+        gap = self.state.update(c, act[index], torch.from_numpy(slots),
+                                torch.from_numpy(batch.pos[at]))  # fmt: skip
+        assert gap is not None  # a prompt condition's
+        gaps = gap.cpu()
+        for reads, (a, b) in rows:
+            if (error := _gap_error(c, bool(gaps[reads.slot]), batch.pos[a:b])) is not None:
                 errors.setdefault(reads.name, error)
 
     def mask(self, site: str, steer: SiteSteer, batch: ForwardBatch, tokens: int,
@@ -241,12 +256,10 @@ class WorkerReads:
                         "positions='generated', or vllm_args={'enable_chunked_prefill': False}"))  # fmt: skip
                     continue
                 fired[i], first[i] = decided[0], reads.plan.reads_from[0]
-            by_token = (fired[batch.owner], first[batch.owner])
+            by_token = _Gated(fired[batch.owner], first[batch.owner])
             if whole:
                 self.gated[id(steer)] = by_token
-        out = torch.zeros(tokens, dtype=torch.bool)
-        out[:real] = torch.from_numpy(by_token[0] & (batch.pos >= by_token[1]))
-        return out
+        return by_token.at(batch.pos, tokens)
 
     def after(self, site: str, act: torch.Tensor, batch: ForwardBatch) -> None:
         """Record every monitor at ``site`` from ``act [tokens, d]`` (after its steers),
@@ -261,6 +274,38 @@ class WorkerReads:
                     values[m] = m.values(act[:real])
                 trace = reads.traces.setdefault(m.name, [])
                 trace.append((batch.pos[a:b], values[m][a:b]))
+
+
+class _Gated:
+    """A prompt-gated steer's decisions over a layout's real tokens: whether each token's
+    row fired, and the first position its row reads (the steer acts from there on)."""
+
+    def __init__(self, fired: np.ndarray, first: np.ndarray) -> None:
+        self.fired, self.first = fired, first
+        self.past = int(first.max()) if len(first) else 0  # every row acts from here on
+        self.steady: torch.Tensor | None = None  # the mask where every token is past it
+
+    def at(self, pos: np.ndarray, tokens: int) -> torch.Tensor:
+        """The ``[tokens]`` bool mask for a forward at positions ``pos`` (its real tokens'):
+        made once for the forwards whose every token is past ``past`` (a steady decode's)."""
+        steady = len(pos) > 0 and int(pos.min()) >= self.past
+        if steady and self.steady is not None and len(self.steady) == tokens:
+            return self.steady
+        out = torch.zeros(tokens, dtype=torch.bool)
+        where = self.fired if steady else self.fired & (pos >= self.first)
+        out[: len(pos)] = torch.from_numpy(where)
+        if steady:
+            self.steady = out
+        return out
+
+
+def _gap_error(c: Condition, gap: bool, pos: np.ndarray) -> str | None:
+    """The error for a row whose prompt positions ``pos`` read for ``c`` left a ``gap``."""
+    if not gap:
+        return None
+    return (f"the condition at {c.site} saw prompt positions {pos.tolist()} that do not "
+            "follow on from what it had read: part of the prompt was not fed (a prefix-cache "
+            "hit?), so its mean would be wrong")  # fmt: skip
 
 
 def _rows_with(batch: ForwardBatch, where: np.ndarray) -> np.ndarray:
