@@ -282,6 +282,34 @@ def test_the_forwards_the_graph_cannot_hold_run_uncompiled_and_say_why():
     assert foreseen(monitors=(monitor,)) is None
 
 
+def test_a_steady_decode_writes_its_gated_alphas_once_and_again_for_a_new_mask():
+    """``GraphBuffers.write`` keeps a steady decode's alphas while its gates hand back the
+    very masks of the last forward (a decided prompt gate's), and writes them again for any
+    other mask, even an equal one it cannot know is unchanged."""
+    gated = (Steer(SITE, torch.randn(8), 2.0, "all", sl.Add(),
+                   when=sl.Condition(SITE, torch.ones(8))),)  # fmt: skip
+    plans, vectors = _plans({"a": gated})
+    layouts, buffers = Layouts(), GraphBuffers(vllm_sites(2), 16, 8, torch.float32,
+                                               torch.device("cpu"))  # fmt: skip
+    batches = [layouts.forward(["a"], [0, 1], torch.tensor([p]), plans, lambda: {"a": 3})
+               for p in range(3, 7)]  # fmt: skip
+    assert all(b.layout is batches[0].layout and b is not batches[0] for b in batches[1:])
+    slot, opened, shut = (
+        buffers.sites[SITE],
+        torch.ones(1, dtype=torch.bool),
+        torch.zeros(1, dtype=torch.bool),
+    )
+    buffers.write(batches[0], vectors, lambda site, steer: opened)
+    assert buffers.alpha[slot, 0] == 2.0
+    buffers.alpha[slot, 0] = 7.0  # a mark that writing this layout's alphas again would clear
+    buffers.write(batches[1], vectors, lambda site, steer: opened)  # the very mask: kept
+    assert buffers.alpha[slot, 0] == 7.0 and buffers.written == {slot: 1}
+    buffers.write(batches[2], vectors, lambda site, steer: shut)  # another: written
+    assert buffers.alpha[slot, 0] == 0.0 and buffers.written == {slot: 0}
+    buffers.write(batches[3], vectors, lambda site, steer: opened.clone())  # equal, not it
+    assert buffers.alpha[slot, 0] == 2.0
+
+
 def test_a_table_rewrite_that_outgrows_the_columns_is_never_taken_for_the_last_table():
     """LoReFTs of rank 40 in all at one site: ``GraphFull`` half way through the rewrite
     (that forward runs uncompiled). The next forward with the steers the slot held before

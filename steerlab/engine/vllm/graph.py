@@ -231,7 +231,8 @@ class GraphBuffers(nn.Module):
         self.last_site = order[-1] if order else None
         self.written: dict[int, int] = {}  # slot -> tokens the last forward asked it to steer
         self.entries: dict[int, tuple] = {}  # slot -> the (vector key, op) of its table's rows
-        self.last: ForwardBatch | None = None  # the layout in the buffers now
+        # the batch in the buffers now, and its gated steers' masks by steer id (``write``)
+        self.last: tuple[ForwardBatch | None, dict[int, torch.Tensor]] = (None, {})
         # (layout, reads, answer) of the last ``eager_reason``: a steady decode asks once
         self.reasoned: tuple[object, frozenset[str], str | None] = (None, frozenset(), None)
         # set while a forward runs uncompiled: the worker's eager path, which ``steer`` calls
@@ -284,13 +285,20 @@ class GraphBuffers(nn.Module):
               gate: Gate | None = None) -> None:  # fmt: skip
         """This forward's steers into the buffers (``batch``: its layout; None: none), a
         gated steer's alphas where ``gate`` lets it act (its row's decision so far). A
-        steady decode that reads nothing keeps its batch (``batch.Layouts``): then only the
-        count restarts. A forward that reads, as every gated one does, comes as a new batch,
-        so its gated alphas are written again."""
+        steady decode keeps its layout (``batch.Layouts``): while its gates give the very
+        masks they gave the last forward (a prompt gate's, once decided), only the count
+        restarts."""
         self.applied.zero_()
-        if batch is not None and batch is self.last:
+        masks = {} if batch is None else {
+            id(steer): gate(site, steer)
+            for site, steers in batch.by_site.items() for steer in steers
+            if steer.gate is not None and gate is not None and bool(steer.touched.any())
+        }  # fmt: skip
+        (last, kept), self.last = self.last, (batch, masks)
+        if batch is not None and last is not None and batch.layout is last.layout and (
+            masks.keys() == kept.keys() and all(masks[k] is kept[k] for k in masks)
+        ):  # fmt: skip
             return
-        self.last = batch
         for slot in self.written:
             self.alpha[slot].zero_()
         self.written = {}
@@ -298,7 +306,7 @@ class GraphBuffers(nn.Module):
             return
         for site, steers in batch.by_site.items():
             slot = self.sites[site]
-            entries, alpha, index = _merged(site, steers, gate)
+            entries, alpha, index = _merged(site, steers, masks)
             if len(entries) > ROWS:
                 raise GraphFull(f"more than {ROWS} distinct steers at one site in one forward")
             if entries != self.entries.get(slot):
@@ -358,20 +366,20 @@ class GraphBuffers(nn.Module):
 
 
 def _merged(site: str, steers: list[SiteSteer],
-            gate: Gate | None) -> tuple[tuple, torch.Tensor, torch.Tensor]:  # fmt: skip
+            masks: Mapping[int, torch.Tensor]) -> tuple[tuple, torch.Tensor, torch.Tensor]:  # fmt: skip
     """One site's steers as one table: every token has at most one steer at a site (a
     forward with two runs uncompiled, ``eager_reason``), so their alphas are disjoint;
     each token's row is its own steer's (a fused Add's vector by its ``index``), its alpha
-    0 where a gate shuts."""
+    0 where its gate's mask (``masks``, by steer id) shuts."""
     entries: list[tuple[str, Any]] = []
     alpha = torch.zeros_like(steers[0].alphas)
     index = torch.zeros(alpha.shape[0], dtype=torch.long)
     for steer in steers:
         alphas = steer.alphas
         if steer.gate is not None and bool(steer.touched.any()):  # else: nothing to gate
-            if gate is None:
+            if id(steer) not in masks:
                 raise ValueError(f"a conditioned steer at {site} with no decision to read")
-            alphas = alphas * gate(site, steer).to(alphas.device)
+            alphas = alphas * masks[id(steer)].to(alphas.device)
         offset = len(entries)
         entries += [(key, steer.op) for key in steer.vector_keys]
         on = alphas != 0

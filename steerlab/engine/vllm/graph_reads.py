@@ -89,6 +89,7 @@ class GraphReads(nn.Module):
         self.taps: dict[str, int] = {}  # site -> tap, this forward
         self.columns: dict[tuple[str, Monitor], int] = {}  # (site, monitor) -> column
         self.queries: list[_Query] = []
+        self.prepared: object = None  # the layout filled in whole, reading no prompt token
 
     # --- inside the forward (traced) ------------------------------------------------------
 
@@ -119,7 +120,12 @@ class GraphReads(nn.Module):
     def prepare(self, batch: ForwardBatch | None, reads: WorkerReads,
                 errors: dict[str, str]) -> None:  # fmt: skip
         """Fill the buffers for the rows of ``batch`` that read (None: nothing reads);
-        ``GraphFull`` where they ask for more than the buffers hold."""
+        ``GraphFull`` where they ask for more than the buffers hold. A steady decode's
+        forwards (one layout, no prompt token) read the same columns: filled once."""
+        if batch is not None and batch.layout is self.prepared and not batch.feeds_prompt:
+            self.out.clear()
+            return
+        self.prepared = None
         for query in self.queries:
             self.weights[query.span[0] : query.span[1]] = 0.0
         if self.taps:  # only a tap sets ``select``
@@ -128,6 +134,7 @@ class GraphReads(nn.Module):
             kept.clear()  # costs microseconds: every forward empties them in place
         if batch is None or not batch.req_ids:
             return
+        whole = True
         for _, row, span in reads.reading(batch):
             try:
                 self._monitors(row)
@@ -136,6 +143,9 @@ class GraphReads(nn.Module):
                 raise
             except ValueError as err:
                 errors.setdefault(row.name, str(err))
+                whole = False
+        if whole and not self.queries:
+            self.prepared = batch.layout
 
     def _prompt(self, row: RowReads, span: tuple[int, int], pos: np.ndarray) -> None:
         keep = row.kept(pos)
