@@ -52,7 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -365,8 +365,10 @@ class GraphBuffers(nn.Module):
         return [names[slot] for slot, n in self.written.items() if applied[slot] < n]
 
 
-def _merged(site: str, steers: list[SiteSteer],
-            masks: Mapping[int, torch.Tensor]) -> tuple[tuple, torch.Tensor, torch.Tensor]:  # fmt: skip
+_Merged = tuple[tuple, torch.Tensor, torch.Tensor]  # a site's table entries, alphas, rows
+
+
+def _merged(site: str, steers: list[SiteSteer], masks: Mapping[int, torch.Tensor]) -> _Merged:
     """One site's steers as one table: every token has at most one steer at a site (a
     forward with two runs uncompiled, ``eager_reason``), so their alphas are disjoint;
     each token's row is its own steer's (a fused Add's vector by its ``index``), its alpha
