@@ -151,7 +151,7 @@ class _Decoding:
         with fingerprints_kept():  # each row's steer is hashed for its salt, data and vectors
             plan = Plan.of(requests)  # one for the rows added: rows sharing a steer share it
             told = [plan.only(i, row) for i, row in enumerate(names)]  # each as sent
-            engine.send_vectors(requests, told)
+            engine.send_vectors(requests, plan)
             eos = engine.eos_ids()
             sent: list[tuple[str, Any, Any]] = []  # built in full before anything changes
             for request, row, mine in zip(requests, names, told):

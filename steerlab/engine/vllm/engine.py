@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-import torch
 
 from steerlab.backends.cache import KVCache
 from steerlab.core.identity import config_sha256
@@ -33,7 +32,6 @@ from steerlab.engine.progress import Progress, last
 from steerlab.engine.protocol import Capabilities
 from steerlab.engine.vllm.decoding import SteerHookError, VLLMStream
 from steerlab.engine.vllm.graph import KINDS, touches_reason
-from steerlab.engine.vllm.params import row_tensors
 
 __all__ = ["SteerHookError", "VLLMEngine"]  # SteerHookError: where callers look for it
 
@@ -282,20 +280,16 @@ class VLLMEngine:
             self._in_flight = None
             self._lock.release()
 
-    def send_vectors(self, requests: Sequence[Request],
-                     told: Sequence[Plan] | None = None) -> None:  # fmt: skip
+    def send_vectors(self, requests: Sequence[Request], plan: Plan | None = None) -> None:
         """Every worker gets each new vector (and operation tensor, such as a feature clamp's
         encoder, and each condition's and monitor's direction) once, as safetensors bytes
-        keyed by its content hash. ``told``: each row's plan as its worker is told of it
-        (``Plan.only``), where made already."""
+        keyed by its content hash. ``plan``: ``Plan.of(requests)``, where made already (its
+        steers are the distinct steers of every row)."""
         from safetensors.torch import save
 
-        new: dict[str, torch.Tensor] = {}
-        mine: Sequence[Plan | None] = told or [None] * len(requests)
-        for r, plan in zip(requests, mine, strict=True):
-            for key, tensor in (row_tensors(r) if plan is None else plan.tensors()).items():
-                if key not in self._sent:
-                    new[key] = own_copy(tensor)  # a LoReFT's vector is a view of its R
+        tensors = (plan or Plan.of(requests)).tensors()
+        # a LoReFT's vector is a view of its R: each is sent as a tensor of its own
+        new = {key: own_copy(t) for key, t in tensors.items() if key not in self._sent}
         if new:
             self.rpc("steerlab_put_vectors", save(new))
             self._sent |= set(new)
