@@ -203,3 +203,28 @@ def test_fingerprints_kept_hashes_each_tensor_once_inside_and_never_outside(monk
     assert tensor_fingerprint(v) != first  # nothing kept past the block
     with fingerprints_kept():
         assert tensor_fingerprint(v) == tensor_fingerprint(v.clone()) != first
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: sl.Clamp(x), lambda x: sl.Cap(low=x), lambda x: sl.Cap(high=x),
+    lambda x: sl.LoReFT("blocks.0.hook_resid_pre", torch.eye(1, 2), torch.zeros(1, 2),
+                        torch.zeros(1), scale=x),
+])  # fmt: skip
+def test_an_ops_number_is_read_as_every_door_reads_one(make):
+    """numpy's and 0-d tensors' numbers are numbers (``core.scalars.as_real``), kept as
+    plain floats so the op travels as JSON; what is not one finite number is refused."""
+    import json
+
+    import numpy as np
+
+    for number in (np.float32(1.5), np.int64(2), torch.tensor(0.25), 3):
+        op = make(number)
+        kept = [v for v in dataclasses.asdict(op).values() if isinstance(v, float)]
+        assert float(number) in kept and all(type(v) is float for v in kept)
+        json.dumps(op_to_data(op))
+    for bad, message in ((float("inf"), "must be finite"), (np.float32("nan"), "must be finite"),
+                         (torch.tensor(float("-inf")), "must be finite"),
+                         (10**400, "must be finite"), (True, "must be a number"),
+                         ("1", "must be a number"), ([1.0], "must be a number")):  # fmt: skip
+        with pytest.raises(sl.SteerError, match=message):
+            make(bad)

@@ -5,7 +5,7 @@ data), its table ``Form``, and the vector helpers every operation uses.
 from __future__ import annotations
 
 import hashlib
-import math
+import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -16,6 +16,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 import torch
 
 from steerlab.core.errors import SteerError
+from steerlab.core.scalars import as_real
 
 TensorKey = Callable[[torch.Tensor], str]
 Bound = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (act, alpha) -> act
@@ -343,17 +344,21 @@ def _hashable(value: Any) -> Any:
     return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
 
 
-def _number(value: Any, what: str, *, finite: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SteerError(f"{what} must be a number; got {value!r:.60}.")
-    if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:  # float() would overflow
-        raise SteerError(f"{what} must be finite; got {value!r:.60} (past a float's range).")
-    if finite and not math.isfinite(value):
-        raise SteerError(f"{what} must be finite; got {value!r}.")
-    return float(value)
+def _number(value: Any, what: str) -> float:
+    """``value`` as a plain float: one finite real number, as ``core.scalars.as_real`` reads
+    it (numpy's and 0-d tensors' too); refused by name otherwise.
 
-
-_LARGEST_FLOAT = int(torch.finfo(torch.float64).max)
+    >>> import numpy as np
+    >>> _number(np.float32(0.5), "Clamp value")
+    0.5
+    """
+    number = as_real(value)
+    if number is not None:
+        return number
+    item = value.item() if getattr(value, "ndim", None) == 0 else value  # a 0-d tensor's
+    if isinstance(item, numbers.Real) and not isinstance(item, bool):
+        raise SteerError(f"{what} must be finite; got {value!r:.60}.")
+    raise SteerError(f"{what} must be a number; got {value!r:.60}.")
 
 
 _DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -41,7 +41,7 @@ class Clamp(Op):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _number(self.value, "Clamp value")
+        object.__setattr__(self, "value", _number(self.value, "Clamp value"))
 
     def form(self) -> Form:
         return Form(proj=1.0, low=float(self.value), high=float(self.value))
@@ -68,6 +68,8 @@ class Cap(Op):
         super().__post_init__()
         low = None if self.low is None else _number(self.low, "Cap low")
         high = None if self.high is None else _number(self.high, "Cap high")
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
         if low is None and high is None:
             raise SteerError("Cap needs a low bound, a high bound, or both.")
         if low is not None and high is not None and low > high:
