@@ -62,17 +62,15 @@ class GateState:
     def seat(self, row: int, reads_from: int, prompt_len: int) -> None:
         """Give row ``row`` to a new request: nothing read or decided, reading its prompt of
         ``prompt_len`` tokens from ``reads_from`` on. Rows past ``n`` are made (empty)."""
+        assert self.prompt_len is not None, "a pool knows each prompt's length"
         if row >= self.n:
-            grown = max(row + 1, 2 * self.n)
-            more = grown - self.n
+            more = max(row + 1, 2 * self.n) - self.n
             self.reads_from = torch.cat([self.reads_from, self.reads_from.new_zeros(more)])
-            lens = self.prompt_len if self.prompt_len is not None else self.reads_from[:0]
-            self.prompt_len = torch.cat([lens, lens.new_zeros(grown - len(lens))])
+            self.prompt_len = torch.cat([self.prompt_len, self.prompt_len.new_zeros(more)])
             for kept in (self.sums, self.counts, self.lasts, self.next_pos):
                 for c, t in kept.items():
                     kept[c] = torch.cat([t, t.new_zeros(more, *t.shape[1:])])
-            self.n = grown
-        assert self.prompt_len is not None
+            self.n += more
         self.reads_from[row], self.prompt_len[row] = reads_from, prompt_len
         for c in self.sums:
             self.sums[c][row], self.counts[c][row], self.lasts[c][row] = 0.0, 0.0, 0.0
