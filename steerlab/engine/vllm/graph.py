@@ -294,11 +294,12 @@ class GraphBuffers(nn.Module):
             for site, steers in batch.by_site.items() for steer in steers
             if steer.gate is not None and gate is not None and bool(steer.touched.any())
         }  # fmt: skip
-        (last, kept), self.last = self.last, (batch, masks)
+        last, kept = self.last
         if batch is not None and last is not None and batch.layout is last.layout and (
             masks.keys() == kept.keys() and all(masks[k] is kept[k] for k in masks)
         ):  # fmt: skip
             return
+        self.last = (batch, masks)  # a module's setattr costs microseconds: only on a change
         for slot in self.written:
             self.alpha[slot].zero_()
         self.written = {}
