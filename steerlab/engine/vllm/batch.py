@@ -107,8 +107,8 @@ class ForwardBatch:
     def again(self, positions: torch.Tensor) -> ForwardBatch:
         """The next forward of a steady decode that reads: the same requests feeding as
         many tokens each, now at ``positions``, with this batch's steers and layout. A new
-        batch, since a compiled model writes its buffers again for any batch but the last
-        (``GraphBuffers.write``): a gated steer's alphas follow its decisions so far."""
+        batch, as its positions are new; what depends only on the layout is kept by it
+        (``GraphBuffers.write`` keeps its alphas while the gates' masks are the same)."""
         batch = ForwardBatch(self.by_site, self.rows, layout=self.layout)
         pos = positions[: len(self.owner)].to("cpu", torch.long).numpy()
         _read_by(batch, self.req_ids, self.owner, pos, self.prompt_len)
